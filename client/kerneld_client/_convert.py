@@ -1,0 +1,82 @@
+"""Conversions between the variant/platform dataclasses and their protobuf messages.
+
+Kept apart from `variants` so that importing the variant logic never imports protobuf: the fast
+path of a training process needs the rules but not the wire format.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerneld_client._proto import kerneld_pb2
+from kerneld_client.variants import Decision, PlatformFacts, Variant, parse_variant
+
+__all__ = ["decision_from_proto", "decision_to_proto", "facts_from_proto", "facts_to_proto"]
+
+
+def facts_to_proto(facts: PlatformFacts) -> kerneld_pb2.PlatformFacts:
+    """`PlatformFacts` -> `kerneld.v1.PlatformFacts` (string versions, empty when unknown)."""
+    d = facts.to_dict()
+    message = kerneld_pb2.PlatformFacts(
+        torch_version=d["torch_version"],
+        backend=kerneld_pb2.Backend(
+            type=d["backend"]["type"],
+            version=d["backend"]["version"],
+            explicit=d["backend"]["explicit"],
+        ),
+        cpu=d["cpu"],
+        os=d["os"],
+        free_threaded=d["free_threaded"],
+        python_version=d["python_version"],
+        macos_version=d["macos_version"],
+        tvm_ffi_version=d["tvm_ffi_version"],
+        device_capabilities=d["device_capabilities"],
+    )
+    if facts.cxx11_abi is not None:
+        message.cxx11_abi = facts.cxx11_abi
+    return message
+
+
+def facts_from_proto(message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
+    """`kerneld.v1.PlatformFacts` -> `PlatformFacts`; ValueError for facts that make no sense."""
+    data: dict[str, Any] = {
+        "torch_version": message.torch_version,
+        "cxx11_abi": message.cxx11_abi if message.HasField("cxx11_abi") else None,
+        "cpu": message.cpu,
+        "os": message.os,
+        "free_threaded": message.free_threaded,
+        "python_version": message.python_version,
+        "macos_version": message.macos_version,
+        "tvm_ffi_version": message.tvm_ffi_version,
+        "device_capabilities": list(message.device_capabilities),
+    }
+    if message.HasField("backend"):
+        data["backend"] = {
+            "type": message.backend.type,
+            "version": message.backend.version,
+            "explicit": message.backend.explicit,
+        }
+    return PlatformFacts.from_dict(data)
+
+
+def decision_to_proto(decision: Decision, *, cached: bool = False) -> kerneld_pb2.VariantDecision:
+    """`Decision` -> `kerneld.v1.VariantDecision`; `cached` is the daemon's store knowledge."""
+    return kerneld_pb2.VariantDecision(
+        variant=decision.variant,
+        accepted=decision.accepted,
+        reason=decision.reason,
+        rank=decision.rank,
+        cached=cached,
+    )
+
+
+def decision_from_proto(message: kerneld_pb2.VariantDecision) -> Decision:
+    """`kerneld.v1.VariantDecision` -> `Decision` (the `cached` flag is not part of it)."""
+    parsed = parse_variant(message.variant)
+    return Decision(
+        variant=message.variant,
+        accepted=message.accepted,
+        reason=message.reason,
+        rank=message.rank,
+        parsed=parsed if isinstance(parsed, Variant) else None,
+    )

@@ -1,0 +1,90 @@
+"""Typed errors of the client library.
+
+Each error subclasses the builtin exception that callers of the `kernels` package already catch
+(`FileNotFoundError` for "this kernel cannot be had", `ImportError` for "it was had but would not
+load"), so code written against `kernels` keeps working, while callers who want detail get the repo,
+revision and variant involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VariantReason:
+    """Why one build variant was or was not usable on this platform."""
+
+    variant: str
+    accepted: bool
+    reason: str = ""
+
+
+class KernelError(Exception):
+    """Base of every kerneld_client error; carries the kernel it is about."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        repo_id: str = "",
+        revision: str = "",
+        variant: str = "",
+        hint: str = "",
+    ) -> None:
+        self.message = message
+        self.repo_id = repo_id
+        self.revision = revision
+        self.variant = variant
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = "@".join(p for p in (self.repo_id, self.revision) if p)
+        if self.variant:
+            where = f"{where} [{self.variant}]" if where else self.variant
+        text = f"{where}: {self.message}" if where else self.message
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class KernelNotFound(KernelError, FileNotFoundError):
+    """The repository, revision or file does not exist (or is not in an offline store)."""
+
+
+class NoCompatibleVariant(KernelError, FileNotFoundError):
+    """The kernel exists but none of its build variants fits this platform."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reasons: Sequence[VariantReason] = (),
+        repo_id: str = "",
+        revision: str = "",
+        hint: str = "",
+    ) -> None:
+        self.reasons = tuple(reasons)
+        detail = "; ".join(f"{r.variant}: {r.reason or 'accepted'}" for r in self.reasons)
+        super().__init__(
+            f"{message} [{detail}]" if detail else message,
+            repo_id=repo_id,
+            revision=revision,
+            hint=hint,
+        )
+
+
+class KernelDenied(KernelError, FileNotFoundError):
+    """An administrator disabled this kernel (or revision) on this host."""
+
+
+class DaemonUnavailable(KernelError, ConnectionError):
+    """The kerneld daemon could not be reached, or did not answer in time."""
+
+
+class KernelLoadError(KernelError, ImportError):
+    """The kernel's files were found but could not be imported safely."""
+
+
+class UntrustedPath(KernelLoadError):
+    """A kernel path failed the trust checks (outside the store, writable, foreign owner, link)."""

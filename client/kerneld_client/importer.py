@@ -1,0 +1,158 @@
+"""Import a kernel variant folder as a Python package, without ever writing into it.
+
+A variant is imported under its `metadata.json` `id` (unique per build), so several kernels and
+several versions of one kernel coexist in `sys.modules`. Kernel code uses relative imports only, so
+the package's submodules are found through its `__path__`.
+
+Training jobs often run as root, which ignores file modes: the standard loaders would drop
+`__pycache__/*.pyc` next to the sources and so mutate a verified tree. Folders registered here are
+served by a path hook whose source loader compiles in memory and never writes bytecode, and which
+never loads a sourceless `.pyc` found in the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import keyword
+import sys
+import threading
+from pathlib import Path
+from types import CodeType, ModuleType
+from typing import TYPE_CHECKING
+
+from kerneld_client.errors import KernelLoadError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+_lock = threading.RLock()
+_roots: set[str] = set()
+_hook_installed = False
+
+#: Attribute set on every imported kernel module: the variant folder it came from.
+TREE_ATTR = "__kerneld_tree__"
+
+
+class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
+    """Compiles from source on every import and never writes a bytecode cache."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        source = self.get_data(path)
+        return compile(source, path, "exec", dont_inherit=True, optimize=-1)
+
+    def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
+        """Refuse every write the import system attempts (bytecode caches)."""
+
+
+def _under_registered_root(path: str) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in _roots)
+
+
+def _path_hook(path: str) -> importlib.machinery.FileFinder:
+    if not _under_registered_root(path):
+        raise ImportError("not a kerneld kernel folder")
+    return importlib.machinery.FileFinder(
+        path,
+        (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+        (_NoBytecodeSourceLoader, importlib.machinery.SOURCE_SUFFIXES),
+    )
+
+
+def _register_root(folder: Path) -> None:
+    global _hook_installed
+    root = str(folder)
+    with _lock:
+        if not _hook_installed:
+            sys.path_hooks.insert(0, _path_hook)
+            _hook_installed = True
+        if root not in _roots:
+            _roots.add(root)
+            # A finder cached for this folder before registration would bypass the hook.
+            for cached in [p for p in sys.path_importer_cache if _under_registered_root(p)]:
+                del sys.path_importer_cache[cached]
+
+
+def read_metadata(variant_dir: Path) -> dict[str, object]:
+    """Read and minimally validate `metadata.json` of a variant folder."""
+    path = variant_dir / "metadata.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise KernelLoadError(
+            f"{variant_dir} has no metadata.json; it is not a Kernel Hub build variant"
+        ) from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise KernelLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise KernelLoadError(f"{path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def module_name_for(variant_dir: Path, metadata: dict[str, object]) -> str:
+    """The name to import under: metadata `id`, which must be a dotless Python identifier."""
+    name = metadata.get("id")
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise KernelLoadError(
+            f"{variant_dir / 'metadata.json'}: 'id' must be a Python identifier, got {name!r}"
+        )
+    return name
+
+
+def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
+    """Where the package's `__init__.py` is: flattened layout, or `<python_name>/`."""
+    if (variant_dir / "__init__.py").is_file():
+        return variant_dir
+    name = metadata.get("name")
+    if isinstance(name, str):
+        nested = variant_dir / name.replace("-", "_")
+        if (nested / "__init__.py").is_file():
+            return nested
+    raise KernelLoadError(
+        f"{variant_dir} has neither __init__.py nor <python name>/__init__.py; "
+        "not a Kernel Hub build variant"
+    )
+
+
+def import_variant(variant_dir: Path | str) -> ModuleType:
+    """Import the variant at `variant_dir` and return its package module.
+
+    Importing the same folder twice returns the same module. A different folder whose metadata
+    `id` is already imported is refused: two builds claiming one id would register the same ops.
+    """
+    folder = Path(variant_dir).resolve()
+    metadata = read_metadata(folder)
+    name = module_name_for(folder, metadata)
+    pkg = package_dir(folder, metadata)
+    with _lock:
+        existing = sys.modules.get(name)
+        if existing is not None:
+            if getattr(existing, TREE_ATTR, None) == str(folder):
+                return existing
+            raise KernelLoadError(
+                f"module {name!r} is already imported from "
+                f"{getattr(existing, TREE_ATTR, getattr(existing, '__file__', '?'))}; "
+                f"refusing to import a second build with the same id from {folder}"
+            )
+        _register_root(folder)
+        init = pkg / "__init__.py"
+        loader = _NoBytecodeSourceLoader(name, str(init))
+        spec = importlib.util.spec_from_file_location(
+            name, init, loader=loader, submodule_search_locations=[str(pkg)]
+        )
+        if spec is None:  # pragma: no cover - spec_from_file_location with a loader never fails
+            raise KernelLoadError(f"cannot build an import spec for {init}")
+        module = importlib.util.module_from_spec(spec)
+        setattr(module, TREE_ATTR, str(folder))
+        sys.modules[name] = module
+        try:
+            loader.exec_module(module)
+        except BaseException as exc:
+            for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+                del sys.modules[mod]
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            raise KernelLoadError(f"importing {folder} as {name!r} failed: {exc!r}") from exc
+    return module

@@ -1,0 +1,273 @@
+"""Facts about *this* process (torch, backend, ABI, CPU, OS, devices), computed once.
+
+Variant choice must see the same facts `kernels` would see, so detection follows its rules
+(REFERENCE.md section 2): the backend is the first of TPU, Neuron, CUDA, ROCm, MPS, XPU, NPU, CPU
+that torch reports, and the CUDA version is torch's build version, not the driver's.
+
+Importing this module imports nothing heavy; torch is imported on the first `platform_facts()`
+call, and only torch (device capabilities are read through it). Without a GPU, or to pin the
+facts, set `KERNELD_PLATFORM_JSON` to a JSON object in the form of `PlatformFacts.to_dict()`,
+for example::
+
+    KERNELD_PLATFORM_JSON='{"torch_version": "2.13", "cxx11_abi": true, "backend": "cu130",
+                            "device_capabilities": ["9.0"]}'
+
+Missing keys take this interpreter's CPU, OS, Python version and free-threading flag, and
+otherwise "absent" (no torch, CPU backend, no tvm-ffi, no devices). `backend` is a variant token
+(`"cu130"`, `"rocm64"`, `"cpu"`) or `{"type": "cuda", "version": "13.0", "explicit": false}`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import platform as _stdlib_platform
+import sys
+import sysconfig
+import threading
+from dataclasses import replace
+from typing import Any
+
+from kerneld_client.variants import Backend, BackendType, PlatformFacts, parse_version
+
+__all__ = [
+    "ENV_VAR",
+    "detect_platform_facts",
+    "facts_from_json",
+    "normalise_cpu",
+    "platform_facts",
+    "reset_platform_facts",
+    "set_platform_facts",
+]
+
+log = logging.getLogger(__name__)
+
+#: Environment variable holding a JSON facts object that replaces detection.
+ENV_VAR = "KERNELD_PLATFORM_JSON"
+# Distribution names that ship the `tvm_ffi` module.
+_TVM_FFI_DISTRIBUTIONS = ("apache-tvm-ffi", "tvm-ffi", "tvm_ffi")
+
+_lock = threading.Lock()
+_cached: PlatformFacts | None = None
+_override: PlatformFacts | None = None
+
+
+class _Detect:
+    """Sentinel: find torch the normal way."""
+
+
+_DETECT = _Detect()
+
+
+def platform_facts(backend: str | None = None, *, refresh: bool = False) -> PlatformFacts:
+    """This process's facts, detected once and cached (torch cannot change under a process).
+
+    `backend="cpu"` asks for CPU variants on a GPU machine, as `get_kernel(backend=...)` does in
+    `kernels`; any other name must be the detected backend's (ValueError otherwise).
+    Precedence: `set_platform_facts()`, then `KERNELD_PLATFORM_JSON`, then detection.
+    """
+    global _cached
+    base = _override
+    if base is None:
+        with _lock:
+            if _cached is None or refresh:
+                env = os.environ.get(ENV_VAR, "").strip()
+                _cached = facts_from_json(env) if env else detect_platform_facts()
+            base = _cached
+    return base.with_backend(backend)
+
+
+def set_platform_facts(facts: PlatformFacts | None) -> None:
+    """Pin the facts `platform_facts()` returns (tests, embedding); None removes the pin."""
+    global _override
+    _override = facts
+
+
+def reset_platform_facts() -> None:
+    """Forget the cached detection, so the next call detects (or reads the env var) again."""
+    global _cached
+    with _lock:
+        _cached = None
+
+
+def normalise_cpu(machine: str, os_name: str) -> str:
+    """`platform.machine()` as variant names spell it: macOS `arm64` and Windows `AMD64` are
+    renamed like `kernels` does; nothing else is (Linux already says `aarch64`/`x86_64`)."""
+    if os_name == "darwin" and machine == "arm64":
+        return "aarch64"
+    if os_name == "windows" and machine == "AMD64":
+        return "x86_64"
+    return machine
+
+
+def _interpreter_facts() -> dict[str, Any]:
+    """The facts the standard library knows; cheap, so also the defaults of the env var."""
+    os_name = _stdlib_platform.system().lower()
+    mac = _stdlib_platform.mac_ver()[0] if os_name == "darwin" else ""
+    return {
+        "cpu": normalise_cpu(_stdlib_platform.machine(), os_name),
+        "os": os_name,
+        "python_version": ".".join(str(p) for p in sys.version_info[:3]),
+        # The build flag decides abi3 support, whether or not the GIL was re-enabled at run time.
+        "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+        "macos_version": mac,
+    }
+
+
+def facts_from_json(text: str) -> PlatformFacts:
+    """Parse a `KERNELD_PLATFORM_JSON` value; ValueError (naming the variable) when invalid."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        merged = _interpreter_facts()
+        merged.update(data)
+        return PlatformFacts.from_dict(merged)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_VAR} is not a valid platform facts object: {exc}") from exc
+
+
+def _tvm_ffi_version() -> str:
+    """Installed tvm-ffi version from package metadata, without importing tvm_ffi."""
+    try:
+        if importlib.util.find_spec("tvm_ffi") is None:
+            return ""
+    except (ImportError, ValueError):
+        return ""
+    from importlib import metadata  # only when tvm_ffi is installed: it costs tens of ms
+
+    for dist in _TVM_FFI_DISTRIBUTIONS:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def _import_torch() -> Any | None:
+    """torch, or None when it is not installed or fails to import (noarch variants only)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"]
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        return importlib.import_module("torch")
+    except Exception as exc:  # a broken torch must not break the job; we fall back to noarch
+        log.warning("torch is installed but failed to import (%s); using noarch facts", exc)
+        return None
+
+
+def _two(text: str) -> tuple[int, int] | None:
+    try:
+        v = parse_version(text, parts=2)
+    except ValueError:
+        return None
+    return None if v is None else (v[0], v[1])
+
+
+def _cann_version() -> tuple[int, int] | None:
+    # torch_npu registered the `npu` backend, so it is already imported; this reads its module.
+    try:
+        collect_env = importlib.import_module("torch_npu.utils.collect_env")
+        return _two(str(collect_env.get_cann_version()))
+    except Exception:
+        return None
+
+
+def _torch_backend(torch: Any) -> Backend:
+    """The backend torch was built for, first match in the order `kernels` uses."""
+    backends = getattr(torch, "backends", None)
+    version = getattr(torch, "version", None)
+    if hasattr(backends, "tpu"):
+        return Backend(BackendType.TPU)
+    if hasattr(torch, "neuron"):  # before CUDA: the Neuron extension loads into CUDA builds too
+        return Backend(BackendType.NEURON)
+    cuda = getattr(version, "cuda", None)
+    if cuda is not None:
+        return Backend(BackendType.CUDA, _two(str(cuda)))
+    hip = getattr(version, "hip", None)
+    if hip is not None:
+        return Backend(BackendType.ROCM, _two(str(hip).split("-")[0]))
+    mps = getattr(backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return Backend(BackendType.METAL)
+    xpu = getattr(version, "xpu", None)
+    if xpu is not None:
+        # `kernels` reads year = chars 0-3 and release = char 5 of e.g. "20250301".
+        text = str(xpu)
+        year, release = text[0:4], text[5:6]
+        ok = year.isascii() and year.isdigit() and release.isascii() and release.isdigit()
+        return Backend(BackendType.XPU, (int(year), int(release)) if ok else None)
+    try:
+        privateuse = torch._C._get_privateuse1_backend_name()
+    except Exception:
+        privateuse = None
+    if privateuse == "npu":
+        return Backend(BackendType.CANN, _cann_version())
+    return Backend(BackendType.CPU)
+
+
+def _cudart_backend() -> Backend | None:
+    """Without torch, `kernels` asks libcudart for the CUDA runtime version (noarch choice)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("cudart")
+    if name is None:
+        return None
+    try:
+        lib = ctypes.CDLL(name)
+        out = ctypes.c_int(0)
+        if lib.cudaRuntimeGetVersion(ctypes.byref(out)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    value = out.value  # major * 1000 + minor * 10
+    return Backend(BackendType.CUDA, (value // 1000, (value % 1000) // 10))
+
+
+def _device_capabilities(torch: Any, backend: Backend) -> tuple[str, ...]:
+    """The current device's CUDA capability (`9.0`) or ROCm gfx target (`gfx942`), as checked
+    by `kernels` before import; empty when there is no usable device."""
+    if backend.type not in (BackendType.CUDA, BackendType.ROCM):
+        return ()
+    try:
+        cuda = torch.cuda
+        if not cuda.is_available():
+            return ()
+        index = cuda.current_device()
+        if backend.type is BackendType.CUDA:
+            major, minor = cuda.get_device_capability(index)
+            return (f"{major}.{minor}",)
+        arch = str(cuda.get_device_properties(index).gcnArchName)
+        return (arch.split(":", maxsplit=1)[0],)
+    except Exception as exc:
+        log.debug("could not read the device capability: %s", exc)
+        return ()
+
+
+def detect_platform_facts(
+    *, torch_module: Any = _DETECT, probe_devices: bool = True
+) -> PlatformFacts:
+    """Detect the facts now, uncached.
+
+    `torch_module` injects a torch-like object (tests without a GPU) or None for "no torch";
+    `probe_devices=False` skips reading device capabilities (which initialises CUDA).
+    """
+    data = _interpreter_facts()
+    data["tvm_ffi_version"] = _tvm_ffi_version()
+    facts = PlatformFacts.from_dict(data)
+    torch = _import_torch() if isinstance(torch_module, _Detect) else torch_module
+    if torch is None:
+        return replace(facts, backend=_cudart_backend() or Backend(BackendType.CPU))
+    backend = _torch_backend(torch)
+    return replace(
+        facts,
+        torch_version=_two(str(getattr(torch, "__version__", ""))),
+        cxx11_abi=bool(torch.compiled_with_cxx11_abi()) if facts.os == "linux" else None,
+        backend=backend,
+        device_capabilities=_device_capabilities(torch, backend) if probe_devices else (),
+    )

@@ -1,0 +1,1 @@
+"""kerneldctl: the admin command-line interface."""

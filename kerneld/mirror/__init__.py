@@ -1,0 +1,1 @@
+"""The static mirror format: what `kerneldctl mirror export` writes and mirror upstreams read."""

@@ -1,0 +1,1 @@
+"""The kerneld daemon: gRPC services on unix sockets over the store."""

@@ -1,0 +1,277 @@
+"""The Hugging Face Hub as an upstream, through the real `huggingface_hub` client.
+
+Metadata calls (refs, revision, tree) go through `HfApi`, so `HF_ENDPOINT`, `HF_TOKEN`, proxies
+and the client's own headers behave as users expect. File bytes are streamed with the client's
+HTTP session straight into the store's verified ingest: they never pass through the
+`huggingface_hub` cache (which would keep a second, unverified copy on disk).
+
+`huggingface_hub` checks sizes but not content hashes; the store re-hashes every byte.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, TypeVar
+
+import httpx2
+from huggingface_hub import HfApi
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile, RepoFolder
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from kerneld import __version__
+from kerneld.upstream.base import Refs, RemoteFile, check_repo_id, is_commit, skipped
+from kerneld.upstream.errors import (
+    EntryNotFound,
+    RepoNotFound,
+    RevisionNotFound,
+    UpstreamProtocolError,
+)
+from kerneld.upstream.retry import RetryPolicy, TransientError, parse_retry_after, with_retries
+
+T = TypeVar("T")
+log = logging.getLogger("kerneld.upstream.hub")
+
+REPO_TYPE = "kernel"
+CHUNK = 1 << 20
+TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class HubUpstream:
+    """Kernel repositories on a Hub (huggingface.co, or any Hub-compatible `endpoint`)."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: str | None = None,
+        token: str | bool | None = None,
+        policy: RetryPolicy | None = None,
+        name: str = "hub",
+    ) -> None:
+        self.name = name
+        self.policy = policy or RetryPolicy()
+        self._token = token
+        self._api = HfApi(
+            endpoint=endpoint, token=token, library_name="kerneld", library_version=__version__
+        )
+        self.endpoint: str = self._api.endpoint
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def list_refs(self, repo_id: str) -> Refs:
+        check_repo_id(repo_id)
+        refs = self._call(
+            lambda: self._api.list_repo_refs(repo_id, repo_type=REPO_TYPE),
+            what="list refs",
+            repo_id=repo_id,
+        )
+        return Refs(
+            branches={b.name: b.target_commit for b in refs.branches},
+            tags={t.name: t.target_commit for t in refs.tags},
+        )
+
+    def resolve_revision(self, repo_id: str, revision: str) -> str:
+        check_repo_id(repo_id)
+        info = self._call(
+            lambda: self._api.repo_info(repo_id, revision=revision, repo_type=REPO_TYPE),
+            what="resolve revision",
+            repo_id=repo_id,
+            revision=revision,
+        )
+        sha = getattr(info, "sha", None)
+        if not isinstance(sha, str) or not is_commit(sha):
+            raise UpstreamProtocolError(
+                f"revision answer carries no commit sha (got {sha!r})",
+                upstream=self.name,
+                repo_id=repo_id,
+                revision=revision,
+            )
+        return sha
+
+    def list_variants(self, repo_id: str, commit: str) -> list[str]:
+        check_repo_id(repo_id)
+        entries = self._call(
+            lambda: list(
+                self._api.list_repo_tree(
+                    repo_id, "build", revision=commit, repo_type=REPO_TYPE, recursive=False
+                )
+            ),
+            what="list variants",
+            repo_id=repo_id,
+            revision=commit,
+        )
+        return sorted(e.path.split("/", 1)[1] for e in entries if isinstance(e, RepoFolder))
+
+    def list_files(self, repo_id: str, commit: str, variant: str) -> list[RemoteFile]:
+        check_repo_id(repo_id)
+        prefix = f"build/{variant}/"
+        entries = self._call(
+            lambda: list(
+                self._api.list_repo_tree(
+                    repo_id,
+                    prefix.rstrip("/"),
+                    revision=commit,
+                    repo_type=REPO_TYPE,
+                    recursive=True,
+                )
+            ),
+            what="list files",
+            repo_id=repo_id,
+            revision=commit,
+        )
+        files: list[RemoteFile] = []
+        for entry in entries:
+            if not isinstance(entry, RepoFile):
+                continue
+            if not entry.path.startswith(prefix):
+                raise UpstreamProtocolError(
+                    f"tree listing of {prefix} returned {entry.path!r}",
+                    upstream=self.name,
+                    repo_id=repo_id,
+                    revision=commit,
+                )
+            rel = entry.path[len(prefix) :]
+            if skipped(rel):
+                continue
+            if entry.lfs is not None:
+                # An LFS file's git oid is the pointer's, not the content's: only sha256 counts.
+                files.append(RemoteFile(rel, int(entry.lfs.size), sha256=entry.lfs.sha256))
+            else:
+                files.append(RemoteFile(rel, int(entry.size), git_sha1=entry.blob_id))
+        return files
+
+    # -- content --------------------------------------------------------------------------------
+
+    def file_url(self, repo_id: str, commit: str, variant: str, path: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(
+            repo_id,
+            f"build/{variant}/{path}",
+            repo_type=REPO_TYPE,
+            revision=commit,
+            endpoint=self.endpoint,
+        )
+
+    def open_file(
+        self, repo_id: str, commit: str, variant: str, file: RemoteFile, *, offset: int = 0
+    ) -> AbstractContextManager[Iterator[bytes]]:
+        return self._open(repo_id, commit, variant, file, offset)
+
+    @contextmanager
+    def _open(
+        self, repo_id: str, commit: str, variant: str, file: RemoteFile, offset: int
+    ) -> Iterator[Iterator[bytes]]:
+        check_repo_id(repo_id)
+        url = self.file_url(repo_id, commit, variant, file.path)
+        headers = build_hf_headers(
+            token=self._token, library_name="kerneld", library_version=__version__
+        )
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+
+        def start() -> tuple[Any, httpx2.Response]:
+            cm = get_session().stream(
+                "GET", url, headers=headers, follow_redirects=True, timeout=self.policy.timeout
+            )
+            try:
+                response = cm.__enter__()
+            except httpx2.TransportError as exc:
+                raise TransientError(f"GET {url}: {exc!r}") from exc
+            if response.status_code in TRANSIENT_STATUS:
+                cm.__exit__(None, None, None)
+                raise TransientError(
+                    f"GET {url}: HTTP {response.status_code}",
+                    retry_after=parse_retry_after(response.headers.get("Retry-After")),
+                )
+            if response.status_code >= 400:
+                try:
+                    response.read()
+                    hf_raise_for_status(response)
+                except Exception as exc:
+                    cm.__exit__(None, None, None)
+                    raise self._translate(exc, repo_id, commit) from exc
+            return cm, response
+
+        cm, response = with_retries(
+            start,
+            policy=self.policy,
+            what=f"download {file.path}",
+            upstream=self.name,
+            repo_id=repo_id,
+            revision=commit,
+        )
+        skip = offset if (offset and response.status_code == 200) else 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal skip
+            try:
+                for chunk in response.iter_bytes(CHUNK):
+                    if skip:
+                        cut = min(skip, len(chunk))
+                        skip -= cut
+                        if cut == len(chunk):
+                            continue
+                        yield chunk[cut:]
+                    else:
+                        yield chunk
+            except (httpx2.TransportError, httpx2.StreamError) as exc:
+                raise TransientError(f"GET {url}: connection lost mid-body: {exc!r}") from exc
+
+        try:
+            yield chunks()
+        finally:
+            cm.__exit__(None, None, None)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[[], T], *, what: str, repo_id: str, revision: str = "") -> T:
+        def attempt() -> T:
+            try:
+                return fn()
+            except TransientError:
+                raise
+            except Exception as exc:
+                raise self._translate(exc, repo_id, revision) from exc
+
+        return with_retries(
+            attempt,
+            policy=self.policy,
+            what=what,
+            upstream=self.name,
+            repo_id=repo_id,
+            revision=revision,
+        )
+
+    def _translate(self, exc: Exception, repo_id: str, revision: str) -> Exception:
+        """Map `huggingface_hub`/httpx errors onto ours; transient ones become retryable."""
+        ctx = {"upstream": self.name, "repo_id": repo_id, "revision": revision}
+        if isinstance(exc, RevisionNotFoundError):
+            return RevisionNotFound("no such branch, tag or commit", **ctx)
+        if isinstance(exc, RepositoryNotFoundError):
+            return RepoNotFound("no such kernel repository (or it is private or gated)", **ctx)
+        if isinstance(exc, EntryNotFoundError):
+            return EntryNotFound(str(exc).splitlines()[0], **ctx)
+        if isinstance(exc, HfHubHTTPError):
+            response = exc.response
+            status = response.status_code if response is not None else 0
+            if status in TRANSIENT_STATUS or status == 0:
+                retry_after = (
+                    parse_retry_after(response.headers.get("Retry-After"))
+                    if response is not None
+                    else None
+                )
+                return TransientError(f"HTTP {status}: {exc}", retry_after=retry_after)
+            return UpstreamProtocolError(f"HTTP {status}: {exc}", **ctx)
+        if isinstance(exc, httpx2.TransportError | ConnectionError | TimeoutError):
+            return TransientError(repr(exc))
+        if isinstance(exc, ValueError | KeyError | TypeError):
+            return UpstreamProtocolError(f"malformed answer: {exc!r}", **ctx)
+        return exc

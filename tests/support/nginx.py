@@ -1,0 +1,98 @@
+"""A real nginx serving a directory on 127.0.0.1, for HTTP mirror tests."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+# One process: workers would drop to `nobody` and could not read a root-owned temp dir.
+master_process off;
+pid {run}/nginx.pid;
+error_log {run}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log {run}/access.log;
+    client_body_temp_path {run}/body;
+    proxy_temp_path {run}/proxy;
+    fastcgi_temp_path {run}/fastcgi;
+    uwsgi_temp_path {run}/uwsgi;
+    scgi_temp_path {run}/scgi;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ try_files $uri =404; }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or (
+        "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Nginx:
+    """nginx in the foreground on a free loopback port; stop() ends it."""
+
+    def __init__(self, root: Path, workdir: Path) -> None:
+        binary = nginx_binary()
+        if binary is None:
+            raise RuntimeError("nginx is not installed (scripts/bootstrap installs nginx-light)")
+        self.root = root
+        self.run_dir = workdir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(run=self.run_dir, port=self.port, root=root))
+        self.proc = subprocess.Popen(
+            [binary, "-c", str(conf), "-p", str(self.run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.url = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"nginx exited: {err}")
+            try:
+                urllib.request.urlopen(self.url, timeout=1).close()
+            except urllib.error.HTTPError:
+                return  # it answers (404 for the bare root is fine)
+            except OSError:
+                time.sleep(0.02)
+            else:
+                return
+        self.stop()
+        raise RuntimeError("nginx did not start within 10 s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Nginx:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,119 @@
+"""Importing a variant folder: unique module names, no writes into the tree, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kerneld_client.errors import KernelLoadError
+from kerneld_client.importer import TREE_ATTR, import_variant
+
+
+def _variant(root: Path, ident: str, *, value: int = 1, nested: bool = False) -> Path:
+    folder = root / ident
+    pkg = folder / "my_kernel" if nested else folder
+    (pkg / "layers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from ._ops import value\nfrom . import layers\nVALUE = value()\n"
+    )
+    (pkg / "_ops.py").write_text(f"def value():\n    return {value}\n")
+    (pkg / "layers" / "__init__.py").write_text("from .act import Act\n")
+    (pkg / "layers" / "act.py").write_text("class Act:\n    name = 'act'\n")
+    (folder / "metadata.json").write_text(json.dumps({"id": ident, "name": "my-kernel"}))
+    return folder
+
+
+def _writable_snapshot(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+@pytest.fixture(autouse=True)
+def _clean_modules():
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_imports_under_metadata_id_without_writing(tmp_path: Path) -> None:
+    folder = _variant(tmp_path, "_demo_abc1234", value=7)
+    before = _writable_snapshot(folder)
+    module = import_variant(folder)
+    assert module.__name__ == "_demo_abc1234"
+    assert module.VALUE == 7
+    assert module.layers.Act.name == "act"
+    assert getattr(module, TREE_ATTR) == str(folder.resolve())
+    # Running as root ignores modes, so prove it by content: no bytecode cache was written.
+    assert _writable_snapshot(folder) == before
+    assert not list(folder.rglob("__pycache__"))
+
+
+def test_bytecode_writes_prevented_even_when_writable(tmp_path: Path) -> None:
+    folder = _variant(tmp_path, "_demo_w")
+    os.chmod(folder, 0o777)
+    sys.dont_write_bytecode, old = False, sys.dont_write_bytecode
+    try:
+        import_variant(folder)
+    finally:
+        sys.dont_write_bytecode = old
+    assert not list(folder.rglob("*.pyc"))
+
+
+def test_nested_layout(tmp_path: Path) -> None:
+    module = import_variant(_variant(tmp_path, "_nested_1", value=3, nested=True))
+    assert module.VALUE == 3
+
+
+def test_same_folder_twice_returns_same_module(tmp_path: Path) -> None:
+    folder = _variant(tmp_path, "_demo_twice")
+    assert import_variant(folder) is import_variant(folder)
+
+
+def test_two_kernels_coexist(tmp_path: Path) -> None:
+    a = import_variant(_variant(tmp_path, "_k_v1", value=1))
+    b = import_variant(_variant(tmp_path, "_k_v2", value=2))
+    assert (a.VALUE, b.VALUE) == (1, 2)
+
+
+def test_second_build_with_same_id_is_refused(tmp_path: Path) -> None:
+    import_variant(_variant(tmp_path / "a", "_dup"))
+    with pytest.raises(KernelLoadError, match="already imported"):
+        import_variant(_variant(tmp_path / "b", "_dup"))
+
+
+def test_broken_kernel_leaves_no_module_behind(tmp_path: Path) -> None:
+    folder = _variant(tmp_path, "_broken")
+    (folder / "_ops.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(KernelLoadError, match="boom") as info:
+        import_variant(folder)
+    assert isinstance(info.value, ImportError)
+    assert "_broken" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("metadata", "match"),
+    [
+        ("not json", "cannot read"),
+        ("[1, 2]", "JSON object"),
+        (json.dumps({"id": "a.b"}), "identifier"),
+        (json.dumps({"id": "class"}), "identifier"),
+        (json.dumps({"name": "x"}), "identifier"),
+    ],
+)
+def test_bad_metadata_is_a_clear_error(tmp_path: Path, metadata: str, match: str) -> None:
+    folder = _variant(tmp_path, "_meta")
+    (folder / "metadata.json").write_text(metadata)
+    with pytest.raises(KernelLoadError, match=match):
+        import_variant(folder)
+
+
+def test_missing_metadata_and_package(tmp_path: Path) -> None:
+    with pytest.raises(KernelLoadError, match="no metadata.json"):
+        import_variant(tmp_path)
+    (tmp_path / "metadata.json").write_text(json.dumps({"id": "_empty"}))
+    with pytest.raises(KernelLoadError, match="neither __init__.py"):
+        import_variant(tmp_path)
