@@ -181,9 +181,10 @@ def test_symlink_out_of_dir_mirror_is_refused(tmp_path: Path) -> None:
     link.parent.mkdir(parents=True)
     link.symlink_to(secret)
     up = MirrorDirUpstream(mirror, policy=FAST)
-    with pytest.raises(UpstreamProtocolError, match="outside the mirror"), up.open_file(
-        REPO, C1, "v", RemoteFile("x", 7, sha256=sha)
-    ) as chunks:
+    with (
+        pytest.raises(UpstreamProtocolError, match="outside the mirror"),
+        up.open_file(REPO, C1, "v", RemoteFile("x", 7, sha256=sha)) as chunks,
+    ):
         b"".join(chunks)
 
 
