@@ -1,0 +1,77 @@
+"""kerneld's content-addressed store: blobs, read-only variant trees, the SQLite index, GC.
+
+No gRPC here. The facade is :class:`Store`; the on-disk layout is documented in ``layout``, the
+client-facing index format in ``client_index``, the error hierarchy in ``errors``.
+"""
+
+from .blobs import BlobInfo, BlobWriter, Expected
+from .client_index import IndexHit
+from .errors import (
+    BlobMissingError,
+    DeniedError,
+    DigestMismatchError,
+    DuplicatePathError,
+    IngestInProgressError,
+    IntegrityError,
+    InvalidInputError,
+    InvalidPathError,
+    LeaseNotFoundError,
+    MetadataDigestError,
+    MetadataError,
+    PathConflictError,
+    ReadOnlyStoreError,
+    ResourceExhaustedError,
+    SchemaError,
+    SizeMismatchError,
+    StoreError,
+    StoreLockedError,
+    TreeNotFoundError,
+    UnsupportedFileTypeError,
+)
+from .gc import GcPolicy, GcReport, TreeDecision
+from .locks import TreeGone, hold_tree_lock
+from .manifest import TreeFile, VariantMetadata, tree_digest
+from .store import Lease, Resolved, Store, TreeInfo, Usage
+from .verify import Problem, VerifyReport
+
+__all__ = [
+    "BlobInfo",
+    "BlobMissingError",
+    "BlobWriter",
+    "DeniedError",
+    "DigestMismatchError",
+    "DuplicatePathError",
+    "Expected",
+    "GcPolicy",
+    "GcReport",
+    "IndexHit",
+    "IngestInProgressError",
+    "IntegrityError",
+    "InvalidInputError",
+    "InvalidPathError",
+    "Lease",
+    "LeaseNotFoundError",
+    "MetadataDigestError",
+    "MetadataError",
+    "PathConflictError",
+    "Problem",
+    "ReadOnlyStoreError",
+    "Resolved",
+    "ResourceExhaustedError",
+    "SchemaError",
+    "SizeMismatchError",
+    "Store",
+    "StoreError",
+    "StoreLockedError",
+    "TreeDecision",
+    "TreeFile",
+    "TreeGone",
+    "TreeInfo",
+    "TreeNotFoundError",
+    "UnsupportedFileTypeError",
+    "Usage",
+    "VariantMetadata",
+    "VerifyReport",
+    "hold_tree_lock",
+    "tree_digest",
+]

@@ -1,0 +1,211 @@
+"""The read-only client index: small JSON files that map a request to a tree path.
+
+Clients (training processes, any user) read these files on their warm path, without SQLite or
+gRPC. The daemon rewrites a file atomically (write a temporary file, fsync, rename, fsync the
+directory) whenever anything in it changes, so a reader sees either the old or the new document,
+never a torn one. Files are mode 0644, directories 0755. Layout::
+
+    <root>/index/v1/<org>/<name>.json     one per repo
+    <root>/index/v1/denies.json           every deny of the store (for tools and overviews)
+
+Per-repo document, format version 1 (all paths are relative to the store root)::
+
+    {
+      "format": "kerneld-client-index", "version": 1,
+      "repo": "org/name",
+      "generation": 42,                 # store-wide counter, grows with every write
+      "written_at": 1767225600.0,       # unix time
+      "refs": {"v1": {"commit": "<40 hex>", "fetched_at": 1767225600.0}, ...},
+      "commits": {
+        "<40 hex>": {
+          "upstream_variants": ["torch-cpu", ...] | null,   # every variant the upstream has,
+                                                            # when known (null: unknown)
+          "variants": {
+            "torch-cpu": {
+              "tree": "v1/trees/<64 hex>",       # the variant folder, read-only
+              "digest": "sha256:<64 hex>",       # tree digest (canonical manifest hash)
+              "lock": "locks/<64 hex>.lock",     # take LOCK_SH on it while using the tree
+              "metadata_id": "..." | null,       # metadata.json "id": the module name
+              "backend": "cpu" | null,
+              "archs": ["8.0", "9.0a", ...]
+            }
+          }
+        }
+      },
+      "denies": [{"revision": "*" | "<ref or commit>", "reason": "...", "created_at": 0.0}]
+    }
+
+    denies.json: {"format": "kerneld-denies", "version": 1, "generation": N, "written_at": T,
+                  "denies": [{"repo": "org/name", "revision": "*", "reason": "...",
+                              "created_at": 0.0}]}
+
+How a client uses it (see :func:`lookup` below, the reference implementation):
+
+1. Read ``<org>/<name>.json``; a missing file or an unknown ``version`` is a miss (ask the daemon).
+2. ``version=N`` means ref ``vN``; a ref is looked up in ``refs``; a 40-hex revision is a commit.
+3. If a deny has ``revision`` ``"*"``, the requested revision or the resolved commit: refuse.
+4. Pick the best variant for this process from ``commits[commit].variants``. If
+   ``upstream_variants`` lists a better one that is not published yet, it is a miss.
+5. Open ``lock`` read-only, ``flock(LOCK_SH)``, check the lock path still names the same inode
+   (GC unlinks a lock file while it holds ``LOCK_EX``), check the tree exists, then import from
+   ``tree``. Keep the lock for the life of the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .index import ALL, Index
+from .layout import DIR_MODE_PUBLIC, FILE_MODE_PUBLIC, Layout, fsync_dir
+
+FORMAT = "kerneld-client-index"
+DENIES_FORMAT = "kerneld-denies"
+VERSION = 1
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> dict[str, Any]:
+    commits: dict[str, dict[str, Any]] = {}
+    upstream = index.all_upstream_variants(repo)
+    for v in index.variants_of(repo):
+        tree = index.get_tree(v.tree)
+        if tree is None or tree.state != "live":
+            continue
+        entry = commits.setdefault(
+            v.commit, {"upstream_variants": upstream.get(v.commit), "variants": {}}
+        )
+        entry["variants"][v.variant] = {
+            "tree": layout.tree_relpath(v.tree),
+            "digest": f"sha256:{v.tree}",
+            "lock": layout.lock_relpath(v.tree),
+            "metadata_id": tree.metadata_id,
+            "backend": tree.backend,
+            "archs": tree.archs,
+        }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "repo": repo,
+        "generation": generation,
+        "written_at": time.time(),
+        "refs": {
+            r.ref: {"commit": r.commit, "fetched_at": r.fetched_at} for r in index.refs_of(repo)
+        },
+        "commits": commits,
+        "denies": [
+            {"revision": d.revision, "reason": d.reason, "created_at": d.created_at}
+            for d in index.denies(repo)
+        ],
+    }
+
+
+def build_denies_doc(index: Index, generation: int) -> dict[str, Any]:
+    return {
+        "format": DENIES_FORMAT,
+        "version": VERSION,
+        "generation": generation,
+        "written_at": time.time(),
+        "denies": [
+            {"repo": d.repo, "revision": d.revision, "reason": d.reason, "created_at": d.created_at}
+            for d in index.denies()
+        ],
+    }
+
+
+def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Replace ``path`` with ``doc`` atomically; the result is world-readable."""
+    path.parent.mkdir(mode=DIR_MODE_PUBLIC, parents=True, exist_ok=True)
+    os.chmod(path.parent, DIR_MODE_PUBLIC)
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE_PUBLIC)
+    try:
+        os.fchmod(fd, FILE_MODE_PUBLIC)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+def clean_temporaries(layout: Layout) -> None:
+    """Remove temporary files left by a crash in the middle of :func:`atomic_write_json`."""
+    base = layout.client_index
+    if not base.is_dir():
+        return
+    for dirpath, _dirs, files in os.walk(base):
+        for name in files:
+            if name.startswith(".") and name.endswith(".tmp"):
+                Path(dirpath, name).unlink(missing_ok=True)
+
+
+# --- reading (the client side; kept here as the executable specification) ---
+
+
+@dataclass(frozen=True)
+class IndexHit:
+    repo: str
+    commit: str
+    variant: str
+    tree: Path
+    lock: Path
+    digest: str
+    metadata_id: str | None
+
+
+class Denied(Exception):
+    """The client index says this repo/revision is denied."""
+
+
+def lookup(root: Path, repo: str, revision: str, variant: str) -> IndexHit | None:
+    """Map (repo, revision, variant) to a tree via the client index; None is a miss.
+
+    ``revision`` is a ref (``v1``, ``main``) or a 40-hex commit. Raises :class:`Denied`.
+    """
+    org, _, name = repo.partition("/")
+    try:
+        with open(root / "index" / "v1" / org / f"{name}.json", "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        return None
+    ref = doc["refs"].get(revision)
+    commit = ref["commit"] if ref else (revision if _COMMIT.match(revision) else None)
+    for deny in doc["denies"]:
+        if deny["revision"] in (ALL, revision, commit):
+            raise Denied(deny["reason"])
+    if commit is None:
+        return None
+    entry = doc["commits"].get(commit, {}).get("variants", {}).get(variant)
+    if entry is None:
+        return None
+    return IndexHit(
+        repo=repo,
+        commit=commit,
+        variant=variant,
+        tree=root / entry["tree"],
+        lock=root / entry["lock"],
+        digest=entry["digest"],
+        metadata_id=entry["metadata_id"],
+    )

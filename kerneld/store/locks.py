@@ -1,0 +1,141 @@
+"""Liveness locks: the store's owner lock and the per-tree lock files clients hold.
+
+Per-tree protocol. Each published tree has ``<root>/locks/<hex>.lock`` (mode 0444, so any user
+can open it read-only; ``flock`` needs no write access). A client holds ``LOCK_SH`` on it for as
+long as it uses the tree. GC probes with ``LOCK_EX | LOCK_NB``: if that fails the tree is in use
+and is kept. When GC does delete a tree it keeps ``LOCK_EX`` while it unlinks the lock file and
+moves the tree away, so a client that raced it sees, after its own ``LOCK_SH`` succeeds, that the
+lock path no longer names the inode it locked (see :func:`hold_tree_lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import StoreLockedError
+from .layout import FILE_MODE_LOCK
+
+
+class OwnerLock:
+    """The exclusive lock that makes one process the owner of a store."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = read_owner_pid(fd)
+            os.close(fd)
+            raise StoreLockedError(str(path.parent), pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_owner_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def owner_is_running(path: Path) -> bool:
+    """True if some process holds the owner lock (a live daemon)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def create_tree_lock(path: Path) -> None:
+    """Create a tree's lock file (mode 0444) if it does not exist yet."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE_LOCK)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, FILE_MODE_LOCK)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Probe:
+    """Result of probing a tree lock: ``held`` by someone, or free (``fd`` holds LOCK_EX; None
+    when there is no lock file at all)."""
+
+    held: bool
+    fd: int | None = None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def try_lock_exclusive(path: Path) -> Probe:
+    """Probe a tree lock for GC with ``LOCK_EX | LOCK_NB``; the caller releases the probe."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return Probe(held=False)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return Probe(held=True)
+        raise
+    return Probe(held=False, fd=fd)
+
+
+def is_held(path: Path) -> bool:
+    """True if some process holds a lock on this tree lock file."""
+    probe = try_lock_exclusive(path)
+    probe.release()
+    return probe.held
+
+
+class TreeGone(Exception):
+    """The tree was deleted between finding it and locking it: treat as a miss."""
+
+
+@contextlib.contextmanager
+def hold_tree_lock(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> Iterator[int]:
+    """Hold ``LOCK_SH`` on a tree for the duration of the block (the client protocol).
+
+    Raises :class:`TreeGone` if GC removed the tree meanwhile, ``BlockingIOError`` if
+    non-blocking and GC is deleting it right now.
+    """
+    fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | (0 if blocking else fcntl.LOCK_NB))
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same or not tree_path.is_dir():
+            raise TreeGone(str(tree_path))
+        yield fd
+    finally:
+        os.close(fd)

@@ -1,0 +1,1167 @@
+"""The :class:`Store` facade: one object that owns a store directory.
+
+Typical daemon use::
+
+    store = Store.open(root, cap_bytes=20 << 30, min_free_bytes=1 << 30)
+    if not store.has_blob(sha256):
+        with store.open_writer(Expected(size, sha256=sha256)) as w:   # resumable
+            for chunk in http_get(url, start=w.offset):
+                w.write(chunk)
+            w.commit()
+    store.publish_tree(repo, commit, variant, [TreeFile(path, sha256, size), ...])
+    store.set_ref(repo, "v1", commit)
+    hit = store.lookup(repo, "v1", variant, lease_ttl_s=600)
+
+Thread-safe: every index access and every rename into or out of ``blobs/``/``trees/`` happens
+under one in-process lock; hashing, downloads, staging builds and file deletion happen outside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from . import client_index, faults
+from . import gc as gc_mod
+from . import verify as verify_mod
+from .blobs import BlobInfo, BlobWriter, Expected
+from .errors import (
+    BlobMissingError,
+    DeniedError,
+    InvalidInputError,
+    LeaseNotFoundError,
+    MetadataError,
+    ReadOnlyStoreError,
+    ResourceExhaustedError,
+    SizeMismatchError,
+    TreeNotFoundError,
+    UnsupportedFileTypeError,
+)
+from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, RefRow
+from .layout import DIR_MODE_PUBLIC, Layout, fsync_dir
+from .locks import OwnerLock, Probe, create_tree_lock, is_held
+from .manifest import (
+    METADATA_FILE,
+    ManifestEntry,
+    TreeFile,
+    VariantMetadata,
+    canonical_manifest,
+    check_metadata_digest,
+    parse_metadata,
+    sort_entries,
+    tree_digest,
+)
+from .paths import (
+    check_unique_paths,
+    normalize_mode,
+    validate_commit,
+    validate_hex,
+    validate_ref,
+    validate_relpath,
+    validate_repo,
+    validate_variant,
+)
+from .trees import build_staging, remove_tree
+
+log = logging.getLogger("kerneld.store")
+
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    tree: str
+    """Tree digest, ``sha256:<hex>``."""
+    expires_at: float
+    holder: str = ""
+
+
+@dataclass(frozen=True)
+class TreeInfo:
+    repo: str
+    commit: str
+    variant: str
+    digest: str
+    """``sha256:<hex>`` of the canonical manifest."""
+    path: Path
+    lock_path: Path
+    size: int
+    files: int
+    created: bool
+    """False when an identical tree already existed (dedupe across revisions and repos)."""
+    metadata: VariantMetadata
+    metadata_digest_checked: bool
+
+
+@dataclass(frozen=True)
+class Resolved:
+    repo: str
+    commit: str
+    variant: str
+    digest: str
+    path: Path
+    lock_path: Path
+    metadata_id: str | None
+    backend: str | None
+    archs: list[str]
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    bytes_used: int
+    bytes_reserved: int
+    cap_bytes: int | None
+    free_bytes: int
+    min_free_bytes: int
+    blobs: int
+    trees: int
+
+
+@dataclass(frozen=True)
+class _Publish:
+    """Everything one publish_tree call has established before touching the disk."""
+
+    repo: str
+    commit: str
+    variant: str
+    hexd: str
+    entries: list[ManifestEntry]
+    upstream_ids: Sequence[tuple[str, str | None]]
+    meta: VariantMetadata
+    checked: bool
+
+
+def _hex(digest: str) -> str:
+    """Accept ``sha256:<hex>`` or bare hex for a tree digest."""
+    value = digest.removeprefix("sha256:")
+    return validate_hex(value, 64, "tree digest")
+
+
+class Store:
+    """A content-addressed store of blobs and read-only variant trees (see ``layout``)."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        index: Index,
+        owner: OwnerLock | None,
+        policy: gc_mod.GcPolicy,
+        *,
+        require_metadata_digest: bool,
+        use_hardlinks: bool,
+        auto_gc: bool,
+        partial_grace_s: float,
+    ) -> None:
+        self.layout = layout
+        self.index = index
+        self.policy = policy
+        self.read_only = owner is None
+        self.require_metadata_digest = require_metadata_digest
+        self.use_hardlinks = use_hardlinks
+        self.auto_gc = auto_gc
+        self.partial_grace_s = partial_grace_s
+        self._owner = owner
+        self._lock = threading.RLock()
+        self._reserved = 0
+        self._closed = False
+        owner_uid = index.get_meta("owner_uid")
+        self.owner_uid = int(owner_uid) if owner_uid is not None else os.geteuid()
+
+    # ---- opening and closing ----
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        cap_bytes: int | None = None,
+        min_free_bytes: int = 0,
+        free_target_bytes: int | None = None,
+        target_fraction: float = 0.9,
+        min_age_s: float = 3600.0,
+        orphan_grace_s: float = 3600.0,
+        partial_grace_s: float = 24 * 3600.0,
+        read_only: bool = False,
+        require_metadata_digest: bool = False,
+        use_hardlinks: bool = True,
+        auto_gc: bool = True,
+    ) -> Store:
+        """Open (creating if needed) the store at ``root``.
+
+        Read-write opens take the exclusive owner lock first (``StoreLockedError`` names the
+        holder's pid) and then clean up whatever an earlier crash left behind. ``read_only``
+        takes no lock and changes nothing: for offline tools such as ``kerneldctl verify``.
+        It is exact on a stopped store; next to a running daemon a tree that GC deletes during
+        the run can show up as missing (``locks.owner_is_running`` tells the two cases apart),
+        so repairs always go through a read-write open, i.e. the owner.
+        """
+        layout = Layout(Path(root))
+        policy = gc_mod.GcPolicy(
+            cap_bytes=cap_bytes,
+            min_free_bytes=min_free_bytes,
+            free_target_bytes=free_target_bytes,
+            target_fraction=target_fraction,
+            min_age_s=min_age_s,
+            orphan_grace_s=orphan_grace_s,
+        )
+        options = {
+            "require_metadata_digest": require_metadata_digest,
+            "use_hardlinks": use_hardlinks,
+            "auto_gc": auto_gc,
+            "partial_grace_s": partial_grace_s,
+        }
+        if read_only:
+            index = Index(layout.db, read_only=True)
+            return cls(layout, index, None, policy, **options)  # type: ignore[arg-type]
+        layout.root.mkdir(mode=DIR_MODE_PUBLIC, parents=True, exist_ok=True)
+        owner = OwnerLock(layout.owner_lock)
+        try:
+            layout.ensure()
+            index = Index(layout.db)
+            try:
+                if index.get_meta("owner_uid") is None:
+                    with index.tx() as conn:
+                        index.set_meta(conn, "owner_uid", str(os.geteuid()))
+                        index.set_meta(conn, "created_at", str(time.time()))
+                store = cls(layout, index, owner, policy, **options)  # type: ignore[arg-type]
+                store._recover()
+            except BaseException:
+                index.close()
+                raise
+        except BaseException:
+            owner.release()
+            raise
+        log.info("opened store %s (pid %d)", layout.root, os.getpid())
+        return store
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.index.close()
+            if self._owner is not None:
+                self._owner.release()
+        log.info("closed store %s", self.layout.root)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                "the store was opened read-only; open it read-write (as its owner, with the "
+                "daemon stopped) to change it"
+            )
+        if self._closed:
+            raise ReadOnlyStoreError("the store is closed")
+
+    # ---- crash recovery ----
+
+    def _recover(self) -> None:
+        """Finish or undo whatever an interrupted process left (runs at every read-write open)."""
+        lay = self.layout
+        for child in list(lay.staging.iterdir()):
+            remove_tree(child)
+        self._empty_trash()
+        now = time.time()
+        for part in list(lay.ingest.iterdir()):
+            try:
+                if part.stat().st_mtime < now - self.partial_grace_s:
+                    part.unlink()
+                    log.info("removed stale partial download %s", part.name)
+            except FileNotFoundError:
+                pass
+        client_index.clean_temporaries(lay)
+        with self._lock:
+            for blob in self.index.blobs("pending"):
+                lay.blob_path(blob.sha256).unlink(missing_ok=True)
+                with self.index.tx() as conn:
+                    self.index.delete_blob(conn, blob.sha256)
+                log.info("recovery: dropped unfinished blob %s", blob.sha256)
+            for tree in self.index.trees("pending"):
+                self._move_to_trash(lay.tree_path(tree.digest))
+                with self.index.tx() as conn:
+                    self.index.delete_tree(conn, tree.digest)
+                log.info("recovery: dropped unfinished tree %s", tree.digest)
+            for tree in self.index.trees("dead"):
+                if is_held(lay.lock_path(tree.digest)):
+                    # A client found it through a stale client index: keep it alive for now
+                    # (unreferenced, so the next GC collects it once the client is gone).
+                    with self.index.tx() as conn:
+                        self.index.set_tree_state(conn, tree.digest, "live")
+                        for _path, sha in self.index.tree_blobs(tree.digest):
+                            self.index.set_blob_state(conn, sha, "live")
+                    log.info("recovery: tree %s is in use, kept", tree.digest)
+        self._purge_dead({})
+        with self._lock:
+            live = {t.digest for t in self.index.trees("live")}
+            for lock_file in list(lay.locks.iterdir()):
+                name = lock_file.name.removesuffix(".lock")
+                if name not in live and not is_held(lock_file):
+                    lock_file.unlink(missing_ok=True)
+            self._rebuild_client_index()
+        self._empty_trash()
+
+    def _rebuild_client_index(self) -> None:
+        repos = set(self.index.repos())
+        base = self.layout.client_index
+        for org_dir in list(base.iterdir()) if base.is_dir() else []:
+            if not org_dir.is_dir():
+                continue
+            for f in list(org_dir.iterdir()):
+                if f.suffix == ".json" and f"{org_dir.name}/{f.stem}" not in repos:
+                    client_index.remove(f)
+        self._publish_index(repos, denies=True)
+
+    # ---- blobs ----
+
+    def has_blob(self, sha256: str) -> bool:
+        """True if the blob is present. A hit also claims it: GC leaves it alone for
+        ``orphan_grace_s``, so the fetcher can skip the download and publish with it."""
+        return self.find_blob(sha256=sha256) is not None
+
+    def find_blob(
+        self, *, sha256: str | None = None, git_sha1: str | None = None
+    ) -> BlobInfo | None:
+        """The live blob with this sha256, or (for plain git files) this git blob sha1."""
+        with self._lock:
+            row = None
+            if sha256 is not None:
+                row = self.index.get_blob(sha256)
+            elif git_sha1 is not None:
+                row = self.index.find_blob_by_git_sha1(git_sha1)
+            if row is None or row.state != "live":
+                return None
+            if not self.read_only:
+                self.index.claim_blob(row.sha256, time.time())
+            return BlobInfo(row.sha256, row.size, row.git_sha1, created=False)
+
+    def open_writer(self, expected: Expected, **ctx: str | None) -> BlobWriter:
+        """A resumable writer for one file; ``writer.offset`` says where to continue.
+
+        Space for ``expected.size`` bytes is reserved now (``ResourceExhaustedError`` if it does
+        not fit even after GC) and released when the writer commits, aborts or closes.
+        """
+        self._writable()
+        self._reserve(expected.size, ctx)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._unreserve(expected.size)
+
+        try:
+            return BlobWriter(
+                self.layout.partial_path(*expected.key),
+                expected,
+                lambda part, info: self._commit_blob(part, info, ctx),
+                on_close=release,
+                context=dict(ctx),
+            )
+        except BaseException:
+            release()
+            raise
+
+    def ingest(
+        self,
+        source: bytes | Iterable[bytes] | BinaryIO,
+        *,
+        size: int,
+        sha256: str | None = None,
+        git_sha1: str | None = None,
+        **ctx: str | None,
+    ) -> BlobInfo:
+        """Ingest a whole file from bytes, an iterable of chunks or a binary file object.
+
+        If the blob is already present nothing is read (``created=False``).
+        """
+        expected = Expected(size, sha256=sha256, git_sha1=git_sha1)
+        found = self.find_blob(sha256=sha256, git_sha1=git_sha1 if sha256 is None else None)
+        if found is not None and (git_sha1 is None or found.git_sha1 in (None, git_sha1)):
+            return found
+        with self.open_writer(expected, **ctx) as writer:
+            skip = writer.offset
+            for piece in _chunks(source):
+                chunk = piece
+                if skip:
+                    if len(chunk) <= skip:
+                        skip -= len(chunk)
+                        continue
+                    chunk, skip = chunk[skip:], 0
+                writer.write(chunk)
+            return writer.commit()
+
+    def ingest_file(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        sha256: str | None = None,
+        git_sha1: str | None = None,
+        size: int | None = None,
+        **ctx: str | None,
+    ) -> BlobInfo:
+        """Ingest a local file (mirror import). Symlinks, devices and fifos are rejected."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            if os.path.islink(path):
+                raise UnsupportedFileTypeError(
+                    "refusing to ingest a symlink", path=os.fspath(path), **ctx
+                ) from exc
+            raise
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsupportedFileTypeError(
+                    "refusing to ingest something that is not a regular file",
+                    path=os.fspath(path),
+                    **ctx,
+                )
+            if size is not None and size != st.st_size:
+                raise SizeMismatchError(size, st.st_size, path=os.fspath(path), **ctx)
+            return self.ingest(f, size=st.st_size, sha256=sha256, git_sha1=git_sha1, **ctx)
+
+    def _commit_blob(self, part: Path, info: BlobInfo, ctx: dict[str, str | None]) -> BlobInfo:
+        final = self.layout.blob_path(info.sha256)
+        with self._lock:
+            self._writable()
+            row = self.index.get_blob(info.sha256)
+            if row is not None and row.state == "live" and final.exists():
+                part.unlink(missing_ok=True)
+                self.index.claim_blob(info.sha256, time.time())
+                if info.git_sha1 and row.git_sha1 is None:
+                    with self.index.tx() as conn:
+                        self.index.put_blob(conn, info.sha256, info.size, info.git_sha1, "live")
+                log.info("blob %s already present (%s)", info.sha256, _fmt(ctx))
+                return replace(info, created=False)
+            with self.index.tx() as conn:
+                self.index.put_blob(conn, info.sha256, info.size, info.git_sha1, "pending")
+            faults.point("blob.pending")
+            bucket = final.parent
+            if not bucket.is_dir():
+                bucket.mkdir(mode=DIR_MODE_PUBLIC, exist_ok=True)
+                os.chmod(bucket, DIR_MODE_PUBLIC)
+                fsync_dir(bucket.parent)
+            os.replace(part, final)
+            faults.point("blob.renamed")
+            fsync_dir(bucket)
+            with self.index.tx() as conn:
+                self.index.set_blob_state(conn, info.sha256, "live")
+            faults.point("blob.live")
+        log.info("ingested blob %s (%d bytes) %s", info.sha256, info.size, _fmt(ctx))
+        return info
+
+    # ---- space ----
+
+    def _free_bytes(self) -> int:
+        st = os.statvfs(self.layout.base)
+        return st.f_bavail * st.f_frsize
+
+    def _reserve(self, n: int, ctx: dict[str, str | None]) -> None:
+        with self._lock:
+            for attempt in (0, 1):
+                used = self.index.usage() + self._reserved
+                cap = self.policy.cap_bytes
+                free = self._free_bytes() - self._reserved
+                over_cap = cap is not None and used + n > cap
+                low_free = free - n < self.policy.min_free_bytes
+                if not over_cap and not low_free:
+                    self._reserved += n
+                    return
+                if attempt == 0 and self.auto_gc:
+                    log.info("reserving %d bytes needs space: running GC", n)
+                    self._gc(dry_run=False, extra_bytes=n)
+                    continue
+                if over_cap:
+                    assert cap is not None
+                    raise ResourceExhaustedError(n, max(0, cap - used), "size cap", **ctx)
+                raise ResourceExhaustedError(
+                    n, max(0, free - self.policy.min_free_bytes), "free-space watermark", **ctx
+                )
+
+    def _unreserve(self, n: int) -> None:
+        with self._lock:
+            self._reserved = max(0, self._reserved - n)
+
+    def usage(self) -> Usage:
+        with self._lock:
+            return Usage(
+                bytes_used=self.index.usage(),
+                bytes_reserved=self._reserved,
+                cap_bytes=self.policy.cap_bytes,
+                free_bytes=self._free_bytes(),
+                min_free_bytes=self.policy.min_free_bytes,
+                blobs=len(self.index.blobs("live")),
+                trees=len(self.index.trees("live")),
+            )
+
+    # ---- trees ----
+
+    def publish_tree(
+        self,
+        repo: str,
+        commit: str,
+        variant: str,
+        files: Iterable[TreeFile],
+    ) -> TreeInfo:
+        """Materialise a variant folder from ingested blobs and publish it atomically.
+
+        Paths and modes are validated, ``metadata.json`` must be present and its ``digest`` (if
+        any; mandatory with ``require_metadata_digest``) must describe exactly the other files.
+        The tree is built in a staging directory, renamed into ``trees/`` and only then made
+        valid by the index row; the client index of ``repo`` is rewritten last.
+        """
+        self._writable()
+        validate_repo(repo)
+        ctx: dict[str, str | None] = {"repo": repo}
+        validate_commit(commit, **ctx)
+        ctx["commit"] = commit
+        validate_variant(variant, **ctx)
+        ctx["variant"] = variant
+        self._check_denied(repo, commit, commit, ctx)
+
+        wanted: list[tuple[str, int, str, int | None, str | None]] = []
+        for f in files:
+            if not isinstance(f, TreeFile):
+                raise InvalidInputError(f"expected TreeFile, got {type(f).__name__}", **ctx)
+            path = validate_relpath(f.path, **ctx)
+            mode = normalize_mode(f.mode, path, **ctx)
+            validate_hex(f.sha256, 64, f"sha256 of {path!r}")
+            if f.size is not None and (type(f.size) is not int or f.size < 0):
+                raise InvalidInputError(f"invalid size {f.size!r}", path=path, **ctx)
+            wanted.append((path, mode, f.sha256, f.size, f.upstream_id))
+        check_unique_paths((w[0] for w in wanted), **ctx)
+        if not wanted:
+            raise InvalidInputError("a variant tree needs at least one file", **ctx)
+
+        entries: list[ManifestEntry] = []
+        with self._lock:
+            missing = []
+            for path, mode, sha, size, _oid in wanted:
+                row = self.index.get_blob(sha)
+                if row is None or row.state != "live":
+                    missing.append(sha)
+                    continue
+                if size is not None and size != row.size:
+                    raise SizeMismatchError(size, row.size, "file size", path=path, **ctx)
+                self.index.claim_blob(sha, time.time())  # GC keeps it until we are done
+                entries.append(ManifestEntry(path, mode, row.size, sha))
+        if missing:
+            raise BlobMissingError(missing, **ctx)
+        entries = sort_entries(entries)
+        by_path = {e.path: e for e in entries}
+        digest = tree_digest(entries)
+        hexd = digest.removeprefix("sha256:")
+        upstream_ids = [(w[0], w[4]) for w in wanted if w[4]]
+
+        meta, checked = self._check_metadata(by_path, ctx)
+        job = _Publish(repo, commit, variant, hexd, entries, upstream_ids, meta, checked)
+
+        with self._lock:
+            existing = self.index.get_tree(hexd)
+            if existing is not None and existing.state == "live":
+                return self._add_variant(job, created=False)
+
+        reserved = 0
+
+        def reserve(n: int) -> None:
+            nonlocal reserved
+            self._reserve(n, ctx)
+            reserved += n
+
+        try:
+            staging, copied = build_staging(
+                self.layout, entries, reserve=reserve, use_hardlinks=self.use_hardlinks, ctx=ctx
+            )
+            try:
+                faults.point("tree.staged")
+                with self._lock:
+                    self._writable()
+                    existing = self.index.get_tree(hexd)
+                    if existing is not None and existing.state == "live":
+                        remove_tree(staging)
+                        return self._add_variant(job, created=False)
+                    self._commit_tree(job, copied, staging, ctx)
+                    return self._add_variant(job, created=True)
+            finally:
+                if staging.exists():
+                    remove_tree(staging)
+        finally:
+            self._unreserve(reserved)
+
+    def _check_metadata(
+        self, by_path: dict[str, ManifestEntry], ctx: dict[str, str | None]
+    ) -> tuple[VariantMetadata, bool]:
+        entry = by_path.get(METADATA_FILE)
+        if entry is None:
+            raise MetadataError(
+                "the variant has no metadata.json (it is mandatory in the Kernel Hub format)",
+                **ctx,
+            )
+        if entry.size > (1 << 20):
+            raise MetadataError(f"metadata.json is {entry.size} bytes, over 1 MiB", **ctx)
+        try:
+            raw = self.layout.blob_path(entry.sha256).read_bytes()
+        except FileNotFoundError:
+            raise BlobMissingError([entry.sha256], path=METADATA_FILE, **ctx) from None
+        if hashlib.sha256(raw).hexdigest() != entry.sha256:
+            raise BlobMissingError([entry.sha256], path=METADATA_FILE, **ctx)
+        doc, meta = parse_metadata(raw, **ctx)
+
+        def hash_file(algorithm: str, path: str) -> bytes:
+            h = hashlib.new(algorithm)
+            with open(self.layout.blob_path(by_path[path].sha256), "rb") as f:
+                while chunk := f.read(READ_CHUNK):
+                    h.update(chunk)
+            return h.digest()
+
+        checked = check_metadata_digest(
+            doc, by_path, hash_file, require=self.require_metadata_digest, **ctx
+        )
+        if not checked:
+            log.warning(
+                "metadata.json has no digest; files verified by upstream ids only %s", _fmt(ctx)
+            )
+        return meta, checked
+
+    def _commit_tree(
+        self, job: _Publish, copied: int, staging: Path, ctx: dict[str, str | None]
+    ) -> None:
+        """Rename a staged tree into place and record it (caller holds the lock)."""
+        hexd, entries, meta = job.hexd, job.entries, job.meta
+        missing = [
+            e.sha256
+            for e in entries
+            if (row := self.index.get_blob(e.sha256)) is None or row.state != "live"
+        ]
+        if missing:
+            raise BlobMissingError(missing, **ctx)
+        with self.index.tx() as conn:
+            self.index.put_tree(
+                conn,
+                digest=hexd,
+                size=sum(e.size for e in entries),
+                files=[(e.path, e.sha256) for e in entries],
+                copied_bytes=copied,
+                manifest=canonical_manifest(entries),
+                metadata_id=meta.id,
+                backend=meta.backend,
+                archs=meta.archs,
+                state="pending",
+            )
+        faults.point("tree.pending")
+        create_tree_lock(self.layout.lock_path(hexd))
+        target = self.layout.tree_path(hexd)
+        if os.path.lexists(target):
+            self._move_to_trash(target)
+        os.rename(staging, target)
+        faults.point("tree.renamed")
+        fsync_dir(self.layout.trees)
+
+    def _add_variant(self, job: _Publish, *, created: bool) -> TreeInfo:
+        """Make the tree live and point (repo, commit, variant) at it (caller holds the lock)."""
+        repo, commit, variant, hexd = job.repo, job.commit, job.variant, job.hexd
+        entries, upstream_ids = job.entries, job.upstream_ids
+        with self.index.tx() as conn:
+            if created:
+                self.index.set_tree_state(conn, hexd, "live")
+            self.index.put_variant(
+                conn,
+                repo=repo,
+                commit=commit,
+                variant=variant,
+                tree=hexd,
+                upstream_ids=[(p, oid) for p, oid in upstream_ids if oid],
+            )
+            conn.execute("DELETE FROM negative WHERE repo = ?", (repo,))
+        faults.point("tree.live")
+        self._publish_index([repo])
+        size = sum(e.size for e in entries)
+        log.info(
+            "published %s tree sha256:%s (%d files, %d bytes, %s) %s",
+            variant,
+            hexd,
+            len(entries),
+            size,
+            "new" if created else "deduplicated",
+            _fmt({"repo": repo, "commit": commit, "variant": variant}),
+        )
+        return TreeInfo(
+            repo=repo,
+            commit=commit,
+            variant=variant,
+            digest=f"sha256:{hexd}",
+            path=self.layout.tree_path(hexd),
+            lock_path=self.layout.lock_path(hexd),
+            size=size,
+            files=len(entries),
+            created=created,
+            metadata=job.meta,
+            metadata_digest_checked=job.checked,
+        )
+
+    # ---- resolution ----
+
+    def resolve_revision(self, repo: str, revision: str) -> str | None:
+        """A ref known to the index -> its commit; a 40-hex revision -> itself; else None."""
+        ref = self.index.get_ref(repo, revision)
+        if ref is not None:
+            return ref.commit
+        if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+            return revision
+        return None
+
+    def lookup(
+        self,
+        repo: str,
+        revision: str,
+        variant: str,
+        *,
+        lease_ttl_s: float | None = None,
+        holder: str = "",
+    ) -> Resolved | None:
+        """Map (repo, ref-or-commit, variant) to a published tree; None if not in the store.
+
+        Raises :class:`DeniedError` for denied repos/revisions. Records the resolve time (LRU)
+        and, with ``lease_ttl_s``, takes a lease that keeps the tree from GC until it expires.
+        """
+        validate_repo(repo)
+        validate_ref(revision, repo=repo)
+        with self._lock:
+            commit = self.resolve_revision(repo, revision)
+            self._check_denied(repo, revision, commit, {"repo": repo, "commit": commit})
+            if commit is None:
+                return None
+            row = self.index.get_variant(repo, commit, variant)
+            if row is None:
+                return None
+            tree = self.index.get_tree(row.tree)
+            if tree is None or tree.state != "live":
+                return None
+            now = time.time()
+            if not self.read_only:
+                self.index.touch_tree(tree.digest, now)
+            lease = None
+            if lease_ttl_s is not None:
+                lease = self.acquire_lease(tree.digest, lease_ttl_s, holder=holder)
+            return Resolved(
+                repo=repo,
+                commit=commit,
+                variant=variant,
+                digest=f"sha256:{tree.digest}",
+                path=self.layout.tree_path(tree.digest),
+                lock_path=self.layout.lock_path(tree.digest),
+                metadata_id=tree.metadata_id,
+                backend=tree.backend,
+                archs=tree.archs,
+                lease=lease,
+            )
+
+    def variants(self, repo: str, commit: str) -> list[str]:
+        """Published variant names of a commit."""
+        return [v.variant for v in self.index.variants_of(repo, commit)]
+
+    def upstream_ids(self, repo: str, commit: str, variant: str) -> dict[str, str]:
+        """The ids the upstream announced for each file (LFS sha256 or git blob sha1)."""
+        return self.index.upstream_ids(repo, commit, variant)
+
+    # ---- refs, upstream facts, negative cache ----
+
+    def set_ref(self, repo: str, ref: str, commit: str, *, fetched_at: float | None = None) -> None:
+        self._writable()
+        validate_repo(repo)
+        validate_ref(ref, repo=repo)
+        validate_commit(commit, repo=repo)
+        with self._lock:
+            with self.index.tx() as conn:
+                self.index.put_ref(conn, repo, ref, commit, fetched_at or time.time())
+            self._publish_index([repo])
+        log.info("ref %s -> %s %s", ref, commit, _fmt({"repo": repo}))
+
+    def get_ref(self, repo: str, ref: str) -> RefRow | None:
+        """The recorded ref with its fetch time (for TTL and serve-stale decisions)."""
+        return self.index.get_ref(repo, ref)
+
+    def set_upstream_variants(self, repo: str, commit: str, names: Iterable[str]) -> None:
+        """Record every variant the upstream has for this commit (published in the client
+        index, so a client knows whether a better variant than the cached ones exists)."""
+        self._writable()
+        validate_repo(repo)
+        validate_commit(commit, repo=repo)
+        clean = sorted({validate_variant(n, repo=repo, commit=commit) for n in names})
+        with self._lock:
+            with self.index.tx() as conn:
+                self.index.put_upstream_variants(conn, repo, commit, clean)
+            self._publish_index([repo])
+
+    def put_negative(
+        self, repo: str, revision: str, variant: str, reason: str, ttl_s: float
+    ) -> None:
+        """Remember a failed lookup upstream (no such repo/revision/variant) for ``ttl_s``."""
+        self._writable()
+        now = time.time()
+        with self._lock, self.index.tx() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO negative VALUES (?,?,?,?,?,?)",
+                (repo, revision, variant or ALL, reason, now, now + ttl_s),
+            )
+
+    def get_negative(self, repo: str, revision: str, variant: str = ALL) -> NegativeRow | None:
+        row = self.index.get_negative(repo, revision, variant or ALL)
+        if row is None or row.expires_at <= time.time():
+            return None
+        return row
+
+    # ---- pins and denies ----
+
+    def pin(self, repo: str, revision: str = ALL, variant: str = ALL) -> None:
+        """Make trees of ``repo`` (``revision`` ref/commit or all, ``variant`` or all) GC roots."""
+        self._writable()
+        validate_repo(repo)
+        if revision != ALL:
+            validate_ref(revision, repo=repo)
+        if variant != ALL:
+            validate_variant(variant, repo=repo)
+        with self._lock, self.index.tx() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO pins VALUES (?,?,?,?)",
+                (repo, revision, variant, time.time()),
+            )
+        log.info("pinned %s@%s/%s", repo, revision, variant)
+
+    def unpin(self, repo: str, revision: str = ALL, variant: str = ALL) -> bool:
+        self._writable()
+        with self._lock, self.index.tx() as conn:
+            cur = conn.execute(
+                "DELETE FROM pins WHERE repo = ? AND revision = ? AND variant = ?",
+                (repo, revision, variant),
+            )
+            removed = cur.rowcount > 0
+        log.info("unpinned %s@%s/%s (%s)", repo, revision, variant, removed)
+        return removed
+
+    def pins(self) -> list[PinRow]:
+        return self.index.pins()
+
+    def deny(self, repo: str, revision: str = ALL, reason: str = "") -> None:
+        """Refuse ``repo`` (or one ref/commit of it) from now on; published to clients."""
+        self._writable()
+        validate_repo(repo)
+        if revision != ALL:
+            validate_ref(revision, repo=repo)
+        with self._lock:
+            with self.index.tx() as conn:
+                conn.execute(
+                    "INSERT OR REPLACE INTO denies VALUES (?,?,?,?)",
+                    (repo, revision, reason, time.time()),
+                )
+            self._publish_index([repo], denies=True)
+        log.info("denied %s@%s: %s", repo, revision, reason)
+
+    def allow(self, repo: str, revision: str = ALL) -> bool:
+        self._writable()
+        with self._lock:
+            with self.index.tx() as conn:
+                cur = conn.execute(
+                    "DELETE FROM denies WHERE repo = ? AND revision = ?", (repo, revision)
+                )
+                removed = cur.rowcount > 0
+            self._publish_index([repo], denies=True)
+        log.info("allowed %s@%s (%s)", repo, revision, removed)
+        return removed
+
+    def denies(self, repo: str | None = None) -> list[tuple[str, str, str]]:
+        return [(d.repo, d.revision, d.reason) for d in self.index.denies(repo)]
+
+    def _check_denied(
+        self, repo: str, revision: str, commit: str | None, ctx: dict[str, str | None]
+    ) -> None:
+        for d in self.index.denies(repo):
+            if d.revision in (ALL, revision, commit):
+                raise DeniedError(d.reason, **{k: v for k, v in ctx.items() if v is not None})
+
+    # ---- leases ----
+
+    def acquire_lease(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease:
+        """Keep a live tree from GC for ``ttl_s`` seconds."""
+        self._writable()
+        hexd = _hex(tree)
+        with self._lock:
+            row = self.index.get_tree(hexd)
+            if row is None or row.state != "live":
+                raise TreeNotFoundError(f"no live tree sha256:{hexd} to lease")
+            lease = Lease(uuid.uuid4().hex, f"sha256:{hexd}", time.time() + ttl_s, holder)
+            with self.index.tx() as conn:
+                conn.execute(
+                    "INSERT INTO leases VALUES (?,?,?,?,?)",
+                    (lease.id, hexd, holder, time.time(), lease.expires_at),
+                )
+        return lease
+
+    def renew_lease(self, lease_id: str, ttl_s: float) -> Lease:
+        self._writable()
+        with self._lock:
+            row = self.index.get_lease(lease_id)
+            now = time.time()
+            if row is None or row.expires_at <= now:
+                raise LeaseNotFoundError(f"lease {lease_id} is unknown or expired; resolve again")
+            with self.index.tx() as conn:
+                conn.execute(
+                    "UPDATE leases SET expires_at = ? WHERE id = ?", (now + ttl_s, lease_id)
+                )
+            return Lease(row.id, f"sha256:{row.tree}", now + ttl_s, row.holder)
+
+    def release_lease(self, lease_id: str) -> bool:
+        self._writable()
+        with self._lock, self.index.tx() as conn:
+            return conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
+
+    def leases(self) -> list[LeaseRow]:
+        return self.index.leases()
+
+    # ---- garbage collection ----
+
+    def gc(self, *, dry_run: bool = False) -> gc_mod.GcReport:
+        """Collect garbage and, under pressure, evict least-recently-resolved trees.
+
+        ``dry_run`` reports what would be freed and why each tree is kept, changing nothing.
+        """
+        if not dry_run:
+            self._writable()
+        return self._gc(dry_run=dry_run, extra_bytes=0)
+
+    def _gc(self, *, dry_run: bool, extra_bytes: int) -> gc_mod.GcReport:
+        now = time.time()
+        with self._lock:
+            expired = 0
+            if not dry_run:
+                with self.index.tx() as conn:
+                    expired = conn.execute(
+                        "DELETE FROM leases WHERE expires_at <= ?", (now,)
+                    ).rowcount
+            trees = self.index.trees("live")
+            blobs = self.index.blobs("live")
+            tree_files: dict[str, list[str]] = {}
+            for tree_hex, blob in self.index.all_tree_files():
+                tree_files.setdefault(tree_hex, []).append(blob)
+            variants = [v for r in self.index.repos() for v in self.index.variants_of(r)]
+            leased = {lease.tree for lease in self.index.leases() if lease.expires_at > now}
+            usage = self.index.usage() + self._reserved + extra_bytes
+            free = self._free_bytes() - self._reserved - extra_bytes
+            plan = gc_mod.plan(
+                layout=self.layout,
+                policy=self.policy,
+                now=now,
+                trees=trees,
+                blobs=blobs,
+                tree_files=tree_files,
+                variants=variants,
+                pins=self.index.pins(),
+                refs=[r for repo in self.index.repos() for r in self.index.refs_of(repo)],
+                leased=leased,
+                usage=usage,
+                free=free,
+                all_or_nothing=extra_bytes > 0,
+            )
+            plan.report.leases_expired = expired
+            plan.report.dry_run = dry_run
+            if dry_run:
+                plan.release()
+                return plan.report
+            victims = plan.report.deleted_trees
+            repos: set[str] = set()
+            with self.index.tx() as conn:
+                for t in victims:
+                    self.index.set_tree_state(conn, t.digest, "dead")
+                    for v in self.index.delete_variants_of_tree(conn, t.digest):
+                        repos.add(v.repo)
+                for sha in plan.report.blobs_deleted:
+                    self.index.set_blob_state(conn, sha, "dead")
+            faults.point("gc.marked")
+            self._publish_index(repos)
+        for t in victims:
+            log.info(
+                "gc: deleting tree sha256:%s (%s, %d bytes) %s",
+                t.digest,
+                t.reason,
+                t.bytes_freed,
+                " ".join(f"{r}@{c}/{v}" for r, c, v in t.variants),
+            )
+        self._purge_dead(plan.probes)
+        plan.release()
+        log.info(
+            "gc: freed %d bytes (%d trees, %d blobs); usage %d -> %d",
+            plan.report.bytes_freed,
+            len(victims),
+            len(plan.report.blobs_deleted),
+            plan.report.usage_before,
+            plan.report.usage_after,
+        )
+        return plan.report
+
+    def _purge_dead(self, probes: dict[str, Probe]) -> None:
+        """Delete the files of dead rows, then the rows (short lock holds, batched)."""
+        while True:
+            with self._lock:
+                rows = [t.digest for t in self.index.trees("dead")[:64]]
+                if not rows:
+                    break
+                for hexd in rows:
+                    self._move_to_trash(self.layout.tree_path(hexd))
+                    faults.point("gc.tree_moved")
+                    self.layout.lock_path(hexd).unlink(missing_ok=True)
+                    probe = probes.pop(hexd, None)
+                    if probe is not None:
+                        probe.release()
+                with self.index.tx() as conn:
+                    for hexd in rows:
+                        self.index.delete_tree(conn, hexd)
+            self._empty_trash()
+        while True:
+            with self._lock:
+                dead = [b.sha256 for b in self.index.blobs("dead")[:512]]
+                if not dead:
+                    break
+                buckets = set()
+                for sha in dead:
+                    path = self.layout.blob_path(sha)
+                    path.unlink(missing_ok=True)
+                    buckets.add(path.parent)
+                    faults.point("gc.blob_unlinked")
+                for bucket in buckets:
+                    if bucket.is_dir():
+                        fsync_dir(bucket)
+                with self.index.tx() as conn:
+                    for sha in dead:
+                        self.index.delete_blob(conn, sha)
+
+    def _move_to_trash(self, path: Path) -> None:
+        if not os.path.lexists(path):
+            return
+        os.rename(path, self.layout.trash / os.urandom(8).hex())
+        fsync_dir(path.parent)
+
+    def _empty_trash(self) -> None:
+        for child in list(self.layout.trash.iterdir()):
+            remove_tree(child)
+
+    # ---- verification ----
+
+    def verify(
+        self,
+        *,
+        repair: bool = False,
+        on_invalidated: Callable[[str, str, str], None] | None = None,
+    ) -> verify_mod.VerifyReport:
+        """Re-hash every blob and tree; with ``repair`` drop whatever is broken.
+
+        Dropped trees lose their (repo, commit, variant) rows, so the daemon fetches them again;
+        ``on_invalidated(repo, commit, variant)`` is called for each.
+        """
+        if repair:
+            self._writable()
+        report = verify_mod.verify(self.layout, self.index, self.owner_uid)
+        if repair:
+            self._repair(report, on_invalidated)
+        return report
+
+    def _repair(
+        self,
+        report: verify_mod.VerifyReport,
+        on_invalidated: Callable[[str, str, str], None] | None,
+    ) -> None:
+        bad_blobs = {p.id for p in report.problems if p.object == "blob" and p.kind != "unknown"}
+        bad_trees = {p.id for p in report.problems if p.object == "tree" and p.kind != "unknown"}
+        unknown = [Path(p.path) for p in report.problems if p.kind == "unknown"]
+        invalidated: list[tuple[str, str, str]] = []
+        with self._lock:
+            with self.index.tx() as conn:
+                for sha in bad_blobs:
+                    rows = conn.execute("SELECT tree FROM tree_files WHERE blob = ?", (sha,))
+                    bad_trees.update(r[0] for r in rows)
+                    self.index.set_blob_state(conn, sha, "dead")
+                for hexd in bad_trees:
+                    self.index.set_tree_state(conn, hexd, "dead")
+                    for v in self.index.delete_variants_of_tree(conn, hexd):
+                        invalidated.append((v.repo, v.commit, v.variant))
+            self._publish_index({r for r, _c, _v in invalidated})
+            for path in unknown:
+                if path.parent == self.layout.trees:
+                    self._move_to_trash(path)
+                else:
+                    try:
+                        path.unlink()
+                    except IsADirectoryError:
+                        self._move_to_trash(path)
+                    except OSError:
+                        continue
+                report.repaired.append(str(path))
+        self._purge_dead({})
+        report.repaired.extend(f"blob {s}" for s in sorted(bad_blobs))
+        report.repaired.extend(f"tree sha256:{t}" for t in sorted(bad_trees))
+        report.invalidated = invalidated
+        for repo, commit, variant in invalidated:
+            log.warning(
+                "repair: invalidated %s", _fmt({"repo": repo, "commit": commit, "variant": variant})
+            )
+            if on_invalidated is not None:
+                on_invalidated(repo, commit, variant)
+
+    # ---- client index ----
+
+    def _publish_index(self, repos: Iterable[str], *, denies: bool = False) -> None:
+        """Rewrite the client index files of ``repos`` (caller holds the lock or is alone)."""
+        repos = sorted(set(repos))
+        if not repos and not denies:
+            return
+        with self._lock:
+            with self.index.tx() as conn:
+                generation = self.index.next_generation(conn)
+            for repo in repos:
+                path = self.layout.repo_index_path(repo)
+                doc = client_index.build_repo_doc(self.index, self.layout, repo, generation)
+                if not doc["refs"] and not doc["commits"] and not doc["denies"]:
+                    client_index.remove(path)
+                else:
+                    client_index.atomic_write_json(path, doc)
+            if denies:
+                client_index.atomic_write_json(
+                    self.layout.client_index / "denies.json",
+                    client_index.build_denies_doc(self.index, generation),
+                )
+        faults.point("index.published")
+
+
+def _chunks(source: bytes | Iterable[bytes] | BinaryIO) -> Iterator[bytes | memoryview]:
+    if isinstance(source, bytes):
+        view = memoryview(source)  # slices of immutable bytes: no copies
+        for i in range(0, len(view), 8 << 20):
+            yield view[i : i + (8 << 20)]
+        return
+    read = getattr(source, "read", None)
+    if read is not None:
+        while chunk := read(READ_CHUNK):
+            yield chunk
+        return
+    yield from source
+
+
+def _fmt(ctx: dict[str, str | None]) -> str:
+    return " ".join(f"{k}={v}" for k, v in ctx.items() if v is not None)

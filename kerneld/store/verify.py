@@ -1,0 +1,299 @@
+"""Verification: re-hash every blob and tree and check that nothing is writable or foreign.
+
+Findings are :class:`Problem` records of five kinds; the report's exit code is a bitmask:
+
+    1  corrupt    content or size differs from the index, a file is missing, a tree has
+                  files its manifest does not list
+    2  untrusted  wrong owner, wrong mode (anything writable), a symlink, a device, a fifo
+    4  io         an I/O error while reading (verification went on past it)
+
+``unknown`` findings (a blob or tree file the index does not know) set no bit: the store never
+serves them, since validity is an index row. ``repair`` removes them anyway.
+
+Files of a tree that are hard links to a blob verified in the same run are not hashed twice
+(same inode, same bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .index import Index
+from .layout import DIR_MODE_TREE, FILE_MODE_BLOB, Layout, is_hex
+from .manifest import parse_manifest
+
+log = logging.getLogger("kerneld.store.verify")
+
+CORRUPT = 1
+UNTRUSTED = 2
+IO_ERROR = 4
+_BITS = {"corrupt": CORRUPT, "missing": CORRUPT, "untrusted": UNTRUSTED, "io": IO_ERROR}
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    """corrupt, missing, untrusted, io or unknown."""
+    object: str
+    """blob, tree or store."""
+    id: str
+    """Blob sha256 / tree digest hex / path for unknown files."""
+    path: str
+    detail: str
+
+
+@dataclass
+class VerifyReport:
+    problems: list[Problem] = field(default_factory=list)
+    blobs_checked: int = 0
+    trees_checked: int = 0
+    bytes_hashed: int = 0
+    repaired: list[str] = field(default_factory=list)
+    invalidated: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        code = 0
+        for p in self.problems:
+            code |= _BITS.get(p.kind, 0)
+        return code
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+    def add(self, kind: str, obj: str, ident: str, path: Path | str, detail: str) -> None:
+        self.problems.append(Problem(kind, obj, ident, str(path), detail))
+        log.warning("verify: %s %s %s at %s: %s", kind, obj, ident, path, detail)
+
+
+def _default_open(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+# Tests replace these to simulate I/O errors.
+open_for_hash: Callable[[Path], int] = _default_open
+read_chunk: Callable[[int, int], bytes] = os.read
+
+
+def hash_file(path: Path) -> tuple[str, int, os.stat_result]:
+    """(sha256 hex, size, fstat) of a file opened without following symlinks."""
+    fd = open_for_hash(path)
+    try:
+        st = os.fstat(fd)
+        h = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = read_chunk(fd, READ_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            size += len(chunk)
+        return h.hexdigest(), size, st
+    finally:
+        os.close(fd)
+
+
+def _owner_and_mode(st: os.stat_result, owner_uid: int, want_mode: int) -> str | None:
+    if st.st_uid != owner_uid:
+        return f"owned by uid {st.st_uid}, not the store owner {owner_uid}"
+    if st.st_mode & 0o7777 != want_mode:
+        return f"mode {st.st_mode & 0o7777:04o}, expected {want_mode:04o}"
+    return None
+
+
+def check_file_trust(st: os.stat_result, owner_uid: int, want_mode: int) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file (type {stat.S_IFMT(st.st_mode):o})"
+    return _owner_and_mode(st, owner_uid, want_mode)
+
+
+def check_dir_trust(st: os.stat_result, owner_uid: int, want_mode: int | None) -> str | None:
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    if st.st_uid != owner_uid:
+        return f"owned by uid {st.st_uid}, not the store owner {owner_uid}"
+    if want_mode is None:
+        if st.st_mode & 0o022:
+            return f"mode {st.st_mode & 0o7777:04o} is writable by group or others"
+        return None
+    if st.st_mode & 0o7777 != want_mode:
+        return f"mode {st.st_mode & 0o7777:04o}, expected {want_mode:04o}"
+    return None
+
+
+def verify(layout: Layout, index: Index, owner_uid: int) -> VerifyReport:
+    report = VerifyReport()
+    for d in (layout.root, layout.base, layout.blobs, layout.trees, layout.locks):
+        try:
+            problem = check_dir_trust(os.lstat(d), owner_uid, None)
+        except OSError as exc:
+            kind = "missing" if isinstance(exc, FileNotFoundError) else "io"
+            report.add(kind, "store", str(d), d, str(exc))
+            continue
+        if problem:
+            report.add("untrusted", "store", str(d), d, problem)
+
+    good_inodes: dict[str, tuple[int, int]] = {}
+    blob_rows = index.blobs()
+    known_blobs = {b.sha256 for b in blob_rows}
+    for blob in blob_rows:
+        if blob.state != "live":
+            continue
+        report.blobs_checked += 1
+        path = layout.blob_path(blob.sha256)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            report.add("missing", "blob", blob.sha256, path, "blob file is missing")
+            continue
+        except OSError as exc:
+            report.add("io", "blob", blob.sha256, path, str(exc))
+            continue
+        problem = check_file_trust(st, owner_uid, FILE_MODE_BLOB)
+        if problem:
+            report.add("untrusted", "blob", blob.sha256, path, problem)
+            continue
+        try:
+            digest, size, fst = hash_file(path)
+        except OSError as exc:
+            report.add("io", "blob", blob.sha256, path, f"read failed: {exc}")
+            continue
+        report.bytes_hashed += size
+        if size != blob.size:
+            report.add("corrupt", "blob", blob.sha256, path, f"size {size}, expected {blob.size}")
+        elif digest != blob.sha256:
+            report.add("corrupt", "blob", blob.sha256, path, f"content hashes to {digest}")
+        else:
+            good_inodes[blob.sha256] = (fst.st_dev, fst.st_ino)
+
+    tree_rows = index.trees()
+    for tree in tree_rows:
+        if tree.state != "live":
+            continue
+        report.trees_checked += 1
+        _verify_tree(
+            layout,
+            digest=tree.digest,
+            manifest=tree.manifest,
+            owner_uid=owner_uid,
+            good_inodes=good_inodes,
+            report=report,
+        )
+
+    _find_unknown(layout, known_blobs, {t.digest for t in tree_rows}, report)
+    return report
+
+
+def _verify_tree(
+    layout: Layout,
+    *,
+    digest: str,
+    manifest: bytes,
+    owner_uid: int,
+    good_inodes: dict[str, tuple[int, int]],
+    report: VerifyReport,
+) -> None:
+    root = layout.tree_path(digest)
+    entries = {e.path: e for e in parse_manifest(manifest)}
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        report.add("missing", "tree", digest, root, "tree directory is missing")
+        return
+    except OSError as exc:
+        report.add("io", "tree", digest, root, str(exc))
+        return
+    problem = check_dir_trust(st, owner_uid, DIR_MODE_TREE)
+    if problem:
+        report.add("untrusted", "tree", digest, root, problem)
+        return
+    seen: set[str] = set()
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            with os.scandir(root / rel_dir if rel_dir else root) as it:
+                items = list(it)
+        except OSError as exc:
+            report.add("io", "tree", digest, root / rel_dir, str(exc))
+            continue
+        for item in items:
+            rel = f"{rel_dir}/{item.name}" if rel_dir else item.name
+            full = root / rel
+            try:
+                est = os.lstat(full)
+            except OSError as exc:
+                report.add("io", "tree", digest, full, str(exc))
+                continue
+            if stat.S_ISDIR(est.st_mode):
+                problem = check_dir_trust(est, owner_uid, DIR_MODE_TREE)
+                if problem:
+                    report.add("untrusted", "tree", digest, full, problem)
+                stack.append(rel)
+                continue
+            entry = entries.get(rel)
+            if entry is None:
+                kind = "untrusted" if not stat.S_ISREG(est.st_mode) else "corrupt"
+                report.add(kind, "tree", digest, full, "file not in the tree's manifest")
+                continue
+            seen.add(rel)
+            problem = check_file_trust(est, owner_uid, entry.mode)
+            if problem:
+                report.add("untrusted", "tree", digest, full, problem)
+                continue
+            if good_inodes.get(entry.sha256) == (est.st_dev, est.st_ino):
+                continue
+            try:
+                got, size, _ = hash_file(full)
+            except OSError as exc:
+                report.add("io", "tree", digest, full, f"read failed: {exc}")
+                continue
+            report.bytes_hashed += size
+            if size != entry.size or got != entry.sha256:
+                report.add("corrupt", "tree", digest, full, "content differs from the manifest")
+    for rel in sorted(set(entries) - seen):
+        report.add("missing", "tree", digest, root / rel, "file listed in the manifest is missing")
+
+
+def _find_unknown(
+    layout: Layout, known_blobs: set[str], known_trees: set[str], report: VerifyReport
+) -> None:
+    try:
+        buckets = list(os.scandir(layout.blobs))
+    except OSError as exc:
+        report.add("io", "store", "blobs", layout.blobs, str(exc))
+        buckets = []
+    for bucket in buckets:
+        if not (bucket.is_dir(follow_symlinks=False) and is_hex(bucket.name, 2)):
+            report.add("unknown", "store", bucket.path, bucket.path, "not a blob bucket")
+            continue
+        try:
+            names = os.listdir(bucket.path)
+        except OSError as exc:
+            report.add("io", "store", bucket.path, bucket.path, str(exc))
+            continue
+        for name in names:
+            if name not in known_blobs or not name.startswith(bucket.name):
+                path = os.path.join(bucket.path, name)
+                report.add("unknown", "store", path, path, "file not in the index")
+    try:
+        tree_names = os.listdir(layout.trees)
+    except OSError as exc:
+        report.add("io", "store", "trees", layout.trees, str(exc))
+        tree_names = []
+    for name in tree_names:
+        if name not in known_trees:
+            tree_dir = layout.trees / name
+            report.add("unknown", "store", str(tree_dir), tree_dir, "tree not in the index")

@@ -1,0 +1,225 @@
+"""Index, refs, denies, pins, leases, negative cache, owner lock and the client index."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kerneld.store import (
+    DeniedError,
+    LeaseNotFoundError,
+    ReadOnlyStoreError,
+    SchemaError,
+    Store,
+    StoreLockedError,
+    TreeNotFoundError,
+    client_index,
+)
+from kerneld.store.index import SCHEMA_VERSION
+
+from .conftest import COMMIT_A, COMMIT_B, REPO, publish
+
+
+def test_schema_version_and_wal(store):
+    conn = sqlite3.connect(store.layout.db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    assert stat.S_IMODE(store.layout.db.stat().st_mode) == 0o600
+
+
+def test_newer_schema_refused(store_root):
+    Store.open(store_root).close()
+    conn = sqlite3.connect(store_root / "v1" / "index.sqlite3")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(SchemaError, match="newer"):
+        Store.open(store_root)
+    # the owner lock was released on failure
+    with pytest.raises(SchemaError):
+        Store.open(store_root)
+
+
+def test_second_owner_gets_typed_error_with_pid(store, store_root):
+    code = (
+        "import sys; sys.path.insert(0, '.')\n"
+        "from kerneld.store import Store, StoreLockedError\n"
+        "try:\n"
+        f"    Store.open({str(store_root)!r})\n"
+        "except StoreLockedError as e:\n"
+        "    print('LOCKED', e.pid)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"LOCKED {os.getpid()}"
+    # in-process, too (flock is per open file description)
+    with pytest.raises(StoreLockedError) as info:
+        Store.open(store_root)
+    assert info.value.pid == os.getpid()
+    assert str(os.getpid()) in str(info.value)
+
+
+def test_read_only_open_needs_no_lock_and_refuses_mutation(store, store_root):
+    publish(store)
+    store.set_ref(REPO, "v1", COMMIT_A)
+    ro = Store.open(store_root, read_only=True)
+    try:
+        hit = ro.lookup(REPO, "v1", "torch-cpu")
+        assert hit is not None
+        assert ro.verify().clean
+        with pytest.raises(ReadOnlyStoreError):
+            ro.set_ref(REPO, "v1", COMMIT_B)
+        with pytest.raises(ReadOnlyStoreError):
+            ro.gc()
+        with pytest.raises(ReadOnlyStoreError):
+            ro.verify(repair=True)
+        assert ro.gc(dry_run=True).bytes_freed == 0
+    finally:
+        ro.close()
+
+
+def test_read_only_open_of_missing_store(tmp_path):
+    with pytest.raises(SchemaError):
+        Store.open(tmp_path / "nothing", read_only=True)
+
+
+def test_refs_and_lookup(store):
+    publish(store)
+    assert store.lookup(REPO, "v1", "torch-cpu") is None  # unknown ref
+    store.set_ref(REPO, "v1", COMMIT_A, fetched_at=123.0)
+    hit = store.lookup(REPO, "v1", "torch-cpu")
+    assert hit.commit == COMMIT_A and hit.metadata_id == "_activation_0123abc"
+    assert hit.archs == ["8.0", "9.0a"]
+    assert store.get_ref(REPO, "v1").fetched_at == 123.0
+    assert store.lookup(REPO, COMMIT_A, "torch-cpu").digest == hit.digest
+    assert store.lookup(REPO, COMMIT_A, "torch-cuda") is None
+    assert store.lookup(REPO, COMMIT_B, "torch-cpu") is None
+    assert store.variants(REPO, COMMIT_A) == ["torch-cpu"]
+
+
+def test_lookup_records_resolve_time(store):
+    info = publish(store)
+    hexd = info.digest.removeprefix("sha256:")
+    before = store.index.get_tree(hexd).last_resolved
+    time.sleep(1.1)
+    store.lookup(REPO, COMMIT_A, "torch-cpu")
+    assert store.index.get_tree(hexd).last_resolved > before
+
+
+def test_denies(store):
+    publish(store)
+    store.set_ref(REPO, "v1", COMMIT_A)
+    store.deny(REPO, COMMIT_A, reason="CVE-1234")
+    with pytest.raises(DeniedError, match="CVE-1234"):
+        store.lookup(REPO, "v1", "torch-cpu")
+    with pytest.raises(DeniedError):
+        publish(store, variant="torch-cuda")
+    assert store.allow(REPO, COMMIT_A)
+    assert store.lookup(REPO, "v1", "torch-cpu") is not None
+    store.deny(REPO, reason="whole repo")
+    with pytest.raises(DeniedError):
+        store.lookup(REPO, "main", "torch-cpu")
+    denies = json.loads((store.layout.client_index / "denies.json").read_text())
+    assert denies["denies"] == [
+        {
+            "repo": REPO,
+            "revision": "*",
+            "reason": "whole repo",
+            "created_at": pytest.approx(time.time(), abs=60),
+        }
+    ]
+
+
+def test_leases(store):
+    info = publish(store)
+    lease = store.acquire_lease(info.digest, 60, holder="pid 1")
+    assert lease.expires_at > time.time()
+    renewed = store.renew_lease(lease.id, 120)
+    assert renewed.expires_at > lease.expires_at
+    assert store.release_lease(lease.id)
+    with pytest.raises(LeaseNotFoundError):
+        store.renew_lease(lease.id, 10)
+    with pytest.raises(TreeNotFoundError):
+        store.acquire_lease("sha256:" + "0" * 64, 10)
+    hit = store.lookup(REPO, COMMIT_A, "torch-cpu", lease_ttl_s=30, holder="x")
+    assert hit.lease is not None and hit.lease.tree == info.digest
+
+
+def test_negative_cache(store):
+    store.put_negative(REPO, "v9", "*", "RevisionNotFound", ttl_s=60)
+    row = store.get_negative(REPO, "v9")
+    assert row is not None and row.reason == "RevisionNotFound"
+    store.put_negative(REPO, "v8", "*", "RevisionNotFound", ttl_s=-1)
+    assert store.get_negative(REPO, "v8") is None
+    publish(store)  # a successful publish clears the repo's negative entries
+    assert store.get_negative(REPO, "v9") is None
+
+
+def test_pins_roundtrip(store):
+    store.pin(REPO, "v1")
+    assert [(p.repo, p.revision, p.variant) for p in store.pins()] == [(REPO, "v1", "*")]
+    assert store.unpin(REPO, "v1")
+    assert not store.unpin(REPO, "v1")
+
+
+def test_client_index_document(store):
+    publish(store)
+    store.set_ref(REPO, "v1", COMMIT_A)
+    store.set_upstream_variants(REPO, COMMIT_A, ["torch-cpu", "torch-cuda"])
+    path = store.layout.repo_index_path(REPO)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "kerneld-client-index" and doc["version"] == 1
+    assert doc["refs"]["v1"]["commit"] == COMMIT_A
+    entry = doc["commits"][COMMIT_A]
+    assert entry["upstream_variants"] == ["torch-cpu", "torch-cuda"]
+    v = entry["variants"]["torch-cpu"]
+    assert (store.layout.root / v["tree"]).is_dir()
+    assert (store.layout.root / v["lock"]).is_file()
+    assert v["digest"].startswith("sha256:") and v["metadata_id"] == "_activation_0123abc"
+    assert not os.path.isabs(v["tree"])
+    gen = doc["generation"]
+    store.set_ref(REPO, "main", COMMIT_A)
+    assert json.loads(path.read_text())["generation"] > gen
+    leftovers = [p for p in path.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_client_lookup_is_fast_and_honours_denies(store):
+    publish(store)
+    store.set_ref(REPO, "v1", COMMIT_A)
+    root = store.layout.root
+    hit = client_index.lookup(root, REPO, "v1", "torch-cpu")
+    assert hit is not None and hit.tree.is_dir() and hit.commit == COMMIT_A
+    assert client_index.lookup(root, REPO, "v2", "torch-cpu") is None
+    assert client_index.lookup(root, "no/such", "v1", "torch-cpu") is None
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        client_index.lookup(root, REPO, "v1", "torch-cpu")
+    per_call = (time.perf_counter() - t0) / n
+    assert per_call < 1e-3, f"{per_call * 1e6:.0f} µs per lookup"
+    store.deny(REPO, "v1", reason="bad build")
+    with pytest.raises(client_index.Denied):
+        client_index.lookup(root, REPO, "v1", "torch-cpu")
+
+
+def test_client_index_rebuilt_at_open(store_root):
+    with Store.open(store_root) as s:
+        publish(s)
+        s.set_ref(REPO, "v1", COMMIT_A)
+        path = s.layout.repo_index_path(REPO)
+    path.unlink()
+    (path.parent.parent / "ghost").mkdir()
+    (path.parent.parent / "ghost" / "repo.json").write_text("{}")
+    (path.parent / ".activation.json.1.abcd.tmp").write_text("partial")
+    with Store.open(store_root) as s:
+        assert json.loads(path.read_text())["refs"]["v1"]["commit"] == COMMIT_A
+        assert not (path.parent.parent / "ghost" / "repo.json").exists()
+        assert not (path.parent / ".activation.json.1.abcd.tmp").exists()
