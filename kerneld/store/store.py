@@ -811,6 +811,10 @@ class Store:
                 self.index.put_upstream_variants(conn, repo, commit, clean)
             self._publish_index([repo])
 
+    def upstream_variants(self, repo: str, commit: str) -> list[str] | None:
+        """Every variant the upstream listed for this commit, or None if never recorded."""
+        return self.index.get_upstream_variants(repo, commit)
+
     def put_negative(
         self, repo: str, revision: str, variant: str, reason: str, ttl_s: float
     ) -> None:
@@ -889,6 +893,13 @@ class Store:
 
     def denies(self, repo: str | None = None) -> list[tuple[str, str, str]]:
         return [(d.repo, d.revision, d.reason) for d in self.index.denies(repo)]
+
+    def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None:
+        """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied.
+
+        Resolution calls this before any upstream I/O, so a denied kernel is never fetched.
+        """
+        self._check_denied(repo, revision, commit, {"repo": repo, "commit": commit})
 
     def _check_denied(
         self, repo: str, revision: str, commit: str | None, ctx: dict[str, str | None]

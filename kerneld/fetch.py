@@ -1,0 +1,325 @@
+"""Fetch a variant from the upstream chain into the store: verified, resumable, single-flight.
+
+The same variant, or the same file, is never downloaded twice at once: concurrent callers share
+one download and get the same result or error. Upstreams are tried in priority order; a file
+whose bytes do not match the upstream's digest is retried once, then the next upstream is asked.
+Nothing unverified reaches a published tree: the store checks every byte on ingest and the
+variant's `metadata.json` digest at publish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from kerneld.store import (
+    BlobInfo,
+    Expected,
+    IntegrityError,
+    SizeMismatchError,
+    Store,
+    TreeFile,
+    TreeInfo,
+)
+from kerneld.upstream.base import RemoteFile, Upstream
+from kerneld.upstream.errors import (
+    EntryNotFound,
+    RepoNotFound,
+    RevisionNotFound,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+)
+from kerneld.upstream.retry import TransientError
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+log = logging.getLogger("kerneld.fetch")
+
+
+class SingleFlight(Generic[K, V]):
+    """Run `fn` once per key at a time; concurrent callers with that key wait and share."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[K, Future[V]] = {}
+
+    def do(self, key: K, fn: Callable[[], V]) -> tuple[V, bool]:
+        """Return (result, shared): `shared` is True for callers that waited on another's call."""
+        with self._lock:
+            future = self._calls.get(key)
+            leader = future is None
+            if future is None:
+                future = Future()
+                self._calls[key] = future
+        if not leader:
+            return future.result(), True
+        try:
+            result = fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(result)
+            return result, False
+        finally:
+            with self._lock:
+                del self._calls[key]
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._calls)
+
+
+@dataclass(frozen=True)
+class FetchEvent:
+    """Progress of one fetch, for streamed admin output and logs."""
+
+    kind: str  # "variant-started" | "file-progress" | "file-done" | "variant-done"
+    repo_id: str
+    commit: str
+    variant: str
+    upstream: str = ""
+    path: str = ""
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+
+
+ProgressFn = Callable[[FetchEvent], None]
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    tree: TreeInfo
+    upstream: str
+    bytes_downloaded: int
+    files_downloaded: int
+    seconds: float
+
+
+class Fetcher:
+    """Moves variants from upstreams into a store."""
+
+    def __init__(
+        self, store: Store, upstreams: Sequence[Upstream], *, attempts_per_file: int = 3
+    ) -> None:
+        if not upstreams:
+            raise ValueError("at least one upstream is required")
+        self.store = store
+        self.upstreams = list(upstreams)
+        self.attempts_per_file = attempts_per_file
+        self._variants: SingleFlight[tuple[str, str, str], FetchResult] = SingleFlight()
+        self._blobs: SingleFlight[tuple[str, str], tuple[BlobInfo, int]] = SingleFlight()
+
+    def fetch_variant(
+        self, repo_id: str, commit: str, variant: str, *, progress: ProgressFn | None = None
+    ) -> FetchResult:
+        result, _ = self._variants.do(
+            (repo_id, commit, variant),
+            lambda: self._fetch_variant(repo_id, commit, variant, progress),
+        )
+        return result
+
+    def _fetch_variant(
+        self, repo_id: str, commit: str, variant: str, progress: ProgressFn | None
+    ) -> FetchResult:
+        failures: list[UpstreamError | IntegrityError] = []
+        for upstream in self.upstreams:
+            start = time.monotonic()
+            try:
+                files = upstream.list_files(repo_id, commit, variant)
+                downloaded, nbytes = self._ingest_all(
+                    upstream, repo_id, commit, variant, files, progress
+                )
+                tree = self.store.publish_tree(
+                    repo_id,
+                    commit,
+                    variant,
+                    [
+                        TreeFile(
+                            path=f.path,
+                            sha256=sha,
+                            size=f.size,
+                            upstream_id=f.sha256 or f.git_sha1,
+                        )
+                        for f, sha in downloaded
+                    ],
+                )
+            except (EntryNotFound, RevisionNotFound, RepoNotFound, UpstreamUnavailable) as exc:
+                log.info(
+                    "fetch miss upstream=%s repo=%s commit=%s variant=%s reason=%s",
+                    upstream.name,
+                    repo_id,
+                    commit,
+                    variant,
+                    exc,
+                )
+                failures.append(exc)
+                continue
+            except (IntegrityError, UpstreamProtocolError) as exc:
+                log.warning(
+                    "integrity failure upstream=%s repo=%s commit=%s variant=%s error=%s; "
+                    "trying the next upstream",
+                    upstream.name,
+                    repo_id,
+                    commit,
+                    variant,
+                    exc,
+                )
+                failures.append(exc)
+                continue
+            seconds = time.monotonic() - start
+            log.info(
+                "fetched repo=%s commit=%s variant=%s upstream=%s files=%d bytes=%d "
+                "seconds=%.3f tree=%s",
+                repo_id,
+                commit,
+                variant,
+                upstream.name,
+                sum(1 for _ in downloaded),
+                nbytes,
+                seconds,
+                tree.digest,
+            )
+            if progress:
+                progress(
+                    FetchEvent(
+                        "variant-done",
+                        repo_id,
+                        commit,
+                        variant,
+                        upstream.name,
+                        files_done=len(downloaded),
+                        files_total=len(downloaded),
+                    )
+                )
+            return FetchResult(tree, upstream.name, nbytes, len(downloaded), seconds)
+        raise _summarise(failures, repo_id, commit, variant)
+
+    def _ingest_all(
+        self,
+        upstream: Upstream,
+        repo_id: str,
+        commit: str,
+        variant: str,
+        files: list[RemoteFile],
+        progress: ProgressFn | None,
+    ) -> tuple[list[tuple[RemoteFile, str]], int]:
+        total = sum(f.size for f in files)
+        if progress:
+            progress(
+                FetchEvent(
+                    "variant-started",
+                    repo_id,
+                    commit,
+                    variant,
+                    upstream.name,
+                    bytes_total=total,
+                    files_total=len(files),
+                )
+            )
+        out: list[tuple[RemoteFile, str]] = []
+        done_bytes = 0
+        downloaded = 0
+        for f in files:
+            key = ("sha256", f.sha256) if f.sha256 else ("gitsha1", f.git_sha1 or "")
+
+            def ingest(f: RemoteFile = f) -> tuple[BlobInfo, int]:
+                return self._ingest_file(upstream, repo_id, commit, variant, f)
+
+            (info, fresh_bytes), _ = self._blobs.do(key, ingest)
+            downloaded += fresh_bytes
+            done_bytes += f.size
+            out.append((f, info.sha256))
+            if progress:
+                progress(
+                    FetchEvent(
+                        "file-done",
+                        repo_id,
+                        commit,
+                        variant,
+                        upstream.name,
+                        path=f.path,
+                        bytes_done=done_bytes,
+                        bytes_total=total,
+                        files_done=len(out),
+                        files_total=len(files),
+                    )
+                )
+        return out, downloaded
+
+    def _ingest_file(
+        self, upstream: Upstream, repo_id: str, commit: str, variant: str, f: RemoteFile
+    ) -> tuple[BlobInfo, int]:
+        """Download one file unless present; returns (blob, bytes downloaded)."""
+        found = (
+            self.store.find_blob(sha256=f.sha256)
+            if f.sha256
+            else self.store.find_blob(git_sha1=f.git_sha1)
+        )
+        if found is not None:
+            return found, 0
+        ctx = {"repo": repo_id, "commit": commit, "variant": variant}
+        expected = Expected(f.size, sha256=f.sha256, git_sha1=f.git_sha1)
+        last: Exception | None = None
+        corrupt_seen = False
+        for _attempt in range(self.attempts_per_file):
+            writer = self.store.open_writer(expected, **ctx)
+            with writer:
+                start = writer.offset
+                try:
+                    with upstream.open_file(repo_id, commit, variant, f, offset=start) as chunks:
+                        for chunk in chunks:
+                            writer.write(chunk)
+                    info = writer.commit()
+                    return info, f.size - start
+                except TransientError as exc:
+                    writer.close()  # keep the partial file: the next attempt resumes it
+                    last = exc
+                    log.info(
+                        "resuming download upstream=%s repo=%s commit=%s variant=%s file=%s "
+                        "at=%d error=%s",
+                        upstream.name,
+                        repo_id,
+                        commit,
+                        variant,
+                        f.path,
+                        writer.offset,
+                        exc,
+                    )
+                except SizeMismatchError as exc:
+                    last = exc  # a short body: start over
+                except IntegrityError as exc:
+                    if corrupt_seen:
+                        raise
+                    corrupt_seen, last = True, exc  # retry once from scratch, then give up
+        if isinstance(last, IntegrityError):
+            raise last
+        raise UpstreamUnavailable(
+            f"downloading {f.path} failed {self.attempts_per_file} times: {last}",
+            upstream=upstream.name,
+            repo_id=repo_id,
+            revision=commit,
+        )
+
+
+def _summarise(
+    failures: list[UpstreamError | IntegrityError], repo_id: str, commit: str, variant: str
+) -> Exception:
+    """The most useful error across upstreams: integrity > unavailable > not found."""
+    for kind in (IntegrityError, UpstreamProtocolError, UpstreamUnavailable):
+        for exc in failures:
+            if isinstance(exc, kind):
+                return exc
+    if failures:
+        return failures[0]
+    return EntryNotFound(
+        f"variant {variant} not found in any upstream", repo_id=repo_id, revision=commit
+    )

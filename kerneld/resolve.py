@@ -1,0 +1,316 @@
+"""Turn a request (repo, version or revision, platform facts) into a verified tree in the store.
+
+Steps: revision -> commit (ref cache with TTL, serve-stale when every upstream is down, short
+negative cache), commit -> variant names (cached forever: commits are immutable), names + facts
+-> best accepted variant (kerneld_client.variants, the same rules as the client), then a store
+hit or a single-flight fetch, then `kernel-depends` recursively.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kerneld.fetch import Fetcher, FetchResult, ProgressFn
+from kerneld.store import Resolved, Store
+from kerneld.upstream.base import Upstream, check_repo_id, is_commit
+from kerneld.upstream.errors import (
+    RepoNotFound,
+    RevisionNotFound,
+    UpstreamError,
+    UpstreamUnavailable,
+)
+from kerneld_client.variants import Decision, PlatformFacts, decide
+
+log = logging.getLogger("kerneld.resolve")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a caller asks for. At most one of version, revision, locked_commit."""
+
+    repo_id: str
+    version: int | None = None
+    revision: str | None = None
+    locked_commit: str | None = None
+
+    def __post_init__(self) -> None:
+        check_repo_id(self.repo_id)
+        given = [x is not None for x in (self.version, self.revision, self.locked_commit)]
+        if sum(given) > 1:
+            raise ValueError("give at most one of version, revision and locked_commit")
+        if self.locked_commit is not None and not is_commit(self.locked_commit):
+            raise ValueError(f"locked commit must be 40 lowercase hex: {self.locked_commit!r}")
+        if self.version is not None and self.version < 0:
+            raise ValueError(f"version must be >= 0, got {self.version}")
+
+    @property
+    def ref(self) -> str:
+        """The ref to resolve: `vN` for a version (versions are branches), else the revision."""
+        if self.locked_commit is not None:
+            return self.locked_commit
+        if self.version is not None:
+            return f"v{self.version}"
+        return self.revision or "main"
+
+    def __str__(self) -> str:
+        return f"{self.repo_id}@{self.ref}"
+
+
+class ResolveError(Exception):
+    """Base of resolution failures that are not upstream or store errors."""
+
+    def __init__(self, message: str, *, repo_id: str = "", revision: str = "") -> None:
+        self.repo_id = repo_id
+        self.revision = revision
+        where = "@".join(p for p in (repo_id, revision) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class NoCompatibleVariant(ResolveError):
+    def __init__(self, decisions: Sequence[Decision], *, repo_id: str, revision: str) -> None:
+        self.decisions = list(decisions)
+        detail = "; ".join(f"{d.variant}: {d.reason}" for d in self.decisions) or "no variants"
+        super().__init__(
+            f"no build variant fits this platform ({detail})", repo_id=repo_id, revision=revision
+        )
+
+
+class FetchNotAllowed(ResolveError):
+    """The kernel is not in the store and this request may not trigger a download."""
+
+
+class DependencyCycle(ResolveError):
+    pass
+
+
+@dataclass(frozen=True)
+class Resolution:
+    spec: KernelSpec
+    commit: str
+    stale: bool
+    variant: str
+    hit: Resolved
+    decisions: list[Decision]
+    fetched: FetchResult | None = None
+    dependencies: list[Resolution] = field(default_factory=list)
+
+
+class Resolver:
+    """Resolution over one store and an ordered upstream chain."""
+
+    def __init__(
+        self,
+        store: Store,
+        upstreams: Sequence[Upstream],
+        *,
+        ref_ttl_s: float = 300.0,
+        negative_ttl_s: float = 30.0,
+        fetcher: Fetcher | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.upstreams = list(upstreams)
+        self.ref_ttl_s = ref_ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self.fetcher = fetcher or Fetcher(store, self.upstreams)
+        self.clock = clock
+
+    # -- refs ----------------------------------------------------------------------------------
+
+    def commit_for(self, spec: KernelSpec, *, allow_network: bool = True) -> tuple[str, bool]:
+        """(commit, stale). Commits need no lookup; refs are cached for `ref_ttl_s`."""
+        if spec.locked_commit is not None:
+            return spec.locked_commit, False
+        ref = spec.ref
+        if is_commit(ref):
+            return ref, False
+        row = self.store.get_ref(spec.repo_id, ref)
+        fresh = row is not None and self.clock() - row.fetched_at < self.ref_ttl_s
+        if row is not None and (fresh or not allow_network):
+            return row.commit, not fresh
+        negative = self.store.get_negative(spec.repo_id, ref)
+        if negative is not None and row is None:
+            cls = RepoNotFound if negative.reason.startswith("repo:") else RevisionNotFound
+            raise cls(
+                f"{negative.reason.split(':', 1)[-1]} (cached)",
+                repo_id=spec.repo_id,
+                revision=ref,
+            )
+        if not allow_network:
+            raise FetchNotAllowed(
+                "revision not known to this host and fetching is not allowed",
+                repo_id=spec.repo_id,
+                revision=ref,
+            )
+        failures: list[UpstreamError] = []
+        for upstream in self.upstreams:
+            try:
+                commit = upstream.resolve_revision(spec.repo_id, ref)
+            except (RepoNotFound, RevisionNotFound, UpstreamUnavailable) as exc:
+                failures.append(exc)
+                continue
+            except UpstreamError as exc:
+                log.warning(
+                    "bad ref answer upstream=%s repo=%s ref=%s error=%s",
+                    upstream.name,
+                    spec.repo_id,
+                    ref,
+                    exc,
+                )
+                failures.append(exc)
+                continue
+            self.store.set_ref(spec.repo_id, ref, commit, fetched_at=self.clock())
+            return commit, False
+        unavailable = [f for f in failures if isinstance(f, UpstreamUnavailable)]
+        if row is not None and unavailable:
+            log.warning(
+                "serving stale ref repo=%s ref=%s commit=%s age=%.0fs reason=%s",
+                spec.repo_id,
+                ref,
+                row.commit,
+                self.clock() - row.fetched_at,
+                unavailable[0],
+            )
+            return row.commit, True
+        if unavailable or not failures:
+            raise (
+                unavailable[0]
+                if unavailable
+                else UpstreamUnavailable(
+                    "no upstream configured", repo_id=spec.repo_id, revision=ref
+                )
+            )
+        if all(isinstance(f, RepoNotFound) for f in failures):
+            self.store.put_negative(
+                spec.repo_id, ref, "", "repo:" + str(failures[0]), self.negative_ttl_s
+            )
+            raise failures[0]
+        not_found = next(f for f in failures if isinstance(f, RevisionNotFound | RepoNotFound))
+        self.store.put_negative(spec.repo_id, ref, "", "rev:" + str(not_found), self.negative_ttl_s)
+        raise not_found
+
+    # -- variants ------------------------------------------------------------------------------
+
+    def variant_names(self, repo_id: str, commit: str, *, allow_network: bool = True) -> list[str]:
+        """Every variant of a commit, as the upstream lists it (cached forever)."""
+        names = self.store.upstream_variants(repo_id, commit)
+        if names is not None:
+            return names
+        published = self.store.variants(repo_id, commit)
+        if not allow_network:
+            return published
+        failures: list[UpstreamError] = []
+        for upstream in self.upstreams:
+            try:
+                names = upstream.list_variants(repo_id, commit)
+            except UpstreamError as exc:
+                failures.append(exc)
+                continue
+            self.store.set_upstream_variants(repo_id, commit, names)
+            return names
+        if published:
+            return published
+        raise failures[0] if failures else UpstreamUnavailable("no upstream configured")
+
+    # -- resolve -------------------------------------------------------------------------------
+
+    def resolve(
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool = True,
+        variant: str | None = None,
+        lease_ttl_s: float | None = None,
+        holder: str = "",
+        progress: ProgressFn | None = None,
+        _stack: tuple[str, ...] = (),
+    ) -> Resolution:
+        if spec.repo_id in _stack:
+            raise DependencyCycle(
+                "kernel-depends cycle: " + " -> ".join((*_stack, spec.repo_id)),
+                repo_id=spec.repo_id,
+            )
+        # Denies are checked before any I/O: a denied kernel is never fetched either.
+        self.store.check_denied(spec.repo_id, spec.ref)
+        commit, stale = self.commit_for(spec, allow_network=allow_fetch)
+        self.store.check_denied(spec.repo_id, spec.ref, commit)
+        names = self.variant_names(spec.repo_id, commit, allow_network=allow_fetch)
+        decisions = decide(names, facts)
+        if variant is not None:
+            chosen = [d for d in decisions if d.variant == variant]
+            if not chosen:
+                raise NoCompatibleVariant(decisions, repo_id=spec.repo_id, revision=commit)
+            candidates = chosen
+        else:
+            candidates = [d for d in decisions if d.accepted]
+        if not candidates:
+            raise NoCompatibleVariant(decisions, repo_id=spec.repo_id, revision=commit)
+        best = candidates[0].variant
+        hit = self.store.lookup(spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder)
+        fetched: FetchResult | None = None
+        if hit is None and not allow_fetch:
+            # Without a fetch, the best accepted variant that is already here will do.
+            for cand in candidates[1:]:
+                hit = self.store.lookup(
+                    spec.repo_id, commit, cand.variant, lease_ttl_s=lease_ttl_s, holder=holder
+                )
+                if hit is not None:
+                    best = cand.variant
+                    break
+            else:
+                raise FetchNotAllowed(
+                    f"variant {best} is not in the store and fetching is not allowed",
+                    repo_id=spec.repo_id,
+                    revision=commit,
+                )
+        if hit is None:
+            fetched = self.fetcher.fetch_variant(spec.repo_id, commit, best, progress=progress)
+            hit = self.store.lookup(
+                spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder
+            )
+            if hit is None:  # pragma: no cover - published a moment ago; only GC could race
+                raise UpstreamUnavailable(
+                    "fetched tree vanished before it could be served",
+                    repo_id=spec.repo_id,
+                    revision=commit,
+                )
+        deps = [
+            self.resolve(
+                dep,
+                facts,
+                allow_fetch=allow_fetch,
+                lease_ttl_s=lease_ttl_s,
+                holder=holder,
+                progress=progress,
+                _stack=(*_stack, spec.repo_id),
+            )
+            for dep in self.dependencies_of(hit)
+        ]
+        return Resolution(spec, commit, stale, best, hit, decisions, fetched, deps)
+
+    def dependencies_of(self, hit: Resolved) -> list[KernelSpec]:
+        """`kernel-depends` of a published tree's metadata.json."""
+        import json
+
+        try:
+            meta = json.loads((hit.path / "metadata.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        specs: list[KernelSpec] = []
+        for dep in meta.get("kernel-depends", []) or []:
+            if not isinstance(dep, dict) or not isinstance(dep.get("repo-id"), str):
+                continue
+            version = dep.get("version")
+            revision = dep.get("revision")
+            specs.append(
+                KernelSpec(
+                    dep["repo-id"],
+                    version=int(version) if isinstance(version, int) else None,
+                    revision=revision if isinstance(revision, str) and version is None else None,
+                )
+            )
+        return specs

@@ -1,0 +1,52 @@
+"""Pytest plugin: the example kernels, built once per cache key, and Hub-style git repos of them.
+
+The build is cached under $KERNELD_EXAMPLES_CACHE or .cache/examples at the repo root, so only
+the first run on a machine (or after a source change) pays for compiling; later sessions reuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from examples.kernels.build import BuiltExamples, HubRoot, build_examples, make_hub
+
+
+@pytest.fixture(scope="session")
+def built_examples() -> BuiltExamples:
+    """Every example kernel, version and variant, built for the local torch (or from cache)."""
+    return build_examples()
+
+
+@pytest.fixture(scope="session")
+def example_hub(built_examples: BuiltExamples, tmp_path_factory: pytest.TempPathFactory) -> HubRoot:
+    """Non-bare git repos at <root>/kernels/kerneld-examples/{activation,relu2}, with details."""
+    return make_hub(tmp_path_factory.mktemp("example-hub"), built=built_examples)
+
+
+@pytest.fixture(scope="session")
+def example_hub_root(example_hub: HubRoot) -> Path:
+    """Root of the non-bare repos: <root>/kernels/<org>/<name> (olah's mirrors-path layout)."""
+    return example_hub.root
+
+
+@pytest.fixture(scope="session")
+def example_hub_bare(
+    built_examples: BuiltExamples, tmp_path_factory: pytest.TempPathFactory
+) -> HubRoot:
+    """The same repos in bare form (LFS objects under <repo>/lfs/objects)."""
+    return make_hub(tmp_path_factory.mktemp("example-hub-bare"), bare=True, built=built_examples)
+
+
+@pytest.fixture
+def make_example_hub(built_examples: BuiltExamples, tmp_path: Path) -> Callable[..., HubRoot]:
+    """Factory for a fresh, private hub root (for tests that modify the repos)."""
+
+    def make(*, bare: bool = False, dest: Path | None = None) -> HubRoot:
+        return make_hub(
+            dest or tmp_path / ("hub-bare" if bare else "hub"), bare=bare, built=built_examples
+        )
+
+    return make
