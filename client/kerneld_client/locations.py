@@ -1,0 +1,139 @@
+"""Where kerneld's sockets and store are, shared by the daemon, kerneldctl and the client.
+
+Two modes:
+- system (the systemd service): sockets in /run/kerneld, store in /var/lib/kerneld/store;
+- user (a workstation, no root): sockets in $XDG_RUNTIME_DIR/kerneld (or ~/.cache/kerneld/run
+  when that is unset), store in ~/.cache/kerneld/store.
+
+A running daemon advertises itself in a small JSON file beside its user socket
+(`<socket>.json`: store root, client index directory, admin socket, pid, version), so a client
+finds the published index without gRPC and without parsing the daemon's config.
+
+Kept free of third-party imports: this module is on the client's warm path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_SOCKET = "KERNELD_SOCKET"
+ENV_ADMIN_SOCKET = "KERNELD_ADMIN_SOCKET"
+ENV_STORE = "KERNELD_STORE"
+
+SYSTEM_RUN_DIR = Path("/run/kerneld")
+SYSTEM_STORE = Path("/var/lib/kerneld/store")
+SOCKET_NAME = "kerneld.sock"
+ADMIN_SOCKET_NAME = "admin.sock"
+ADVERT_SUFFIX = ".json"
+ADVERT_FORMAT = "kerneld-advert"
+
+
+def _home() -> Path:
+    return Path(os.environ.get("HOME") or Path.home())
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else _home() / ".cache") / "kerneld"
+
+
+def user_run_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "kerneld" if runtime else user_cache_dir() / "run"
+
+
+def user_config_file() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(base) if base else _home() / ".config") / "kerneld" / "kerneld.toml"
+
+
+SYSTEM_CONFIG_FILE = Path("/etc/kerneld/kerneld.toml")
+
+
+def default_socket() -> Path:
+    """The user socket a client talks to: $KERNELD_SOCKET, else the system one, else the user's."""
+    env = os.environ.get(ENV_SOCKET)
+    if env:
+        return Path(env)
+    system = SYSTEM_RUN_DIR / SOCKET_NAME
+    if system.exists():
+        return system
+    return user_run_dir() / SOCKET_NAME
+
+
+def default_admin_socket() -> Path:
+    env = os.environ.get(ENV_ADMIN_SOCKET)
+    if env:
+        return Path(env)
+    system = SYSTEM_RUN_DIR / ADMIN_SOCKET_NAME
+    if system.exists():
+        return system
+    return user_run_dir() / ADMIN_SOCKET_NAME
+
+
+def advert_path(socket: Path) -> Path:
+    return socket.with_name(socket.name + ADVERT_SUFFIX)
+
+
+@dataclass(frozen=True)
+class Advert:
+    """What a running daemon publishes beside its user socket."""
+
+    store_root: Path
+    index_dir: Path
+    user_socket: Path
+    admin_socket: Path
+    pid: int
+    version: str
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": ADVERT_FORMAT,
+                "version": 1,
+                "store_root": str(self.store_root),
+                "index_dir": str(self.index_dir),
+                "user_socket": str(self.user_socket),
+                "admin_socket": str(self.admin_socket),
+                "pid": self.pid,
+                "daemon_version": self.version,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+
+
+def read_advert(socket: Path | None = None) -> Advert | None:
+    """The advert of the daemon behind `socket` (default: `default_socket()`), or None."""
+    path = advert_path(socket or default_socket())
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != ADVERT_FORMAT or doc.get("version") != 1:
+        return None
+    try:
+        return Advert(
+            store_root=Path(doc["store_root"]),
+            index_dir=Path(doc["index_dir"]),
+            user_socket=Path(doc["user_socket"]),
+            admin_socket=Path(doc["admin_socket"]),
+            pid=int(doc["pid"]),
+            version=str(doc["daemon_version"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def default_store() -> Path:
+    """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return Path(env)
+    advert = read_advert()
+    if advert is not None:
+        return advert.store_root
+    return SYSTEM_STORE if SYSTEM_STORE.exists() else user_cache_dir() / "store"

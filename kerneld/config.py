@@ -1,0 +1,431 @@
+"""kerneld's configuration: a TOML file, then `KERNELD_*` environment, then command-line flags.
+
+With no file at all, `kerneld` runs in user mode for one user (store under ~/.cache/kerneld,
+sockets under $XDG_RUNTIME_DIR/kerneld, the Hugging Face Hub as the only upstream). The system
+service reads /etc/kerneld/kerneld.toml (see systemd/kerneld.toml for every key).
+
+Every invalid value fails at start with the file, the key and the reason (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kerneld_client import locations
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+UPSTREAM_KINDS = ("hub", "mirror-dir", "mirror-http")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration: says where (file and key) and why."""
+
+    def __init__(self, source: str, key: str, reason: str) -> None:
+        self.source = source
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{source}: {key}: {reason}")
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_size(value: object, *, source: str, key: str) -> int:
+    """`20GiB`, `500MB`, `1024` (bytes) -> bytes."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()])
+    raise ConfigError(source, key, f"expected a size like '20GiB' or a byte count, got {value!r}")
+
+
+def parse_duration(value: object, *, source: str, key: str) -> float:
+    """`90s`, `5m`, `1h30m`, `250ms`, or a number of seconds -> seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    if isinstance(value, str) and value.strip():
+        text = value.strip().replace(" ", "")
+        parts = _DURATION_RE.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    raise ConfigError(source, key, f"expected a duration like '5m' or '90s', got {value!r}")
+
+
+def parse_mode(value: object, *, source: str, key: str) -> int:
+    """File mode: '0660' or 0o660."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o7777:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3,4}", value):
+        return int(value, 8)
+    raise ConfigError(source, key, f"expected an octal mode like '0660', got {value!r}")
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    name: str
+    kind: str  # hub | mirror-dir | mirror-http
+    location: str = ""  # endpoint (hub, empty: HF_ENDPOINT or huggingface.co), directory or URL
+    token_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class SocketConfig:
+    path: Path
+    mode: int
+    group: str = ""  # empty: keep the daemon's group
+
+
+@dataclass(frozen=True)
+class PrefetchEntry:
+    repo_id: str
+    version: int | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the daemon needs, resolved to concrete values."""
+
+    source: str
+    system: bool
+    store_path: Path
+    cap_bytes: int | None = None
+    min_free_bytes: int = 1 << 30
+    gc_min_age_s: float = 3600.0
+    user_socket: SocketConfig = field(
+        default_factory=lambda: SocketConfig(locations.user_run_dir() / "kerneld.sock", 0o666)
+    )
+    admin_socket: SocketConfig = field(
+        default_factory=lambda: SocketConfig(locations.user_run_dir() / "admin.sock", 0o600)
+    )
+    upstreams: tuple[UpstreamConfig, ...] = (UpstreamConfig("hub", "hub"),)
+    ref_ttl_s: float = 300.0
+    negative_ttl_s: float = 30.0
+    lease_ttl_s: float = 600.0
+    lease_max_s: float = 86400.0
+    fetch_allow: tuple[str, ...] = ("*",)
+    fetch_timeout_s: float = 10.0
+    fetch_attempts: int = 4
+    prefetch: tuple[PrefetchEntry, ...] = ()
+    prefetch_torch: tuple[str, ...] = ()
+    prefetch_interval_s: float = 6 * 3600.0
+    trusted_keys: Mapping[str, str] = field(default_factory=dict)
+    metrics_socket: Path | None = None
+    metrics_listen: str = ""
+    log_level: str = "info"
+
+    def fetch_allowed(self, repo_id: str) -> bool:
+        """May an unprivileged client's Resolve trigger a download of `repo_id`?"""
+        return any(fnmatch.fnmatchcase(repo_id, pat) for pat in self.fetch_allow)
+
+
+def default_config(*, system: bool) -> Config:
+    if system:
+        run = locations.SYSTEM_RUN_DIR
+        return Config(
+            source="(defaults, system mode)",
+            system=True,
+            store_path=locations.SYSTEM_STORE,
+            user_socket=SocketConfig(run / locations.SOCKET_NAME, 0o660, "kerneld-users"),
+            admin_socket=SocketConfig(run / locations.ADMIN_SOCKET_NAME, 0o660, "kerneld-admin"),
+        )
+    run = locations.user_run_dir()
+    return Config(
+        source="(defaults, user mode)",
+        system=False,
+        store_path=locations.user_cache_dir() / "store",
+        user_socket=SocketConfig(run / locations.SOCKET_NAME, 0o600),
+        admin_socket=SocketConfig(run / locations.ADMIN_SOCKET_NAME, 0o600),
+    )
+
+
+_KNOWN: dict[str, set[str]] = {
+    "": {
+        "store",
+        "sockets",
+        "upstream",
+        "resolve",
+        "fetch",
+        "prefetch",
+        "mirror",
+        "metrics",
+        "log",
+        "mode",
+    },
+    "store": {"path", "cap", "min_free", "gc_min_age"},
+    "sockets": {"user", "admin", "user_mode", "admin_mode", "user_group", "admin_group"},
+    "upstream": {"name", "kind", "endpoint", "path", "url", "token_file"},
+    "resolve": {"ref_ttl", "negative_ttl", "lease_ttl", "lease_max"},
+    "fetch": {"allow", "timeout", "attempts"},
+    "prefetch": {"kernels", "torch", "interval"},
+    "mirror": {"trusted_keys"},
+    "metrics": {"socket", "listen"},
+    "log": {"level"},
+}
+
+
+def _check_keys(table: Mapping[str, Any], section: str, source: str) -> None:
+    for key in table:
+        if key not in _KNOWN[section]:
+            where = f"{section}.{key}" if section else key
+            known = ", ".join(sorted(_KNOWN[section]))
+            raise ConfigError(source, where, f"unknown key (known: {known})")
+
+
+def _table(doc: Mapping[str, Any], name: str, source: str) -> dict[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(source, name, "must be a table")
+    _check_keys(value, name, source)
+    return value
+
+
+def _str(value: object, source: str, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(source, key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def parse_prefetch_entry(text: str, *, source: str = "", key: str = "") -> PrefetchEntry:
+    """`org/name` (main), `org/name:1` (version 1), `org/name@rev` (branch, tag or commit)."""
+    m = re.fullmatch(r"([^/@:\s]+/[^/@:\s]+)(?::(\d+)|@(\S+))?", text.strip())
+    if not m:
+        raise ConfigError(
+            source, key, f"expected 'org/name', 'org/name:VERSION' or 'org/name@REV', got {text!r}"
+        )
+    return PrefetchEntry(
+        m.group(1), version=int(m.group(2)) if m.group(2) else None, revision=m.group(3)
+    )
+
+
+def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config:
+    """Turn a parsed TOML document into a Config (validating every key)."""
+    _check_keys(doc, "", source)
+    mode = doc.get("mode")
+    if mode is not None:
+        if mode not in ("system", "user"):
+            raise ConfigError(source, "mode", f"expected 'system' or 'user', got {mode!r}")
+        system = mode == "system"
+    cfg = replace(default_config(system=system), source=source)
+    updates: dict[str, Any] = {}
+
+    store = _table(doc, "store", source)
+    if "path" in store:
+        updates["store_path"] = Path(_str(store["path"], source, "store.path"))
+    if "cap" in store:
+        updates["cap_bytes"] = parse_size(store["cap"], source=source, key="store.cap") or None
+    if "min_free" in store:
+        updates["min_free_bytes"] = parse_size(
+            store["min_free"], source=source, key="store.min_free"
+        )
+    if "gc_min_age" in store:
+        updates["gc_min_age_s"] = parse_duration(
+            store["gc_min_age"], source=source, key="store.gc_min_age"
+        )
+
+    sockets = _table(doc, "sockets", source)
+    for which in ("user", "admin"):
+        current: SocketConfig = getattr(cfg, f"{which}_socket")
+        path = sockets.get(which)
+        mode_v = sockets.get(f"{which}_mode")
+        group = sockets.get(f"{which}_group")
+        updates[f"{which}_socket"] = SocketConfig(
+            Path(_str(path, source, f"sockets.{which}")) if path is not None else current.path,
+            parse_mode(mode_v, source=source, key=f"sockets.{which}_mode")
+            if mode_v is not None
+            else current.mode,
+            group if isinstance(group, str) else current.group,
+        )
+
+    raw_upstreams = doc.get("upstream")
+    if raw_upstreams is not None:
+        if not isinstance(raw_upstreams, list) or not raw_upstreams:
+            raise ConfigError(
+                source, "upstream", "must be a non-empty array of tables ([[upstream]])"
+            )
+        ups: list[UpstreamConfig] = []
+        for i, up in enumerate(raw_upstreams):
+            key = f"upstream[{i}]"
+            if not isinstance(up, dict):
+                raise ConfigError(source, key, "must be a table")
+            _check_keys(up, "upstream", source)
+            kind = up.get("kind")
+            if kind not in UPSTREAM_KINDS:
+                raise ConfigError(
+                    source, f"{key}.kind", f"expected one of {UPSTREAM_KINDS}, got {kind!r}"
+                )
+            loc_key = {"hub": "endpoint", "mirror-dir": "path", "mirror-http": "url"}[kind]
+            location = up.get(loc_key, "")
+            if kind != "hub":
+                location = _str(location, source, f"{key}.{loc_key}")
+            if kind == "mirror-http" and not re.match(r"^https?://", location):
+                raise ConfigError(
+                    source, f"{key}.url", f"must start with http:// or https://, got {location!r}"
+                )
+            name = up.get("name") or (kind if kind == "hub" else f"{kind}-{i}")
+            token_file = up.get("token_file")
+            ups.append(
+                UpstreamConfig(
+                    _str(name, source, f"{key}.name"),
+                    kind,
+                    location,
+                    Path(token_file) if isinstance(token_file, str) else None,
+                )
+            )
+        names = [u.name for u in ups]
+        if len(set(names)) != len(names):
+            raise ConfigError(source, "upstream", f"upstream names must be unique, got {names}")
+        updates["upstreams"] = tuple(ups)
+
+    resolve = _table(doc, "resolve", source)
+    for key, attr in (
+        ("ref_ttl", "ref_ttl_s"),
+        ("negative_ttl", "negative_ttl_s"),
+        ("lease_ttl", "lease_ttl_s"),
+        ("lease_max", "lease_max_s"),
+    ):
+        if key in resolve:
+            updates[attr] = parse_duration(resolve[key], source=source, key=f"resolve.{key}")
+
+    fetch = _table(doc, "fetch", source)
+    if "allow" in fetch:
+        allow = fetch["allow"]
+        if not isinstance(allow, list) or not all(isinstance(p, str) for p in allow):
+            raise ConfigError(source, "fetch.allow", "must be a list of repo patterns like 'org/*'")
+        updates["fetch_allow"] = tuple(allow)
+    if "timeout" in fetch:
+        updates["fetch_timeout_s"] = parse_duration(
+            fetch["timeout"], source=source, key="fetch.timeout"
+        )
+    if "attempts" in fetch:
+        attempts = fetch["attempts"]
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= 20:
+            raise ConfigError(source, "fetch.attempts", f"expected 1..20, got {attempts!r}")
+        updates["fetch_attempts"] = attempts
+
+    prefetch = _table(doc, "prefetch", source)
+    if "kernels" in prefetch:
+        items = prefetch["kernels"]
+        if not isinstance(items, list):
+            raise ConfigError(
+                source, "prefetch.kernels", "must be a list of 'org/name[:VERSION|@REV]'"
+            )
+        updates["prefetch"] = tuple(
+            parse_prefetch_entry(str(t), source=source, key=f"prefetch.kernels[{i}]")
+            for i, t in enumerate(items)
+        )
+    if "torch" in prefetch:
+        torch = prefetch["torch"]
+        if not isinstance(torch, list) or not all(
+            isinstance(t, str) and re.fullmatch(r"\d+\.\d+", t) for t in torch
+        ):
+            raise ConfigError(source, "prefetch.torch", "must be a list like ['2.12', '2.13']")
+        updates["prefetch_torch"] = tuple(torch)
+    if "interval" in prefetch:
+        updates["prefetch_interval_s"] = parse_duration(
+            prefetch["interval"], source=source, key="prefetch.interval"
+        )
+
+    mirror = _table(doc, "mirror", source)
+    if "trusted_keys" in mirror:
+        keys = mirror["trusted_keys"]
+        if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in keys.items()
+        ):
+            raise ConfigError(source, "mirror.trusted_keys", "must map key names to public keys")
+        updates["trusted_keys"] = dict(keys)
+
+    metrics = _table(doc, "metrics", source)
+    if "socket" in metrics:
+        updates["metrics_socket"] = Path(_str(metrics["socket"], source, "metrics.socket"))
+    if "listen" in metrics:
+        listen = _str(metrics["listen"], source, "metrics.listen")
+        if not re.fullmatch(r"[\w.:\[\]-]+:\d+", listen):
+            raise ConfigError(source, "metrics.listen", f"expected HOST:PORT, got {listen!r}")
+        updates["metrics_listen"] = listen
+
+    log = _table(doc, "log", source)
+    if "level" in log:
+        level = log["level"]
+        if level not in ("debug", "info", "warning", "error"):
+            raise ConfigError(
+                source, "log.level", f"expected debug/info/warning/error, got {level!r}"
+            )
+        updates["log_level"] = level
+
+    return replace(cfg, **updates)
+
+
+def apply_env(cfg: Config, env: Mapping[str, str]) -> Config:
+    """`KERNELD_STORE`, `KERNELD_SOCKET`, `KERNELD_ADMIN_SOCKET`, `KERNELD_LOG_LEVEL` override."""
+    updates: dict[str, Any] = {}
+    if env.get(locations.ENV_STORE):
+        updates["store_path"] = Path(env[locations.ENV_STORE])
+    if env.get(locations.ENV_SOCKET):
+        updates["user_socket"] = replace(cfg.user_socket, path=Path(env[locations.ENV_SOCKET]))
+    if env.get(locations.ENV_ADMIN_SOCKET):
+        updates["admin_socket"] = replace(
+            cfg.admin_socket, path=Path(env[locations.ENV_ADMIN_SOCKET])
+        )
+    if env.get("KERNELD_LOG_LEVEL"):
+        updates["log_level"] = _env_level(env["KERNELD_LOG_LEVEL"])
+    return replace(cfg, **updates)
+
+
+def _env_level(value: str) -> str:
+    if value not in ("debug", "info", "warning", "error"):
+        raise ConfigError(
+            "environment", "KERNELD_LOG_LEVEL", f"expected debug/info/warning/error, got {value!r}"
+        )
+    return value
+
+
+def load_config(
+    path: Path | None = None, *, env: Mapping[str, str] | None = None, system: bool | None = None
+) -> Config:
+    """Load the config: `path`, else $KERNELD_CONFIG, else the system or user file if present."""
+    env = os.environ if env is None else env
+    if path is None and env.get("KERNELD_CONFIG"):
+        path = Path(env["KERNELD_CONFIG"])
+    if system is None:
+        system = os.geteuid() == 0 and path is None and locations.SYSTEM_CONFIG_FILE.exists()
+    if path is None:
+        candidate = locations.SYSTEM_CONFIG_FILE if system else locations.user_config_file()
+        path = candidate if candidate.exists() else None
+    if path is None:
+        return apply_env(default_config(system=system), env)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from exc
+    return apply_env(parse_config(doc, source=str(path), system=system), env)
