@@ -105,3 +105,19 @@ def test_dead_endpoint_is_unavailable() -> None:
     hub = HubUpstream(endpoint="http://127.0.0.1:9", token=False, policy=FAST)
     with pytest.raises(UpstreamUnavailable):
         hub.list_refs(REPO)
+
+
+def test_telemetry_disabled_still_works(hub_server, monkeypatch, synthetic_hub) -> None:
+    """kernels 0.17.2 breaks with HF_HUB_DISABLE_TELEMETRY=1 (REFERENCE §4); kerneld must not."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.delenv("HF_HUB_USER_AGENT_ORIGIN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_USER_AGENT_ORIGIN", None)
+    hub = HubUpstream(endpoint=hub_server.url, token=False, policy=FAST)
+    assert hub.list_refs(REPO).branches["v1"] == synthetic_hub.commits["v1"]
+    commit = synthetic_hub.commits["v1"]
+    f = hub.list_files(REPO, commit, VARIANT)[0]
+    with hub.open_file(REPO, commit, VARIANT, f) as chunks:
+        assert b"".join(chunks)
