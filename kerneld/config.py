@@ -10,6 +10,7 @@ Every invalid value fails at start with the file, the key and the reason (`Confi
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import sys
@@ -118,6 +119,7 @@ class Config:
     cap_bytes: int | None = None
     min_free_bytes: int = 1 << 30
     gc_min_age_s: float = 3600.0
+    orphan_grace_s: float = 3600.0
     user_socket: SocketConfig = field(
         default_factory=lambda: SocketConfig(locations.user_run_dir() / "kerneld.sock", 0o666)
     )
@@ -135,10 +137,13 @@ class Config:
     prefetch: tuple[PrefetchEntry, ...] = ()
     prefetch_torch: tuple[str, ...] = ()
     prefetch_interval_s: float = 6 * 3600.0
+    prefetch_on_start: bool = True
     trusted_keys: Mapping[str, str] = field(default_factory=dict)
     metrics_socket: Path | None = None
     metrics_listen: str = ""
     log_level: str = "info"
+    drain_timeout_s: float = 20.0
+    threads: int = 16
 
     def fetch_allowed(self, repo_id: str) -> bool:
         """May an unprivileged client's Resolve trigger a download of `repo_id`?"""
@@ -176,24 +181,29 @@ _KNOWN: dict[str, set[str]] = {
         "mirror",
         "metrics",
         "log",
+        "server",
         "mode",
     },
-    "store": {"path", "cap", "min_free", "gc_min_age"},
+    "store": {"path", "cap", "min_free", "gc_min_age", "orphan_grace"},
     "sockets": {"user", "admin", "user_mode", "admin_mode", "user_group", "admin_group"},
     "upstream": {"name", "kind", "endpoint", "path", "url", "token_file"},
     "resolve": {"ref_ttl", "negative_ttl", "lease_ttl", "lease_max"},
     "fetch": {"allow", "timeout", "attempts"},
-    "prefetch": {"kernels", "torch", "interval"},
+    "prefetch": {"kernels", "torch", "interval", "on_start"},
     "mirror": {"trusted_keys"},
     "metrics": {"socket", "listen"},
     "log": {"level"},
+    "server": {"drain_timeout", "threads"},
 }
 
 
-def _check_keys(table: Mapping[str, Any], section: str, source: str) -> None:
+def _check_keys(
+    table: Mapping[str, Any], section: str, source: str, where_prefix: str | None = None
+) -> None:
+    prefix = section if where_prefix is None else where_prefix
     for key in table:
         if key not in _KNOWN[section]:
-            where = f"{section}.{key}" if section else key
+            where = f"{prefix}.{key}" if prefix else key
             known = ", ".join(sorted(_KNOWN[section]))
             raise ConfigError(source, where, f"unknown key (known: {known})")
 
@@ -204,6 +214,28 @@ def _table(doc: Mapping[str, Any], name: str, source: str) -> dict[str, Any]:
         raise ConfigError(source, name, "must be a table")
     _check_keys(value, name, source)
     return value
+
+
+def _bool(value: object, source: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(source, key, f"expected true or false, got {value!r}")
+    return value
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def parse_loopback(value: object, *, source: str, key: str) -> str:
+    """`127.0.0.1:9464`: metrics are only ever served on loopback (or a unix socket)."""
+    text = value if isinstance(value, str) else ""
+    host, _, port = text.rpartition(":")
+    if host not in LOOPBACK_HOSTS or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            source,
+            key,
+            f"expected a loopback HOST:PORT ({', '.join(LOOPBACK_HOSTS)}), got {value!r}",
+        )
+    return text
 
 
 def _str(value: object, source: str, key: str) -> str:
@@ -248,6 +280,10 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         updates["gc_min_age_s"] = parse_duration(
             store["gc_min_age"], source=source, key="store.gc_min_age"
         )
+    if "orphan_grace" in store:
+        updates["orphan_grace_s"] = parse_duration(
+            store["orphan_grace"], source=source, key="store.orphan_grace"
+        )
 
     sockets = _table(doc, "sockets", source)
     for which in ("user", "admin"):
@@ -255,6 +291,10 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         path = sockets.get(which)
         mode_v = sockets.get(f"{which}_mode")
         group = sockets.get(f"{which}_group")
+        if group is not None and not isinstance(group, str):
+            raise ConfigError(
+                source, f"sockets.{which}_group", f"expected a group name, got {group!r}"
+            )
         updates[f"{which}_socket"] = SocketConfig(
             Path(_str(path, source, f"sockets.{which}")) if path is not None else current.path,
             parse_mode(mode_v, source=source, key=f"sockets.{which}_mode")
@@ -274,7 +314,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             key = f"upstream[{i}]"
             if not isinstance(up, dict):
                 raise ConfigError(source, key, "must be a table")
-            _check_keys(up, "upstream", source)
+            _check_keys(up, "upstream", source, key)
             kind = up.get("kind")
             if kind not in UPSTREAM_KINDS:
                 raise ConfigError(
@@ -284,12 +324,18 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             location = up.get(loc_key, "")
             if kind != "hub":
                 location = _str(location, source, f"{key}.{loc_key}")
-            if kind == "mirror-http" and not re.match(r"^https?://", location):
+            elif not isinstance(location, str):
+                raise ConfigError(source, f"{key}.endpoint", f"expected a URL, got {location!r}")
+            if kind != "mirror-dir" and location and not re.match(r"^https?://\S+$", location):
                 raise ConfigError(
-                    source, f"{key}.url", f"must start with http:// or https://, got {location!r}"
+                    source,
+                    f"{key}.{loc_key}",
+                    f"must start with http:// or https://, got {location!r}",
                 )
             name = up.get("name") or (kind if kind == "hub" else f"{kind}-{i}")
             token_file = up.get("token_file")
+            if token_file is not None:
+                token_file = _str(token_file, source, f"{key}.token_file")
             ups.append(
                 UpstreamConfig(
                     _str(name, source, f"{key}.name"),
@@ -348,9 +394,12 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             raise ConfigError(source, "prefetch.torch", "must be a list like ['2.12', '2.13']")
         updates["prefetch_torch"] = tuple(torch)
     if "interval" in prefetch:
-        updates["prefetch_interval_s"] = parse_duration(
-            prefetch["interval"], source=source, key="prefetch.interval"
-        )
+        interval = parse_duration(prefetch["interval"], source=source, key="prefetch.interval")
+        if interval < 1:
+            raise ConfigError(source, "prefetch.interval", f"must be at least 1s, got {interval}")
+        updates["prefetch_interval_s"] = interval
+    if "on_start" in prefetch:
+        updates["prefetch_on_start"] = _bool(prefetch["on_start"], source, "prefetch.on_start")
 
     mirror = _table(doc, "mirror", source)
     if "trusted_keys" in mirror:
@@ -365,10 +414,9 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
     if "socket" in metrics:
         updates["metrics_socket"] = Path(_str(metrics["socket"], source, "metrics.socket"))
     if "listen" in metrics:
-        listen = _str(metrics["listen"], source, "metrics.listen")
-        if not re.fullmatch(r"[\w.:\[\]-]+:\d+", listen):
-            raise ConfigError(source, "metrics.listen", f"expected HOST:PORT, got {listen!r}")
-        updates["metrics_listen"] = listen
+        updates["metrics_listen"] = parse_loopback(
+            metrics["listen"], source=source, key="metrics.listen"
+        )
 
     log = _table(doc, "log", source)
     if "level" in log:
@@ -379,7 +427,27 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             )
         updates["log_level"] = level
 
-    return replace(cfg, **updates)
+    server = _table(doc, "server", source)
+    if "drain_timeout" in server:
+        updates["drain_timeout_s"] = parse_duration(
+            server["drain_timeout"], source=source, key="server.drain_timeout"
+        )
+    if "threads" in server:
+        threads = server["threads"]
+        if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 256:
+            raise ConfigError(source, "server.threads", f"expected 1..256, got {threads!r}")
+        updates["threads"] = threads
+
+    out = replace(cfg, **updates)
+    if out.lease_ttl_s > out.lease_max_s:
+        raise ConfigError(
+            source,
+            "resolve.lease_ttl",
+            f"{out.lease_ttl_s:g}s is longer than resolve.lease_max ({out.lease_max_s:g}s)",
+        )
+    if out.lease_ttl_s <= 0:
+        raise ConfigError(source, "resolve.lease_ttl", "must be longer than 0s")
+    return out
 
 
 def apply_env(cfg: Config, env: Mapping[str, str]) -> Config:
@@ -429,3 +497,109 @@ def load_config(
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from exc
     return apply_env(parse_config(doc, source=str(path), system=system), env)
+
+
+def _toml(value: object) -> str:
+    """A TOML literal for the few value types a Config holds (JSON strings are TOML strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Path):
+        return json.dumps(str(value))
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _prefetch_text(entry: PrefetchEntry) -> str:
+    if entry.version is not None:
+        return f"{entry.repo_id}:{entry.version}"
+    if entry.revision is not None:
+        return f"{entry.repo_id}@{entry.revision}"
+    return entry.repo_id
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as TOML that `load_config` reads back to the same values
+    (`kerneld --check-config`): what the daemon will actually use, defaults included."""
+    tables: list[tuple[str, dict[str, object]]] = [
+        (
+            "store",
+            {
+                "path": cfg.store_path,
+                "cap": cfg.cap_bytes or 0,
+                "min_free": cfg.min_free_bytes,
+                "gc_min_age": cfg.gc_min_age_s,
+                "orphan_grace": cfg.orphan_grace_s,
+            },
+        ),
+        (
+            "sockets",
+            {
+                "user": cfg.user_socket.path,
+                "user_mode": f"{cfg.user_socket.mode:04o}",
+                "user_group": cfg.user_socket.group,
+                "admin": cfg.admin_socket.path,
+                "admin_mode": f"{cfg.admin_socket.mode:04o}",
+                "admin_group": cfg.admin_socket.group,
+            },
+        ),
+        (
+            "resolve",
+            {
+                "ref_ttl": cfg.ref_ttl_s,
+                "negative_ttl": cfg.negative_ttl_s,
+                "lease_ttl": cfg.lease_ttl_s,
+                "lease_max": cfg.lease_max_s,
+            },
+        ),
+        (
+            "fetch",
+            {
+                "allow": list(cfg.fetch_allow),
+                "timeout": cfg.fetch_timeout_s,
+                "attempts": cfg.fetch_attempts,
+            },
+        ),
+        (
+            "prefetch",
+            {
+                "kernels": [_prefetch_text(p) for p in cfg.prefetch],
+                "torch": list(cfg.prefetch_torch),
+                "interval": cfg.prefetch_interval_s,
+                "on_start": cfg.prefetch_on_start,
+            },
+        ),
+        ("mirror", {"trusted_keys": dict(cfg.trusted_keys)}),
+        (
+            "metrics",
+            {
+                k: v
+                for k, v in (("socket", cfg.metrics_socket), ("listen", cfg.metrics_listen))
+                if v
+            },
+        ),
+        ("log", {"level": cfg.log_level}),
+        ("server", {"drain_timeout": cfg.drain_timeout_s, "threads": cfg.threads}),
+    ]
+    lines = [
+        f"# kerneld configuration as resolved from {cfg.source}",
+        f"mode = {_toml('system' if cfg.system else 'user')}",
+    ]
+    for name, values in tables:
+        lines.append("")
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {_toml(v)}" for k, v in values.items())
+    for up in cfg.upstreams:
+        loc_key = {"hub": "endpoint", "mirror-dir": "path", "mirror-http": "url"}[up.kind]
+        lines += ["", "[[upstream]]", f"name = {_toml(up.name)}", f"kind = {_toml(up.kind)}"]
+        if up.location:
+            lines.append(f"{loc_key} = {_toml(up.location)}")
+        if up.token_file is not None:
+            lines.append(f"token_file = {_toml(up.token_file)}")
+    return "\n".join(lines) + "\n"

@@ -120,15 +120,21 @@ class Resolver:
 
     # -- refs ----------------------------------------------------------------------------------
 
-    def commit_for(self, spec: KernelSpec, *, allow_network: bool = True) -> tuple[str, bool]:
-        """(commit, stale). Commits need no lookup; refs are cached for `ref_ttl_s`."""
+    def commit_for(
+        self, spec: KernelSpec, *, allow_network: bool = True, refresh: bool = False
+    ) -> tuple[str, bool]:
+        """(commit, stale). Commits need no lookup; refs are cached for `ref_ttl_s`.
+
+        `refresh` asks the upstreams even within the TTL (prefetch: a moved `vN` branch is
+        fetched before clients need it); the cached commit is still served if all are down.
+        """
         if spec.locked_commit is not None:
             return spec.locked_commit, False
         ref = spec.ref
         if is_commit(ref):
             return ref, False
         row = self.store.get_ref(spec.repo_id, ref)
-        fresh = row is not None and self.clock() - row.fetched_at < self.ref_ttl_s
+        fresh = row is not None and not refresh and self.clock() - row.fetched_at < self.ref_ttl_s
         if row is not None and (fresh or not allow_network):
             return row.commit, not fresh
         negative = self.store.get_negative(spec.repo_id, ref)

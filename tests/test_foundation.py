@@ -28,6 +28,14 @@ def _modules_after(code: str) -> set[str]:
         "import kerneld_client",
         "import kerneld_client.errors",
         "import kerneld_client.importer",
+        "import kerneld_client.loader",
+        "import kerneld_client._index",
+        "import kerneld_client._trust",
+        "import kerneld_client._config",
+        "import kerneld_client._types",
+        "import kerneld_client._rpc",
+        "import kerneld_client._hub",
+        "from kerneld_client import get_kernel, load_kernel, KernelError, loaded_kernels",
     ],
 )
 def test_client_import_graph_is_light(statement: str) -> None:

@@ -1,7 +1,111 @@
 """kerneld_client: load Kernel Hub kernels through the host's kerneld daemon.
 
 Importing this package is cheap on purpose: it imports neither grpc, huggingface_hub, torch nor
-kerneld. Those are imported lazily by the code paths that need them.
+kerneld. The public names below are resolved on first use (module `__getattr__`), so
+`import kerneld_client` costs a few milliseconds and `kerneld_client.get_kernel` pulls in only
+the warm path; grpc is imported only if the daemon has to be asked.
 """
 
+from __future__ import annotations
+
+import importlib
+
+# Not `from typing import TYPE_CHECKING`: typing costs milliseconds in a bare interpreter.
+TYPE_CHECKING = False
+
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "LoadedKernel": "kerneld_client.loader",
+    "get_kernel": "kerneld_client.loader",
+    "get_kernel_variants": "kerneld_client.loader",
+    "get_local_kernel": "kerneld_client.loader",
+    "get_locked_kernel": "kerneld_client.loader",
+    "has_kernel": "kerneld_client.loader",
+    "load_kernel": "kerneld_client.loader",
+    "loaded_kernels": "kerneld_client.loader",
+    "FallbackPolicy": "kerneld_client._config",
+    "KernelFallbackWarning": "kerneld_client._config",
+    "DaemonUnavailable": "kerneld_client.errors",
+    "KernelDenied": "kerneld_client.errors",
+    "KernelError": "kerneld_client.errors",
+    "KernelLoadError": "kerneld_client.errors",
+    "KernelNotFound": "kerneld_client.errors",
+    "KernelUnavailable": "kerneld_client.errors",
+    "NoCompatibleVariant": "kerneld_client.errors",
+    "UntrustedPath": "kerneld_client.errors",
+    "VariantReason": "kerneld_client.errors",
+    "platform_facts": "kerneld_client.platform",
+    "set_platform_facts": "kerneld_client.platform",
+    "Decision": "kerneld_client.variants",
+    "PlatformFacts": "kerneld_client.variants",
+}
+
+__all__ = [
+    "DaemonUnavailable",
+    "Decision",
+    "FallbackPolicy",
+    "KernelDenied",
+    "KernelError",
+    "KernelFallbackWarning",
+    "KernelLoadError",
+    "KernelNotFound",
+    "KernelUnavailable",
+    "LoadedKernel",
+    "NoCompatibleVariant",
+    "PlatformFacts",
+    "UntrustedPath",
+    "VariantReason",
+    "__version__",
+    "get_kernel",
+    "get_kernel_variants",
+    "get_local_kernel",
+    "get_locked_kernel",
+    "has_kernel",
+    "load_kernel",
+    "loaded_kernels",
+    "platform_facts",
+    "set_platform_facts",
+]
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from kerneld_client._config import FallbackPolicy, KernelFallbackWarning
+    from kerneld_client.errors import (
+        DaemonUnavailable,
+        KernelDenied,
+        KernelError,
+        KernelLoadError,
+        KernelNotFound,
+        KernelUnavailable,
+        NoCompatibleVariant,
+        UntrustedPath,
+        VariantReason,
+    )
+    from kerneld_client.loader import (
+        LoadedKernel,
+        get_kernel,
+        get_kernel_variants,
+        get_local_kernel,
+        get_locked_kernel,
+        has_kernel,
+        load_kernel,
+        loaded_kernels,
+    )
+    from kerneld_client.platform import platform_facts, set_platform_facts
+    from kerneld_client.variants import Decision, PlatformFacts
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kerneld_client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

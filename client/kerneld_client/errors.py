@@ -9,16 +9,43 @@ revision and variant involved.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
 class VariantReason:
-    """Why one build variant was or was not usable on this platform."""
+    """Why one build variant was or was not usable on this platform.
+
+    A plain immutable value class rather than a frozen dataclass: this module is imported by
+    every process that loads a kernel, and defining a dataclass costs about a millisecond.
+    """
+
+    __slots__ = ("accepted", "reason", "variant")
 
     variant: str
     accepted: bool
-    reason: str = ""
+    reason: str
+
+    def __init__(self, variant: str, accepted: bool, reason: str = "") -> None:
+        object.__setattr__(self, "variant", variant)
+        object.__setattr__(self, "accepted", accepted)
+        object.__setattr__(self, "reason", reason)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"VariantReason is immutable (cannot set {name!r})")
+
+    def _key(self) -> tuple[str, bool, str]:
+        return (self.variant, self.accepted, self.reason)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VariantReason) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"VariantReason(variant={self.variant!r}, accepted={self.accepted!r}, "
+            f"reason={self.reason!r})"
+        )
 
 
 class KernelError(Exception):
@@ -76,6 +103,11 @@ class NoCompatibleVariant(KernelError, FileNotFoundError):
 
 class KernelDenied(KernelError, FileNotFoundError):
     """An administrator disabled this kernel (or revision) on this host."""
+
+
+class KernelUnavailable(KernelError, FileNotFoundError):
+    """The kernel exists (or may) but cannot be had now: every upstream down, a download failed
+    verification, the store is full, or the daemon failed internally."""
 
 
 class DaemonUnavailable(KernelError, ConnectionError):

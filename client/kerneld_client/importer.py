@@ -6,16 +6,28 @@ the package's submodules are found through its `__path__`.
 
 Training jobs often run as root, which ignores file modes: the standard loaders would drop
 `__pycache__/*.pyc` next to the sources and so mutate a verified tree. Folders registered here are
-served by a path hook whose source loader compiles in memory and never writes bytecode, and which
-never loads a sourceless `.pyc` found in the folder.
+served by a path hook whose source loader never writes bytecode into the folder, and which never
+loads a sourceless `.pyc` found in it.
+
+Compiling a kernel's Python on every process start costs milliseconds (more than everything else
+on the warm path), so compiled code is kept in a per-user cache outside the tree instead:
+`$KERNELD_BYTECODE_CACHE`, else `~/.cache/kerneld/bytecode` (written only when Python may write
+bytecode, i.e. without PYTHONDONTWRITEBYTECODE; `KERNELD_BYTECODE_CACHE=off` disables it).
+Entries are named by a hash of the interpreter's magic number, the source path and the source
+bytes, so a changed source never meets stale code; a cache file must belong to this user and not
+be writable by others, and anything unreadable is ignored (the source is compiled).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import json
 import keyword
+import marshal
+import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -33,15 +45,94 @@ _hook_installed = False
 
 #: Attribute set on every imported kernel module: the variant folder it came from.
 TREE_ATTR = "__kerneld_tree__"
+#: A directory for compiled kernel code, or off/0/no/false to disable the cache.
+ENV_BYTECODE_CACHE = "KERNELD_BYTECODE_CACHE"
+_OFF = ("0", "off", "no", "false")
+
+
+_dir_memo: tuple[str, bool, Path | None] | None = None
+
+
+def _bytecode_dir(*, writing: bool) -> Path | None:
+    global _dir_memo
+    raw = os.environ.get(ENV_BYTECODE_CACHE, "")
+    memo = _dir_memo
+    if memo is not None and memo[0] == raw and memo[1] == writing:
+        return memo[2]
+    folder: Path | None
+    if raw.strip().lower() in _OFF:
+        folder = None
+    elif raw.strip():
+        folder = Path(raw.strip())
+    elif writing and sys.dont_write_bytecode:
+        folder = None
+    else:
+        from kerneld_client.locations import user_cache_dir
+
+        folder = user_cache_dir() / "bytecode"
+    if not writing or not sys.dont_write_bytecode:
+        _dir_memo = (raw, writing, folder)
+    return folder
+
+
+def _bytecode_key(path: str, source: bytes) -> str:
+    h = hashlib.sha256(importlib.util.MAGIC_NUMBER)
+    h.update(os.fsencode(path) + b"\0")
+    h.update(source)
+    return h.hexdigest()
+
+
+def _cached_code(path: str, key: str) -> CodeType | None:
+    folder = _bytecode_dir(writing=False)
+    if folder is None:
+        return None
+    try:
+        fd = os.open(os.path.join(folder, key), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            return None
+        data = os.read(fd, st.st_size + 1)
+        # Only this user can have written it (owner and mode checked): as trusted as its code.
+        code = marshal.loads(data)  # noqa: S302
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+    return code if isinstance(code, CodeType) and code.co_filename == path else None
+
+
+def _store_code(key: str, code: CodeType) -> None:
+    folder = _bytecode_dir(writing=True)
+    if folder is None:
+        return
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(folder)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return
+        tmp = folder / f".{key}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            marshal.dump(code, fh)
+        os.replace(tmp, folder / key)
+    except OSError:
+        return
 
 
 class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
-    """Compiles from source on every import and never writes a bytecode cache."""
+    """Never writes bytecode next to the sources; compiled code lives in the per-user cache."""
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
         source = self.get_data(path)
-        return compile(source, path, "exec", dont_inherit=True, optimize=-1)
+        key = _bytecode_key(path, source)
+        code = _cached_code(path, key)
+        if code is None:
+            code = compile(source, path, "exec", dont_inherit=True, optimize=-1)
+            _store_code(key, code)
+        return code
 
     def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
         """Refuse every write the import system attempts (bytecode caches)."""

@@ -4,7 +4,8 @@
       mirror-info                                  {"format": "kerneld-mirror", "version": 1, ...}
       refs/<org>/<name>.json                       {"repo_id", "branches": {..}, "tags": {..}}
       manifests/<org>/<name>/<commit>.json         one commit: its exported variants and files
-      manifests/<org>/<name>/<commit>.json.sig     detached signatures (written by export, issue 8)
+      manifests/<org>/<name>/<commit>.json.sig     detached signatures (format: kerneld.mirror.keys)
+      refs/<org>/<name>.json.sig                   signatures of the refs (no silent ref rollback)
       blobs/sha256/<2 hex>/<64 hex>                file contents by sha256
 
 A manifest:
@@ -13,15 +14,20 @@ A manifest:
      "variants": {"<variant>": {"files": [{"path": "metadata.json", "size": 123,
                                            "sha256": "<64 hex>", "git_sha1": "<40 hex>"|null}]}}}
 
-Every file carries its sha256 (the store's address); `git_sha1` is kept when known so lock-file
-hashes of the old format can still be checked offline. Readers treat everything as untrusted:
-names are validated here, and content is verified by the store on ingest.
+Every file carries its sha256 (the store's address); `git_sha1` is kept when the file was a plain
+git file upstream (null for LFS files, whose id is the sha256), so lock-file hashes of the old
+format can still be checked offline. An executable file carries `"mode": "0755"` (absent: 0644),
+so a tree keeps its digest through an export and an import. Refs documents may carry
+`"exported_at"` (Unix time), which an import uses to never roll a ref back. Readers ignore keys
+they do not know. Readers treat everything as untrusted: names are validated here, and content is
+verified by the store on ingest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,23 +62,37 @@ def blob_path(sha256: str) -> str:
     return f"blobs/sha256/{sha256[:2]}/{sha256}"
 
 
+EXEC_MODE = "0755"
+
+
 @dataclass(frozen=True)
 class Manifest:
     repo_id: str
     commit: str
     variants: dict[str, list[RemoteFile]] = field(default_factory=dict)
+    executables: dict[str, frozenset[str]] = field(default_factory=dict)
+    """variant -> paths of executable files (most variants have none)."""
+
+    def is_executable(self, variant: str, path: str) -> bool:
+        return path in self.executables.get(variant, frozenset())
+
+    def _entry(self, variant: str, f: RemoteFile) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "path": f.path,
+            "size": f.size,
+            "sha256": f.sha256,
+            "git_sha1": f.git_sha1,
+        }
+        if self.is_executable(variant, f.path):
+            entry["mode"] = EXEC_MODE
+        return entry
 
     def to_json(self) -> bytes:
         doc = {
             "repo_id": self.repo_id,
             "commit": self.commit,
             "variants": {
-                name: {
-                    "files": [
-                        {"path": f.path, "size": f.size, "sha256": f.sha256, "git_sha1": f.git_sha1}
-                        for f in sorted(files, key=lambda f: f.path)
-                    ]
-                }
+                name: {"files": [self._entry(name, f) for f in sorted(files, key=lambda f: f.path)]}
                 for name, files in sorted(self.variants.items())
             },
         }
@@ -87,6 +107,7 @@ class Manifest:
                 f"expected {repo_id}@{commit}"
             )
         variants: dict[str, list[RemoteFile]] = {}
+        executables: dict[str, frozenset[str]] = {}
         raw_variants = doc.get("variants")
         if not isinstance(raw_variants, dict):
             raise MirrorFormatError("manifest 'variants' must be an object")
@@ -97,7 +118,19 @@ class Manifest:
             if not isinstance(files, list):
                 raise MirrorFormatError(f"variant {name!r}: 'files' must be a list")
             variants[name] = [_file(entry, name) for entry in files]
-        return cls(repo_id=repo_id, commit=commit, variants=variants)
+            execs = frozenset(e["path"] for e in files if _executable(e, name))
+            if execs:
+                executables[name] = execs
+        return cls(repo_id=repo_id, commit=commit, variants=variants, executables=executables)
+
+
+def _executable(entry: dict[str, Any], variant: str) -> bool:
+    mode = entry.get("mode")
+    if mode is None or mode == "0644":
+        return False
+    if mode == EXEC_MODE:
+        return True
+    raise MirrorFormatError(f"variant {variant!r}: bad mode {mode!r} for {entry.get('path')!r}")
 
 
 def _file(entry: Any, variant: str) -> RemoteFile:
@@ -181,17 +214,53 @@ class MirrorWriter:
         self._write(INFO, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
 
     def write_refs(
-        self, repo_id: str, branches: Mapping[str, str], tags: Mapping[str, str]
-    ) -> None:
-        doc = {"repo_id": repo_id, "branches": dict(branches), "tags": dict(tags)}
-        self._write(refs_path(repo_id), json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+        self,
+        repo_id: str,
+        branches: Mapping[str, str],
+        tags: Mapping[str, str],
+        *,
+        exported_at: float | None = None,
+    ) -> bytes:
+        self._write(refs_path(repo_id), data := refs_json(repo_id, branches, tags, exported_at))
+        return data
 
-    def write_manifest(self, manifest: Manifest) -> None:
-        self._write(manifest_path(manifest.repo_id, manifest.commit), manifest.to_json())
+    def write_manifest(self, manifest: Manifest) -> bytes:
+        data = manifest.to_json()
+        self._write(manifest_path(manifest.repo_id, manifest.commit), data)
+        return data
 
-    def has_blob(self, sha256: str) -> bool:
-        return (self.root / blob_path(sha256)).is_file()
+    def write_file(self, rel: str, data: bytes) -> None:
+        """Write any mirror file (signatures) atomically."""
+        self._write(rel, data)
+
+    def has_blob(self, sha256: str, size: int | None = None) -> bool:
+        path = self.root / blob_path(sha256)
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
 
     def write_blob(self, sha256: str, data: bytes) -> None:
         if not self.has_blob(sha256):
             self._write(blob_path(sha256), data)
+
+
+def refs_json(
+    repo_id: str,
+    branches: Mapping[str, str],
+    tags: Mapping[str, str],
+    exported_at: float | None = None,
+) -> bytes:
+    doc: dict[str, Any] = {"repo_id": repo_id, "branches": dict(branches), "tags": dict(tags)}
+    if exported_at is not None:
+        doc["exported_at"] = exported_at
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def parse_refs_exported_at(data: bytes) -> float | None:
+    """The `exported_at` of a refs document, if any (callers parsed it with parse_refs first)."""
+    value = _load(data, "refs").get("exported_at")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None

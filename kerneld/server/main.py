@@ -1,12 +1,38 @@
-"""`kerneld` console entry point."""
+"""`kerneld` console entry point.
+
+Exit codes:
+    0  stopped cleanly (SIGTERM/SIGINT), or `--check-config` found the config valid
+    1  a runtime failure (the store cannot be opened, a socket cannot be bound, ...)
+    2  invalid configuration or command line (the message names the file, key and reason)
+    3  another kerneld already serves one of the socket paths or owns the store
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 from kerneld import __version__
+from kerneld.config import (
+    Config,
+    ConfigError,
+    UpstreamConfig,
+    dump_config,
+    load_config,
+    parse_loopback,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+EXIT_BUSY = 3
+LEVELS = ("debug", "info", "warning", "error")
+FLAGS = "command line"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,16 +40,200 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kerneld",
         description="Host daemon that owns a verified store of Kernel Hub kernels and serves "
         "load paths to training processes over gRPC on unix sockets.",
+        epilog="Exit codes: 0 clean stop, 1 runtime failure, 2 invalid config or flags, "
+        "3 another kerneld serves the sockets or owns the store. Signals: SIGTERM drains and "
+        "stops, SIGHUP reloads the config file.",
     )
     parser.add_argument("--version", action="version", version=f"kerneld {__version__}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="TOML config file (default: $KERNELD_CONFIG, /etc/kerneld/kerneld.toml as root, "
+        "else ~/.config/kerneld/kerneld.toml; none: built-in defaults)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--system",
+        dest="system",
+        action="store_const",
+        const=True,
+        help="system-service defaults (/run/kerneld, /var/lib/kerneld, socket groups)",
+    )
+    mode.add_argument(
+        "--user",
+        dest="system",
+        action="store_const",
+        const=False,
+        help="one-user defaults ($XDG_RUNTIME_DIR/kerneld, ~/.cache/kerneld, mode 0600)",
+    )
+    parser.add_argument("--store", type=Path, help="store directory (overrides [store] path)")
+    parser.add_argument("--socket", type=Path, help="user socket path ([sockets] user)")
+    parser.add_argument("--admin-socket", type=Path, help="admin socket path ([sockets] admin)")
+    parser.add_argument(
+        "--upstream-mirror-dir",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a kerneld mirror directory to use as an upstream ahead of the configured ones "
+        "(repeatable)",
+    )
+    parser.add_argument(
+        "--hub-endpoint",
+        metavar="URL",
+        help="Hub endpoint for the hub upstream(s) (adds a hub upstream if none is configured)",
+    )
+    parser.add_argument(
+        "--no-hub", action="store_true", help="drop hub upstreams (air-gapped: mirrors only)"
+    )
+    parser.add_argument("--metrics-socket", type=Path, help="serve metrics on this unix socket")
+    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve metrics on loopback")
+    parser.add_argument("--log-level", choices=LEVELS, help="overrides [log] level")
+    parser.add_argument(
+        "--drain-timeout", type=float, metavar="SECONDS", help="overrides [server] drain_timeout"
+    )
+    parser.add_argument(
+        "--hardware-root",
+        type=Path,
+        default=Path("/"),
+        metavar="DIR",
+        help="read /proc and /sys under DIR for GPU detection (containers, tests)",
+    )
+    parser.add_argument(
+        "--foreground",
+        action="store_true",
+        help="accepted for compatibility: kerneld always runs in the foreground",
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="print the resolved configuration (and detected hardware) and exit",
+    )
     return parser
 
 
+def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
+    """Command-line flags win over the file and the environment."""
+    updates: dict[str, object] = {}
+    if args.store is not None:
+        updates["store_path"] = args.store.absolute()
+    if args.socket is not None:
+        updates["user_socket"] = replace(cfg.user_socket, path=args.socket.absolute())
+    if args.admin_socket is not None:
+        updates["admin_socket"] = replace(cfg.admin_socket, path=args.admin_socket.absolute())
+    chain = list(cfg.upstreams)
+    if args.no_hub:
+        chain = [u for u in chain if u.kind != "hub"]
+    if args.hub_endpoint:
+        if not args.hub_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                FLAGS, "--hub-endpoint", f"expected an http(s) URL, got {args.hub_endpoint!r}"
+            )
+        hubs = [u for u in chain if u.kind == "hub"]
+        if hubs:
+            chain = [
+                replace(u, location=args.hub_endpoint) if u.kind == "hub" else u for u in chain
+            ]
+        elif not args.no_hub:
+            chain.append(UpstreamConfig("hub", "hub", args.hub_endpoint))
+    mirrors = [
+        UpstreamConfig(f"cli-mirror-{i}", "mirror-dir", str(path.absolute()))
+        for i, path in enumerate(args.upstream_mirror_dir)
+    ]
+    chain = mirrors + chain
+    if not chain:
+        raise ConfigError(FLAGS, "--no-hub", "no upstream left; add --upstream-mirror-dir")
+    updates["upstreams"] = tuple(chain)
+    if args.metrics_socket is not None:
+        updates["metrics_socket"] = args.metrics_socket.absolute()
+    if args.metrics_listen is not None:
+        updates["metrics_listen"] = parse_loopback(
+            args.metrics_listen, source=FLAGS, key="--metrics-listen"
+        )
+    if args.log_level is not None:
+        updates["log_level"] = args.log_level
+    if args.drain_timeout is not None:
+        if args.drain_timeout < 0:
+            raise ConfigError(FLAGS, "--drain-timeout", "must be >= 0")
+        updates["drain_timeout_s"] = args.drain_timeout
+    return replace(cfg, **updates)  # type: ignore[arg-type]
+
+
+def resolve_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
+    return apply_flags(load_config(args.config, env=env, system=args.system), args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    parser.parse_args(argv)
-    print("kerneld: the daemon's serving loop is not built yet (see issue 5)", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+    except ConfigError as exc:
+        print(f"kerneld: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    if args.check_config:
+        from kerneld.hardware import detect
+
+        print(dump_config(cfg), end="")
+        logging.disable(logging.CRITICAL)
+        hw = detect(args.hardware_root)
+        print(f"# hardware: {hw.summary()}")
+        for note in hw.notes:
+            print(f"#   {note}")
+        return EXIT_OK
+
+    from kerneld.server import logs
+
+    logs.setup(cfg.log_level)
+    log = logging.getLogger("kerneld.daemon")
+    log.info(
+        "kerneld %s starting (pid %d) config=%s store=%s",
+        __version__,
+        os.getpid(),
+        cfg.source,
+        cfg.store_path,
+    )
+    code = _serve(cfg, args, log)
+    logging.shutdown()
+    return code
+
+
+def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
+    import signal
+
+    # Before anything can start a thread (see kerneld.server.app: signals are taken by the
+    # main loop, never by a handler).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    from kerneld.server.app import Daemon
+    from kerneld.server.sockets import SocketBusy, SocketSetupError
+    from kerneld.store import StoreError, StoreLockedError
+
+    daemon = Daemon(
+        cfg, reload_config=lambda: resolve_config(args), hardware_root=args.hardware_root
+    )
+    try:
+        code = daemon.run()
+    except ConfigError as exc:
+        log.error("invalid configuration: %s", exc)
+        code = EXIT_CONFIG
+    except (SocketBusy, StoreLockedError) as exc:
+        log.error("refusing to start: %s", exc)
+        code = EXIT_BUSY
+    except SocketSetupError as exc:
+        log.error("cannot create sockets: %s", exc)
+        code = EXIT_CONFIG
+    except (StoreError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        code = EXIT_FAILURE
+    except Exception as exc:
+        log.critical("crashed: %r", exc, exc_info=exc)
+        code = EXIT_FAILURE
+    if daemon.unclean:
+        # Worker threads are still inside a download: do not wait for them at exit.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -55,19 +55,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .index import ALL, Index
+from kerneld_client._index import DENIES_FORMAT, FORMAT, VERSION, parse_repo_doc
+
+from .index import Index
 from .layout import DIR_MODE_PUBLIC, FILE_MODE_PUBLIC, Layout, fsync_dir
 
-FORMAT = "kerneld-client-index"
-DENIES_FORMAT = "kerneld-denies"
-VERSION = 1
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# The format's constants and its parser live in the client (one definition for both sides).
+__all__ = [
+    "DENIES_FORMAT",
+    "FORMAT",
+    "VERSION",
+    "Denied",
+    "IndexHit",
+    "atomic_write_json",
+    "build_denies_doc",
+    "build_repo_doc",
+    "clean_temporaries",
+    "lookup",
+    "remove",
+]
 
 
 def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> dict[str, Any]:
@@ -181,31 +192,31 @@ def lookup(root: Path, repo: str, revision: str, variant: str) -> IndexHit | Non
     """Map (repo, revision, variant) to a tree via the client index; None is a miss.
 
     ``revision`` is a ref (``v1``, ``main``) or a 40-hex commit. Raises :class:`Denied`.
+    The parsing is the client's own (``kerneld_client._index``), so both sides read one format.
     """
     org, _, name = repo.partition("/")
     try:
         with open(root / "index" / "v1" / org / f"{name}.json", "rb") as f:
-            doc = json.loads(f.read())
+            doc = parse_repo_doc(f.read())
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+    if doc is None:
         return None
-    ref = doc["refs"].get(revision)
-    commit = ref["commit"] if ref else (revision if _COMMIT.match(revision) else None)
-    for deny in doc["denies"]:
-        if deny["revision"] in (ALL, revision, commit):
-            raise Denied(deny["reason"])
-    if commit is None:
+    commit = doc.commit_for(revision)
+    reason = doc.deny_reason(revision, commit)
+    if reason is not None:
+        raise Denied(reason)
+    if commit is None or commit not in doc.commits:
         return None
-    entry = doc["commits"].get(commit, {}).get("variants", {}).get(variant)
+    entry = doc.commits[commit].variants.get(variant)
     if entry is None:
         return None
     return IndexHit(
         repo=repo,
         commit=commit,
         variant=variant,
-        tree=root / entry["tree"],
-        lock=root / entry["lock"],
-        digest=entry["digest"],
-        metadata_id=entry["metadata_id"],
+        tree=root / entry.tree,
+        lock=root / entry.lock,
+        digest=entry.digest,
+        metadata_id=entry.metadata_id,
     )

@@ -18,8 +18,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneld_client._index import TreeGone, lock_shared
+
 from .errors import StoreLockedError
 from .layout import FILE_MODE_LOCK
+
+# TreeGone is part of this module's interface (GC and tests catch it from here).
+__all__ = [
+    "OwnerLock",
+    "Probe",
+    "TreeGone",
+    "create_tree_lock",
+    "hold_tree_lock",
+    "is_held",
+    "owner_is_running",
+    "read_owner_pid",
+    "try_lock_exclusive",
+]
 
 
 class OwnerLock:
@@ -116,26 +131,16 @@ def is_held(path: Path) -> bool:
     return probe.held
 
 
-class TreeGone(Exception):
-    """The tree was deleted between finding it and locking it: treat as a miss."""
-
-
 @contextlib.contextmanager
 def hold_tree_lock(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> Iterator[int]:
-    """Hold ``LOCK_SH`` on a tree for the duration of the block (the client protocol).
+    """Hold ``LOCK_SH`` on a tree for the duration of the block (the client protocol, whose one
+    implementation is ``kerneld_client._index.lock_shared``).
 
     Raises :class:`TreeGone` if GC removed the tree meanwhile, ``BlockingIOError`` if
     non-blocking and GC is deleting it right now.
     """
-    fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = lock_shared(lock_path, tree_path, blocking=blocking)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | (0 if blocking else fcntl.LOCK_NB))
-        try:
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same or not tree_path.is_dir():
-            raise TreeGone(str(tree_path))
         yield fd
     finally:
         os.close(fd)

@@ -175,6 +175,9 @@ class Store:
         self._lock = threading.RLock()
         self._reserved = 0
         self._closed = False
+        self.generation = int(index.get_meta("generation") or 0)
+        """The client index generation: bumped by every change a resolution depends on (refs,
+        variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
         owner_uid = index.get_meta("owner_uid")
         self.owner_uid = int(owner_uid) if owner_uid is not None else os.geteuid()
 
@@ -926,6 +929,39 @@ class Store:
                 )
         return lease
 
+    def record_leases(
+        self, leases: Sequence[Lease], *, resolved: Iterable[tuple[str, float]] = ()
+    ) -> int:
+        """Record leases granted ahead of the write, in one transaction (one fsync for a
+        batch: the daemon answers Resolve at once and writes its leases behind), together with
+        the resolve times (LRU) of trees served from its memory, ``(tree digest, unix time)``.
+        Leases on trees that are no longer live (or already expired) are skipped; returns how
+        many were recorded. The rows go in with ``executemany`` so a large batch costs little
+        Python time (request threads wait for the GIL meanwhile)."""
+        self._writable()
+        now = time.time()
+        touches = [(at, _hex(tree), at) for tree, at in resolved]
+        rows = [
+            (lease.id, lease.holder, now, lease.expires_at, _hex(lease.tree))
+            for lease in leases
+            if lease.expires_at > now
+        ]
+        if not rows and not touches:
+            return 0
+        with self._lock, self.index.tx() as conn:
+            if touches:
+                conn.executemany(
+                    "UPDATE trees SET last_resolved = ? WHERE digest = ? AND last_resolved < ?",
+                    touches,
+                )
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR REPLACE INTO leases (id, tree, holder, created_at, expires_at) "
+                "SELECT ?1, digest, ?2, ?3, ?4 FROM trees WHERE digest = ?5 AND state = 'live'",
+                rows,
+            )
+            return conn.total_changes - before
+
     def renew_lease(self, lease_id: str, ttl_s: float) -> Lease:
         self._writable()
         with self._lock:
@@ -1145,6 +1181,7 @@ class Store:
         with self._lock:
             with self.index.tx() as conn:
                 generation = self.index.next_generation(conn)
+            self.generation = generation
             for repo in repos:
                 path = self.layout.repo_index_path(repo)
                 doc = client_index.build_repo_doc(self.index, self.layout, repo, generation)

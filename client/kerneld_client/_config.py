@@ -1,0 +1,144 @@
+"""The client's knobs, read from the environment on every call (cheap; tests and launchers change
+them between calls), and the once-per-kernel fallback warning.
+
+    KERNELD_FALLBACK        torch (default) | hub | error: what a failed load does
+    KERNELD_REQUIRE=1       every fallback becomes an error (fail hard)
+    KERNELD_TIMEOUT         seconds for a daemon call that downloads nothing (default 1)
+    KERNELD_FETCH_TIMEOUT   seconds for a daemon call that may download (default 300)
+    KERNELD_BACKOFF         seconds to skip the daemon after it was found down (default 30)
+    KERNELD_REF_MAX_AGE     seconds after which a ref in the published index is re-checked
+                            with the daemon (default: never; the daemon keeps refs fresh)
+    KERNELD_HUB_CACHE       the `hub` fallback's download cache (default ~/.cache/kerneld/hub)
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import threading
+import warnings
+from pathlib import Path
+
+from kerneld_client.locations import user_cache_dir
+
+__all__ = [
+    "ENV_BACKOFF",
+    "ENV_FALLBACK",
+    "ENV_FETCH_TIMEOUT",
+    "ENV_HUB_CACHE",
+    "ENV_REF_MAX_AGE",
+    "ENV_REQUIRE",
+    "ENV_TIMEOUT",
+    "FallbackPolicy",
+    "KernelFallbackWarning",
+    "backoff_s",
+    "fallback_policy",
+    "fetch_timeout_s",
+    "hub_cache_dir",
+    "ref_max_age_s",
+    "require",
+    "timeout_s",
+    "warn_once",
+]
+
+log = logging.getLogger("kerneld_client")
+
+ENV_FALLBACK = "KERNELD_FALLBACK"
+ENV_REQUIRE = "KERNELD_REQUIRE"
+ENV_TIMEOUT = "KERNELD_TIMEOUT"
+ENV_FETCH_TIMEOUT = "KERNELD_FETCH_TIMEOUT"
+ENV_BACKOFF = "KERNELD_BACKOFF"
+ENV_REF_MAX_AGE = "KERNELD_REF_MAX_AGE"
+ENV_HUB_CACHE = "KERNELD_HUB_CACHE"
+
+DEFAULT_TIMEOUT_S = 1.0
+DEFAULT_FETCH_TIMEOUT_S = 300.0
+DEFAULT_BACKOFF_S = 30.0
+
+
+class FallbackPolicy(str, enum.Enum):
+    """What to do when the kernel cannot be had through kerneld."""
+
+    TORCH = "torch"  # return the caller's fallback object, or raise the typed error
+    HUB = "hub"  # download it in-process from the Hub (verified), then as TORCH
+    ERROR = "error"  # raise the typed error
+
+
+class KernelFallbackWarning(RuntimeWarning):
+    """A kernel could not be loaded through kerneld and a fallback was used instead."""
+
+
+def fallback_policy(explicit: str | FallbackPolicy | None = None) -> FallbackPolicy:
+    """The policy of this call: the keyword, else $KERNELD_FALLBACK, else `torch`.
+
+    ValueError for an unknown name (a configuration error is not a kernel failure).
+    """
+    value = explicit if explicit is not None else os.environ.get(ENV_FALLBACK, "").strip()
+    if not value:
+        return FallbackPolicy.TORCH
+    try:
+        return FallbackPolicy(str(value.value if isinstance(value, FallbackPolicy) else value))
+    except ValueError:
+        names = ", ".join(p.value for p in FallbackPolicy)
+        raise ValueError(f"unknown fallback policy {value!r}; expected one of {names}") from None
+
+
+def require() -> bool:
+    """$KERNELD_REQUIRE set to a true value: every fallback is an error."""
+    return os.environ.get(ENV_REQUIRE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _seconds(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number of seconds", name, raw)
+        return default
+    if math.isnan(value) or value < 0:
+        log.warning("ignoring %s=%r: must be >= 0", name, raw)
+        return default
+    return value
+
+
+def timeout_s() -> float:
+    return _seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
+
+
+def fetch_timeout_s() -> float:
+    return _seconds(ENV_FETCH_TIMEOUT, DEFAULT_FETCH_TIMEOUT_S) or DEFAULT_FETCH_TIMEOUT_S
+
+
+def backoff_s() -> float:
+    value = _seconds(ENV_BACKOFF, DEFAULT_BACKOFF_S)
+    return DEFAULT_BACKOFF_S if value is None else value
+
+
+def ref_max_age_s() -> float | None:
+    return _seconds(ENV_REF_MAX_AGE, None)
+
+
+def hub_cache_dir() -> Path:
+    env = os.environ.get(ENV_HUB_CACHE)
+    return Path(env) if env else user_cache_dir() / "hub"
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(kernel: str, message: str) -> bool:
+    """Emit `message` as a KernelFallbackWarning the first time `kernel` falls back in this
+    process (a training loop must not print it on every step); True if it was emitted."""
+    with _warned_lock:
+        if kernel in _warned:
+            log.debug("%s", message)
+            return False
+        _warned.add(kernel)
+    # warn_once <- _fall_back <- _run <- get_kernel & co <- the caller
+    warnings.warn(message, KernelFallbackWarning, stacklevel=5)
+    return True

@@ -1,0 +1,307 @@
+"""Reader of the daemon's published client index, and the client side of the tree-lock protocol.
+
+This is the warm path's only source of truth: the daemon publishes small JSON documents
+(`<store>/index/v1/<org>/<name>.json`, format in `kerneld.store.client_index`) and a process maps
+(repo, ref, platform) to a tree by reading one of them, without SQLite, gRPC or network. The
+daemon's store imports the constants and the lock protocol from here (kerneld may import
+kerneld_client, never the reverse), so the format has one definition.
+
+Standard library only: this module is on the warm path.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ALL",
+    "DENIES_FILE",
+    "DENIES_FORMAT",
+    "FORMAT",
+    "VERSION",
+    "CommitEntry",
+    "IndexFormatError",
+    "RepoIndex",
+    "TreeGone",
+    "VariantEntry",
+    "index_dir",
+    "lock_path_for",
+    "lock_shared",
+    "parse_repo_doc",
+    "read_denies",
+    "read_repo_index",
+    "repo_index_path",
+]
+
+FORMAT = "kerneld-client-index"
+DENIES_FORMAT = "kerneld-denies"
+VERSION = 1
+#: A deny whose revision is this applies to every revision of the repo.
+ALL = "*"
+DENIES_FILE = "denies.json"
+#: Index documents are small; a larger one is not ours.
+MAX_INDEX_BYTES = 16 << 20
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+
+
+class IndexFormatError(ValueError):
+    """An index document exists but is malformed (treated as a miss by the client)."""
+
+
+class VariantEntry:
+    """One published variant tree of a commit; paths are relative to the store root.
+
+    Plain slotted classes, not dataclasses, here and below: this module is imported on every
+    warm load and a frozen dataclass costs about a millisecond to define.
+    """
+
+    __slots__ = ("archs", "backend", "digest", "lock", "metadata_id", "name", "tree")
+
+    def __init__(
+        self,
+        name: str,
+        tree: str,
+        digest: str,
+        lock: str,
+        metadata_id: str | None,
+        backend: str | None,
+        archs: tuple[str, ...],
+    ) -> None:
+        self.name = name
+        self.tree = tree
+        self.digest = digest
+        self.lock = lock
+        self.metadata_id = metadata_id
+        self.backend = backend
+        self.archs = archs
+
+    def __repr__(self) -> str:
+        return f"VariantEntry({self.name!r}, tree={self.tree!r}, digest={self.digest!r})"
+
+
+class CommitEntry:
+    """What the store holds for one commit, and every variant the upstream has (None: unknown)."""
+
+    __slots__ = ("upstream_variants", "variants")
+
+    def __init__(
+        self, variants: Mapping[str, VariantEntry], upstream_variants: tuple[str, ...] | None
+    ) -> None:
+        self.variants = variants
+        self.upstream_variants = upstream_variants
+
+
+class RepoIndex:
+    """One parsed per-repo document."""
+
+    __slots__ = ("commits", "denies", "generation", "refs", "repo")
+
+    def __init__(
+        self,
+        repo: str,
+        generation: int,
+        refs: Mapping[str, tuple[str, float]],
+        commits: Mapping[str, CommitEntry],
+        denies: tuple[tuple[str, str], ...],
+    ) -> None:
+        self.repo = repo
+        self.generation = generation
+        self.refs = refs  # ref -> (commit, fetched_at)
+        self.commits = commits
+        self.denies = denies  # (revision or "*", reason)
+
+    def commit_for(self, revision: str) -> str | None:
+        """A ref known to the index -> its commit; a 40-hex revision -> itself; else None."""
+        ref = self.refs.get(revision)
+        if ref is not None:
+            return ref[0]
+        return revision if _COMMIT.fullmatch(revision) else None
+
+    def deny_reason(self, revision: str, commit: str | None) -> str | None:
+        """The reason of the first deny covering this request, or None."""
+        for rev, reason in self.denies:
+            if rev in (ALL, revision) or (commit is not None and rev == commit):
+                return reason or "denied by the administrator"
+        return None
+
+
+def index_dir(store_root: Path) -> Path:
+    return store_root / "index" / f"v{VERSION}"
+
+
+def repo_index_path(store_root: Path, repo: str) -> Path:
+    org, _, name = repo.partition("/")
+    return index_dir(store_root) / org / f"{name}.json"
+
+
+def lock_path_for(store_root: Path, digest: str) -> Path:
+    """The lock file of the tree with digest `sha256:<hex>` (the store's `locks/<hex>.lock`)."""
+    m = _DIGEST.fullmatch(digest)
+    if m is None:
+        raise IndexFormatError(f"not a tree digest: {digest!r}")
+    return store_root / "locks" / f"{m.group(1)}.lock"
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise IndexFormatError(f"{what} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _variant(name: str, raw: Any) -> VariantEntry:
+    if not isinstance(raw, dict):
+        raise IndexFormatError(f"variant {name!r} must be an object")
+    archs = raw.get("archs") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise IndexFormatError(f"variant {name!r}: archs must be a list of strings")
+    mid, backend = raw.get("metadata_id"), raw.get("backend")
+    return VariantEntry(
+        name=name,
+        tree=_str(raw.get("tree"), "tree"),
+        digest=_str(raw.get("digest"), "digest"),
+        lock=_str(raw.get("lock"), "lock"),
+        metadata_id=mid if isinstance(mid, str) else None,
+        backend=backend if isinstance(backend, str) else None,
+        archs=tuple(archs),
+    )
+
+
+def parse_repo_doc(data: bytes | str) -> RepoIndex | None:
+    """Parse a per-repo document; None for another format or version (ask the daemon),
+    IndexFormatError for a document of our format that does not hold together."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise IndexFormatError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        return None
+    try:
+        refs = {
+            _str(ref, "ref"): (_str(v["commit"], "commit"), float(v.get("fetched_at") or 0.0))
+            for ref, v in (doc.get("refs") or {}).items()
+        }
+        commits: dict[str, CommitEntry] = {}
+        for commit, entry in (doc.get("commits") or {}).items():
+            upstream = entry.get("upstream_variants")
+            if upstream is not None and (
+                not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream)
+            ):
+                raise IndexFormatError(f"commit {commit}: upstream_variants must be a list")
+            commits[commit] = CommitEntry(
+                variants={n: _variant(n, v) for n, v in (entry.get("variants") or {}).items()},
+                upstream_variants=None if upstream is None else tuple(upstream),
+            )
+        denies = tuple(
+            (_str(d["revision"], "deny revision"), str(d.get("reason") or ""))
+            for d in doc.get("denies") or []
+        )
+        return RepoIndex(
+            repo=_str(doc.get("repo"), "repo"),
+            generation=int(doc.get("generation") or 0),
+            refs=refs,
+            commits=commits,
+            denies=denies,
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        if isinstance(exc, IndexFormatError):
+            raise
+        raise IndexFormatError(f"malformed index document: {exc!r}") from exc
+
+
+def _read_trusted(path: Path, owner_uid: int | None) -> bytes | None:
+    """Read a published index file; None if absent. With `owner_uid`, a file that is not owned by
+    the store owner or is writable by others is refused (PermissionError): anyone able to
+    rewrite it could point a process at a tree of their choosing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PermissionError(f"{path} is a symlink; the index is never linked") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PermissionError(f"{path} is not a regular file")
+        if owner_uid is not None and st.st_uid != owner_uid:
+            raise PermissionError(
+                f"{path} is owned by uid {st.st_uid}, not by the store owner {owner_uid}"
+            )
+        if st.st_mode & 0o022:
+            raise PermissionError(f"{path} is writable by others (mode {st.st_mode & 0o7777:o})")
+        if st.st_size > MAX_INDEX_BYTES:
+            raise IndexFormatError(f"{path} is {st.st_size} bytes, too large for an index file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_repo_index(store_root: Path, repo: str, *, owner_uid: int | None) -> RepoIndex | None:
+    """The published document of `repo`, or None (no such file / foreign format: a miss).
+
+    Raises PermissionError for an untrusted file and IndexFormatError for a malformed one.
+    """
+    data = _read_trusted(repo_index_path(store_root, repo), owner_uid)
+    if data is None:
+        return None
+    doc = parse_repo_doc(data)
+    if doc is not None and doc.repo != repo:
+        raise IndexFormatError(f"index file of {repo} describes {doc.repo}")
+    return doc
+
+
+def read_denies(store_root: Path, *, owner_uid: int | None) -> list[tuple[str, str, str]]:
+    """Every deny of the store as (repo, revision, reason); empty when there is no file."""
+    data = _read_trusted(index_dir(store_root) / DENIES_FILE, owner_uid)
+    if data is None:
+        return []
+    try:
+        doc = json.loads(data)
+        if doc.get("format") != DENIES_FORMAT or doc.get("version") != VERSION:
+            return []
+        return [
+            (str(d["repo"]), str(d["revision"]), str(d.get("reason") or ""))
+            for d in doc.get("denies") or []
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IndexFormatError(f"malformed {DENIES_FILE}: {exc!r}") from exc
+
+
+class TreeGone(Exception):
+    """The tree was deleted between finding it and locking it: treat as a miss."""
+
+
+def lock_shared(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> int:
+    """Take `LOCK_SH` on a tree's lock file and return the fd that holds it.
+
+    While the fd stays open, GC keeps the tree. GC unlinks a lock file while holding `LOCK_EX`, so
+    after our lock succeeds the path must still name the inode we locked, and the tree must still
+    exist; otherwise TreeGone. Non-blocking by default: BlockingIOError means GC is deleting it
+    right now. FileNotFoundError: there is no lock file (no such tree).
+    """
+    fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | (0 if blocking else fcntl.LOCK_NB))
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same or not tree_path.is_dir():
+            raise TreeGone(str(tree_path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,49 @@
+"""Small value types shared by the warm path and the RPC path (no imports beyond typing).
+
+Plain slotted classes rather than dataclasses: these modules are imported by every process that
+loads a kernel, and defining a frozen dataclass costs about a millisecond each.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KernelRequest"]
+
+
+class KernelRequest:
+    """Which kernel: at most one of version, revision, locked_commit (none: `main`)."""
+
+    __slots__ = ("locked_commit", "repo_id", "revision", "version")
+
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        version: int | None = None,
+        revision: str | None = None,
+        locked_commit: str | None = None,
+    ) -> None:
+        self.repo_id = repo_id
+        self.version = version
+        self.revision = revision
+        self.locked_commit = locked_commit
+
+    @property
+    def ref(self) -> str:
+        """The ref to resolve: `vN` for a version (versions are branches), else the revision."""
+        if self.locked_commit is not None:
+            return self.locked_commit
+        if self.version is not None:
+            return f"v{self.version}"
+        return self.revision or "main"
+
+    def _key(self) -> tuple[str, int | None, str | None, str | None]:
+        return (self.repo_id, self.version, self.revision, self.locked_commit)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KernelRequest) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"KernelRequest({self.repo_id}@{self.ref})"

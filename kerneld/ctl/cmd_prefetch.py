@@ -1,0 +1,130 @@
+"""prefetch: fetch kernels ahead of need, through the daemon or into a stopped store.
+
+Through the daemon (the normal case) the `Admin.Prefetch` stream is rendered as it arrives. With
+`--store PATH` the same prefetch logic runs in this process against that store (the daemon must
+be stopped) and the configured upstreams (or `--hub-endpoint`): that is how a connected host
+without a daemon prepares a store for a mirror export.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
+from kerneld.ctl.progress import PrefetchView, Step, step_from_proto
+from kerneld.ctl.rpc import Admin
+from kerneld.ctl.specs import Spec, gather
+
+
+def parse_torch(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for value in values or []:
+        for raw in value.split(","):
+            part = raw.strip()
+            if not part:
+                continue
+            if not re.fullmatch(r"\d+\.\d+", part):
+                raise CtlError(f"--torch takes MAJOR.MINOR versions, got {part!r}", code=EXIT_USAGE)
+            out.append(part)
+    return out
+
+
+def cmd_prefetch(ctx: Ctx) -> int:
+    specs = gather(ctx.args.kernels, ctx.args.lock, ctx.args.pyproject)
+    if not specs:
+        raise CtlError(
+            "nothing to prefetch: name kernels (org/name:1), or give --lock / --pyproject",
+            code=EXIT_USAGE,
+        )
+    variants = list(ctx.args.variants or ["auto"])
+    torch = parse_torch(ctx.args.torch)
+    with PrefetchView(ctx) as view:
+        if offline(ctx):
+            _local(ctx, specs, variants, torch, view)
+        else:
+            _daemon(ctx, specs, variants, torch, view)
+    results = view.results()
+    failed = view.failed
+    if ctx.json:
+        ctx.emit_json(
+            {
+                "ok": failed == 0,
+                "kernels": results,
+                "kernels_ok": sum(1 for k in results if k["status"] == "ok"),
+                "kernels_failed": failed,
+            }
+        )
+    else:
+        ctx.say(view.summary_line())
+    return EXIT_FAILURE if failed else EXIT_OK
+
+
+def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
+    from kerneld_client._proto import kerneld_pb2
+
+    request = kerneld_pb2.PrefetchRequest(
+        kernels=[s.to_proto() for s in specs], variants=variants, torch_versions=torch
+    )
+    with Admin(ctx) as admin:
+        for event in admin.stream(admin.stub.Prefetch, request):
+            view.handle(step_from_proto(event))
+
+
+def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
+    from kerneld.config import ConfigError, load_config
+    from kerneld.hardware import detect
+    from kerneld.prefetch import ClientPlatforms, Prefetcher, PrefetchUpdate, parse_torch_versions
+    from kerneld.resolve import KernelSpec, Resolver
+
+    upstreams: list[Any]
+    if ctx.args.hub_endpoint:
+        from kerneld.upstream.hub import HubUpstream
+
+        upstreams = [HubUpstream(endpoint=ctx.args.hub_endpoint)]
+    else:
+        from kerneld.server.upstreams import build_upstreams
+
+        try:
+            cfg = load_config(ctx.args.config)
+        except ConfigError as exc:
+            raise CtlError(str(exc)) from None
+        upstreams = list(build_upstreams(cfg))
+    if not upstreams:
+        raise CtlError("no upstream configured", hint="pass --hub-endpoint URL")
+
+    def emit(update: PrefetchUpdate) -> None:
+        view.handle(
+            Step(
+                kind=update.kind,
+                repo_id=update.repo_id,
+                commit=update.commit,
+                variant=update.variant,
+                path=update.path,
+                bytes_done=update.bytes_done,
+                bytes_total=update.bytes_total,
+                files_done=update.files_done,
+                files_total=update.files_total,
+                tree_digest=update.tree_digest,
+                already_present=update.already_present,
+                error=str(update.error) if update.error is not None else "",
+                kernels_ok=update.kernels_ok,
+                kernels_failed=update.kernels_failed,
+            )
+        )
+
+    kernel_specs = [
+        KernelSpec(s.repo_id, version=s.version, revision=s.revision, locked_commit=s.locked_commit)
+        for s in specs
+    ]
+    with open_store(ctx, writable=True, create=True) as store:
+        resolver = Resolver(store, upstreams)
+        prefetcher = Prefetcher(
+            store, resolver, hardware=detect, client_platforms=ClientPlatforms(None)
+        )
+        prefetcher.run(
+            kernel_specs,
+            variants=variants,
+            torch_versions=parse_torch_versions(torch),
+            emit=emit,
+        )

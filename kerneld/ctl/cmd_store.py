@@ -1,0 +1,558 @@
+"""status, ls, info, pin/unpin, deny/allow, gc, verify, env.
+
+Each works through the daemon's admin socket by default, or directly on a store with `--store`
+(read-only commands open it read-only, which is safe beside a running daemon; changes need the
+daemon stopped, since the daemon owns its store).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kerneld.ctl.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VERIFY_NOT_RUN,
+    CtlError,
+    Ctx,
+    human_bytes,
+    offline,
+    open_store,
+)
+from kerneld.ctl.listing import proto_to_dict, read_metadata, store_listing
+from kerneld.ctl.rpc import Admin
+from kerneld.ctl.specs import Spec, parse_spec
+
+# ---- status -----------------------------------------------------------------------------------
+
+
+def cmd_status(ctx: Ctx) -> int:
+    if offline(ctx):
+        with open_store(ctx, writable=False) as store:
+            usage = store.usage()
+            now_refs = [
+                {"repo_id": r.repo, "ref": r.ref, "commit": r.commit, "fetched_at": r.fetched_at}
+                for repo in store.index.repos()
+                for r in store.index.refs_of(repo)
+            ]
+            import time
+
+            from kerneld.store.locks import owner_is_running
+
+            doc: dict[str, Any] = {
+                "source": "store",
+                "store_root": str(store.layout.root),
+                "daemon_running": owner_is_running(store.layout.owner_lock),
+                "trees": usage.trees,
+                "blobs": usage.blobs,
+                "store_bytes": usage.bytes_used,
+                "free_bytes": usage.free_bytes,
+                "pins": len(store.pins()),
+                "denies": len(store.denies()),
+                "active_leases": sum(1 for x in store.leases() if x.expires_at > time.time()),
+                "refs": now_refs,
+            }
+    else:
+        from kerneld_client._proto import kerneld_pb2
+
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.GetAdminStatus, kerneld_pb2.GetStatusRequest())
+        full = proto_to_dict(answer)
+        status = full.pop("status") or {}
+        doc = {"source": "daemon", "admin_socket": str(admin.path), **status, **full}
+    if ctx.json:
+        ctx.emit_json(doc)
+        return EXIT_OK
+    if doc["source"] == "daemon":
+        ctx.say(
+            f"kerneld {doc.get('version', '?')}: {'ready' if doc.get('ready') else 'NOT READY'}"
+        )
+    else:
+        ctx.say(f"store {doc['store_root']} (read directly, not through the daemon)")
+        if doc["daemon_running"]:
+            ctx.say("a daemon owns this store: drop --store to ask it")
+    if doc.get("store_root") and doc["source"] == "daemon":
+        ctx.say(f"store:   {doc['store_root']}")
+    cap = doc.get("store_cap_bytes")
+    used = human_bytes(int(doc.get("store_bytes", 0)))
+    ctx.say(
+        f"usage:   {used}"
+        + (f" of {human_bytes(int(cap))}" if cap else "")
+        + f" in {doc.get('trees', 0)} trees, {doc.get('blobs', 0)} blobs"
+    )
+    ctx.say(
+        f"pins: {doc.get('pins', 0)}  denies: {doc.get('denies', 0)}  "
+        f"active leases: {doc.get('active_leases', 0)}"
+    )
+    for up in doc.get("upstreams") or []:
+        state = "reachable" if up.get("reachable") else f"UNREACHABLE {up.get('last_error', '')}"
+        ctx.say(f"upstream {up.get('name')} ({up.get('kind')} {up.get('location')}): {state}")
+    return EXIT_OK
+
+
+# ---- ls / info --------------------------------------------------------------------------------
+
+
+def _listing(ctx: Ctx, repos: list[str]) -> list[dict[str, Any]]:
+    if offline(ctx):
+        with open_store(ctx, writable=False) as store:
+            return store_listing(store, repos)
+    from kerneld_client._proto import kerneld_pb2
+
+    with Admin(ctx) as admin:
+        answer = admin.unary(admin.stub.List, kerneld_pb2.ListRequest(repo_ids=repos))
+    return [proto_to_dict(k) for k in answer.kernels]
+
+
+def _flags(item: dict[str, Any]) -> str:
+    bits = []
+    if item.get("pinned"):
+        bits.append("pinned")
+    if item.get("denied"):
+        bits.append("DENIED")
+    if item.get("active_leases"):
+        bits.append(f"{item['active_leases']} lease(s)")
+    return ",".join(bits)
+
+
+def cmd_ls(ctx: Ctx) -> int:
+    for repo in ctx.args.repos or []:
+        parse_spec(repo)
+    kernels = _listing(ctx, list(ctx.args.repos or []))
+    if ctx.json:
+        ctx.emit_json({"kernels": kernels})
+        return EXIT_OK
+    if not kernels:
+        ctx.say("the store holds no kernels")
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("KERNEL", "REVISION", "REFS", "VARIANT", "SIZE", "FILES", "LAST USED", "FLAGS"):
+        table.add_column(col)
+    for k in kernels:
+        kflags = _flags(k)
+        for rev in k["revisions"] or [{"commit": "", "refs": [], "variants": []}]:
+            variants = rev["variants"] or [{}]
+            for v in variants:
+                flags = ",".join(
+                    dict.fromkeys(
+                        x for f in (kflags, _flags(rev), _flags(v)) for x in f.split(",") if x
+                    )
+                )
+                table.add_row(
+                    k["repo_id"],
+                    rev["commit"][:12],
+                    ",".join(rev["refs"]),
+                    v.get("variant", "-"),
+                    human_bytes(int(v["size_bytes"])) if v else "",
+                    str(v.get("files", "")),
+                    (v.get("last_resolved") or "never")[:16].replace("T", " ") if v else "",
+                    flags,
+                )
+    ctx.console().print(table)
+    return EXIT_OK
+
+
+def cmd_info(ctx: Ctx) -> int:
+    spec = parse_spec(ctx.args.kernel)
+    kernels = _listing(ctx, [spec.repo_id])
+    if not kernels:
+        raise CtlError(
+            f"{spec.repo_id} is not in the store", hint=f"kerneldctl prefetch {spec.repo_id}"
+        )
+    kernel = kernels[0]
+    rev = spec.ref
+    revisions = kernel["revisions"]
+    if rev is not None:
+        revisions = [
+            r
+            for r in revisions
+            if rev in r["refs"]
+            or r["commit"] == rev
+            or (len(rev) >= 7 and r["commit"].startswith(rev))
+        ]
+        if not revisions:
+            raise CtlError(f"{spec} is not in the store", hint=f"kerneldctl prefetch {spec}")
+    for r in revisions:
+        for v in r["variants"]:
+            v["metadata"] = read_metadata(v["path"]) if v.get("path") else None
+    doc = {**kernel, "revisions": revisions}
+    if ctx.json:
+        ctx.emit_json(doc)
+        return EXIT_OK
+    flags = _flags(kernel)
+    ctx.say(f"{kernel['repo_id']}" + (f"  ({flags})" if flags else ""))
+    for r in revisions:
+        refs = ", ".join(r["refs"]) or "no refs"
+        ctx.say(f"  commit {r['commit']}  [{refs}]" + (f"  ({_flags(r)})" if _flags(r) else ""))
+        for v in r["variants"]:
+            meta = v.get("metadata") or {}
+            ctx.say(f"    {v['variant']}")
+            ctx.say(f"      tree:    {v['tree_digest']}")
+            ctx.say(f"      path:    {v['path']}")
+            ctx.say(f"      size:    {human_bytes(int(v['size_bytes']))} in {v['files']} files")
+            if meta:
+                ctx.say(
+                    f"      id:      {meta.get('id')}  version {meta.get('version')}  "
+                    f"backend {meta.get('backend')}  license {meta.get('license')}"
+                )
+                deps = meta.get("kernel_depends") or []
+                if deps:
+                    ctx.say("      depends: " + ", ".join(str(d.get("repo-id")) for d in deps))
+            if _flags(v):
+                ctx.say(f"      flags:   {_flags(v)}")
+    return EXIT_OK
+
+
+# ---- pin / unpin ------------------------------------------------------------------------------
+
+
+def _pin(ctx: Ctx, unpin: bool) -> int:
+    spec = parse_spec(ctx.args.kernel)
+    variant = ctx.args.variant or ""
+    if offline(ctx):
+        from kerneld.store import StoreError
+        from kerneld.store.index import ALL
+
+        with open_store(ctx, writable=True) as store:
+            # As the daemon does: the ref (no selector: main) is pinned at its commit now.
+            ref = spec.ref or "main"
+            commit = store.resolve_revision(spec.repo_id, ref)
+            if commit is None:
+                raise CtlError(
+                    f"{spec.repo_id}@{ref} is not known to this store",
+                    hint=f"kerneldctl prefetch {spec} first, or give a commit",
+                )
+            try:
+                if unpin:
+                    changed = False
+                    for revision in dict.fromkeys((commit, ref)):
+                        changed = store.unpin(spec.repo_id, revision, variant or ALL) or changed
+                else:
+                    store.pin(spec.repo_id, commit, variant or ALL)
+                    changed = True
+            except StoreError as exc:
+                raise CtlError(str(exc), code=EXIT_USAGE) from None
+            trees = {
+                v.tree
+                for v in store.index.variants_of(spec.repo_id, commit)
+                if not variant or v.variant == variant
+            }
+            doc: dict[str, Any] = {
+                "kernel": str(spec),
+                "commit": commit,
+                "trees": len(trees),
+                "changed": changed,
+            }
+    else:
+        from kerneld_client._proto import kerneld_pb2
+
+        request = kerneld_pb2.PinRequest(
+            kernel=spec.to_proto(), variant=variant, reason=ctx.args.reason or ""
+        )
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.Unpin if unpin else admin.stub.Pin, request)
+        doc = {"kernel": str(spec), "commit": answer.commit, "trees": answer.trees}
+    if ctx.json:
+        ctx.emit_json(doc)
+    else:
+        what = f"{spec}" + (f" [{variant}]" if variant else "")
+        at = f" at {doc['commit'][:12]}" if doc.get("commit") else ""
+        if unpin:
+            ctx.say(
+                f"unpinned {what}{at}" if doc.get("changed", True) else f"{what} was not pinned"
+            )
+        else:
+            ctx.say(f"pinned {what}{at} ({doc['trees']} tree(s) kept from GC)")
+    return EXIT_OK
+
+
+def cmd_pin(ctx: Ctx) -> int:
+    return _pin(ctx, unpin=False)
+
+
+def cmd_unpin(ctx: Ctx) -> int:
+    return _pin(ctx, unpin=True)
+
+
+# ---- deny / allow -----------------------------------------------------------------------------
+
+
+def _deny_target(ctx: Ctx) -> tuple[str, str]:
+    spec = parse_spec(ctx.args.kernel)
+    return spec.repo_id, spec.ref or ""
+
+
+def _list_denies(ctx: Ctx) -> int:
+    if offline(ctx):
+        with open_store(ctx, writable=False) as store:
+            rows = [
+                {
+                    "repo_id": r.repo,
+                    "revision": "" if r.revision == "*" else r.revision,
+                    "reason": r.reason,
+                }
+                for r in store.index.denies()
+            ]
+    else:
+        from kerneld_client._proto import kerneld_pb2
+
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.ListDenies, kerneld_pb2.ListDeniesRequest())
+        rows = [proto_to_dict(d) for d in answer.denies]
+        for row in rows:
+            row["revision"] = "" if row.get("revision") == "*" else row.get("revision", "")
+    if ctx.json:
+        ctx.emit_json({"denies": rows})
+    elif not rows:
+        ctx.say("nothing is denied")
+    else:
+        for r in rows:
+            target = r["repo_id"] + (f"@{r['revision']}" if r.get("revision") else "")
+            ctx.say(f"{target}" + (f"  ({r['reason']})" if r.get("reason") else ""))
+    return EXIT_OK
+
+
+def _deny(ctx: Ctx, allow: bool) -> int:
+    if not allow and ctx.args.list:
+        return _list_denies(ctx)
+    if not ctx.args.kernel:
+        raise CtlError("name a kernel (org/name or org/name@REVISION)", code=EXIT_USAGE)
+    repo, revision = _deny_target(ctx)
+    reason = "" if allow else (ctx.args.reason or "")
+    if offline(ctx):
+        from kerneld.store import StoreError
+        from kerneld.store.index import ALL
+
+        with open_store(ctx, writable=True) as store:
+            try:
+                if allow:
+                    changed = store.allow(repo, revision or ALL)
+                else:
+                    before = {(d.repo, d.revision, d.reason) for d in store.index.denies(repo)}
+                    store.deny(repo, revision or ALL, reason)
+                    after = {(d.repo, d.revision, d.reason) for d in store.index.denies(repo)}
+                    changed = before != after
+            except StoreError as exc:
+                raise CtlError(str(exc), code=EXIT_USAGE) from None
+    else:
+        from kerneld_client._proto import kerneld_pb2
+
+        request = kerneld_pb2.DenyRequest(repo_id=repo, revision=revision, reason=reason)
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.Allow if allow else admin.stub.Deny, request)
+        changed = answer.changed
+    target = repo + (f"@{revision}" if revision else "")
+    if ctx.json:
+        ctx.emit_json({"repo_id": repo, "revision": revision, "changed": changed})
+    elif allow:
+        ctx.say(f"allowed {target}" if changed else f"{target} was not denied")
+    else:
+        ctx.say(f"denied {target}" if changed else f"{target} was already denied")
+    return EXIT_OK
+
+
+def cmd_deny(ctx: Ctx) -> int:
+    return _deny(ctx, allow=False)
+
+
+def cmd_allow(ctx: Ctx) -> int:
+    return _deny(ctx, allow=True)
+
+
+# ---- gc ---------------------------------------------------------------------------------------
+
+
+def _gc_item(t: Any) -> dict[str, Any]:
+    repo, commit, variant = t.variants[0] if t.variants else ("", "", "")
+    return {
+        "tree_digest": f"sha256:{t.digest}",
+        "repo_id": repo,
+        "commit": commit,
+        "variant": variant,
+        "size_bytes": t.bytes_freed,
+        "reason": t.reason,
+    }
+
+
+def cmd_gc(ctx: Ctx) -> int:
+    dry = bool(ctx.args.dry_run)
+    if offline(ctx):
+        with open_store(ctx, writable=not dry) as store:
+            report = store.gc(dry_run=dry)
+        doc: dict[str, Any] = {
+            "dry_run": dry,
+            "removed": [_gc_item(t) for t in report.deleted_trees],
+            "kept": [_gc_item(t) for t in report.kept_trees],
+            "freed_bytes": report.bytes_freed,
+            "orphan_blobs_removed": len(report.blobs_deleted),
+        }
+    else:
+        from kerneld_client._proto import kerneld_pb2
+
+        request = kerneld_pb2.GcRequest(
+            dry_run=dry, target_free_bytes=int(ctx.args.target_free or 0)
+        )
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.GarbageCollect, request, long=True)
+        doc = proto_to_dict(answer)
+    if ctx.json:
+        ctx.emit_json(doc)
+        return EXIT_OK
+    verb = "would remove" if dry else "removed"
+    for item in doc["removed"]:
+        ctx.say(
+            f"{verb} {item['tree_digest'][:19]} {item['repo_id']}@{item['commit'][:7]} "
+            f"{item['variant']} ({human_bytes(int(item['size_bytes']))}, {item['reason']})"
+        )
+    for item in doc["kept"] if ctx.args.verbose else []:
+        ctx.say(f"kept {item['tree_digest'][:19]} {item['repo_id']} ({item['reason']})")
+    ctx.say(
+        f"{'would free' if dry else 'freed'} {human_bytes(int(doc['freed_bytes']))}: "
+        f"{len(doc['removed'])} tree(s), {doc['orphan_blobs_removed']} orphan blob(s); "
+        f"{len(doc['kept'])} tree(s) kept"
+    )
+    return EXIT_OK
+
+
+# ---- verify -----------------------------------------------------------------------------------
+
+
+def cmd_verify(ctx: Ctx) -> int:
+    repair = bool(ctx.args.repair)
+    problems: list[dict[str, Any]] = []
+    repaired: list[str] = []
+    mask = 0
+    try:
+        if offline(ctx):
+            with open_store(ctx, writable=repair) as store:
+                report = store.verify(repair=repair)
+            problems = [
+                {"problem": p.kind, "object": p.object, "path": p.path, "detail": p.detail}
+                for p in report.problems
+            ]
+            repaired = list(report.repaired)
+            mask = int(report.exit_code)
+            checked = {"blobs_checked": report.blobs_checked, "trees_checked": report.trees_checked}
+        else:
+            from kerneld_client._proto import kerneld_pb2
+
+            checked = {"blobs_checked": 0, "trees_checked": 0}
+            summary = False
+            with Admin(ctx) as admin:
+                for ev in admin.stream(admin.stub.Verify, kerneld_pb2.VerifyRequest(repair=repair)):
+                    kind = kerneld_pb2.VerifyEvent.Problem.Name(ev.problem)
+                    if kind == "SUMMARY":
+                        mask = int(ev.exit_mask)
+                        checked = {
+                            "blobs_checked": ev.blobs_checked,
+                            "trees_checked": ev.trees_checked,
+                        }
+                        summary = True
+                    elif kind == "REPAIRED":
+                        repaired.append(ev.path or ev.detail)
+                    else:
+                        problems.append(
+                            {
+                                "problem": kind.lower(),
+                                "object": "",
+                                "path": ev.path,
+                                "detail": ev.detail,
+                            }
+                        )
+            if not summary:
+                raise CtlError("the daemon ended the verification without a summary")
+    except CtlError as exc:
+        exc.code = EXIT_VERIFY_NOT_RUN
+        raise
+    doc = {"exit_mask": mask, "problems": problems, "repaired": repaired, **checked}
+    if ctx.json:
+        ctx.emit_json(doc)
+        return mask
+    for p in problems:
+        ctx.say(f"{p['problem'].upper()}: {p['path']}: {p['detail']}")
+    for r in repaired:
+        ctx.say(f"repaired: {r}")
+    state = "clean" if not problems else f"{len(problems)} problem(s), exit mask {mask}"
+    ctx.say(
+        f"verified {checked['blobs_checked']} blobs and {checked['trees_checked']} trees: {state}"
+    )
+    return mask
+
+
+# ---- env --------------------------------------------------------------------------------------
+
+
+def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
+    """The commit `env` maps a repo to: the asked ref, else the highest vN, else main, else
+    the most recently published commit."""
+    if spec is not None and spec.ref is not None:
+        found: str | None = store.resolve_revision(repo, spec.ref)
+        return found
+    refs: dict[str, str] = {r.ref: r.commit for r in store.index.refs_of(repo)}
+    versions = sorted(
+        (int(m.group(1)), c) for r, c in refs.items() if (m := re.fullmatch(r"v(\d+)", r))
+    )
+    if versions:
+        return versions[-1][1]
+    if "main" in refs:
+        return refs["main"]
+    rows = store.index.variants_of(repo)
+    if not rows:
+        return None
+    latest: str = max(rows, key=lambda v: v.published_at).commit
+    return latest
+
+
+def cmd_env(ctx: Ctx) -> int:
+    """LOCAL_KERNELS for the `kernels` package: repo -> the store's best variant tree here."""
+    from kerneld_client.variants import decide
+
+    specs = [parse_spec(s) for s in ctx.args.kernels or []]
+    wanted = {s.repo_id: s for s in specs}
+    facts = None
+    entries: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    with open_store(ctx, writable=False) as store:
+        repos = list(wanted) if wanted else store.index.repos()
+        for repo in repos:
+            commit = _pick_commit(store, repo, wanted.get(repo))
+            names = store.variants(repo, commit) if commit else []
+            if not names:
+                skipped.append(f"{repo}: not in the store")
+                continue
+            if ctx.args.variant:
+                chosen = ctx.args.variant if ctx.args.variant in names else None
+            else:
+                if facts is None:
+                    from kerneld_client.platform import platform_facts
+
+                    facts = platform_facts()
+                accepted = [d.variant for d in decide(names, facts) if d.accepted]
+                chosen = accepted[0] if accepted else None
+            if chosen is None:
+                skipped.append(f"{repo}@{commit}: no variant in the store fits this host")
+                continue
+            hit = store.lookup(repo, commit, chosen)
+            if hit is None:
+                skipped.append(f"{repo}@{commit}: {chosen} vanished")
+                continue
+            path = str(hit.path)
+            if ":" in path or "=" in path:
+                raise CtlError(
+                    f"store path {path} contains ':' or '=': LOCAL_KERNELS cannot hold it"
+                )
+            entries.append({"repo_id": repo, "commit": commit, "variant": chosen, "path": path})
+    value = ":".join(f"{e['repo_id']}={e['path']}" for e in entries)
+    for s in skipped:
+        ctx.note(f"kerneldctl env: skipped {s}")
+    if ctx.json:
+        ctx.emit_json({"LOCAL_KERNELS": value, "kernels": entries, "skipped": skipped})
+    else:
+        ctx.out.write(f"LOCAL_KERNELS={value}\n")
+    if specs and skipped:
+        return EXIT_FAILURE
+    return EXIT_OK

@@ -1,0 +1,478 @@
+"""Import a mirror bundle into a store: `kerneldctl mirror import` and the `MirrorImport` RPC.
+
+Order of trust:
+
+1. the bundle is scanned (`kerneld.mirror.bundle`): unsafe paths, links, special files or a
+   truncated tar refuse it before anything else is read;
+2. every manifest and refs file is checked against its detached signature and the trusted keys
+   (unless `no_check_sigs`); one bad or missing signature refuses the whole bundle;
+3. manifests are parsed and checked (paths, variant names, declared sizes against the store's
+   free space); a malformed one refuses the whole bundle;
+4. per kernel revision: every blob goes through the store's verified ingest with the
+   manifest's sha256 and size, then every variant's `metadata.json` digest is checked, and only
+   then are the variant trees published. A kernel revision with any bad blob is refused and
+   nothing of it is published; the other kernels are imported (the report lists both);
+5. refs are set for imported commits, never moving a ref the store learned more recently.
+
+Blobs are content-addressed, so a second run skips what is present: imports are idempotent, and
+an interrupted one resumes (partially ingested blobs continue where they stopped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import tarfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from kerneld.mirror.bundle import Bundle, BundleError, DirBundle, open_bundle
+from kerneld.mirror.keys import SignatureError, sig_path, trusted_key_set, verify_signature
+from kerneld.mirror.layout import (
+    INFO,
+    Manifest,
+    MirrorFormatError,
+    blob_path,
+    parse_info,
+    parse_refs,
+    parse_refs_exported_at,
+)
+from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
+from kerneld.store import (
+    BlobMissingError,
+    DeniedError,
+    IntegrityError,
+    ResourceExhaustedError,
+    Store,
+    StoreError,
+    TreeFile,
+)
+from kerneld.store.manifest import (
+    METADATA_FILE,
+    ManifestEntry,
+    check_metadata_digest,
+    parse_metadata,
+)
+from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
+from kerneld.upstream.base import check_repo_id
+
+log = logging.getLogger("kerneld.mirror.import")
+
+_MANIFEST_RE = re.compile(r"^manifests/([^/]+/[^/]+)/([0-9a-f]{40})\.json$")
+_REFS_RE = re.compile(r"^refs/([^/]+/[^/]+)\.json$")
+#: No single kernel file is this big; a manifest claiming more is refused before any copy.
+MAX_FILE_BYTES = 64 << 30
+CHUNK = 1 << 20
+
+
+class MirrorImportRefused(ValueError):
+    """The whole bundle was refused before anything was imported."""
+
+
+@dataclass
+class ImportReport:
+    source: str
+    imported: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    blobs_ingested: int = 0
+    blobs_present: int = 0
+    bytes_ingested: int = 0
+    refs_set: list[str] = field(default_factory=list)
+    refs_kept: list[str] = field(default_factory=list)
+    signatures: dict[str, str] = field(default_factory=dict)
+    signatures_checked: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "ok": self.ok,
+            "imported": self.imported,
+            "refused": self.refused,
+            "blobs_ingested": self.blobs_ingested,
+            "blobs_present": self.blobs_present,
+            "bytes_ingested": self.bytes_ingested,
+            "refs_set": self.refs_set,
+            "refs_kept": self.refs_kept,
+            "signatures_checked": self.signatures_checked,
+            "signed_by": sorted(set(self.signatures.values())),
+        }
+
+
+@dataclass
+class _Kernel:
+    manifest: Manifest
+    rel: str
+
+
+def _trusted(keys: Mapping[str, str] | Mapping[str, Ed25519PublicKey]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    as_text = {n: k for n, k in keys.items() if isinstance(k, str)}
+    out.update(trusted_key_set(as_text))
+    out.update({n: k for n, k in keys.items() if isinstance(k, Ed25519PublicKey)})
+    return out
+
+
+def _doc(bundle: Bundle, rel: str) -> bytes:
+    data = bundle.read_doc(rel)
+    if data is None:  # pragma: no cover - only called for listed files
+        raise MirrorImportRefused(f"{rel} disappeared from {bundle.description}")
+    return data
+
+
+def _check_signatures(
+    bundle: Bundle,
+    rels: list[str],
+    trusted: Mapping[str, Ed25519PublicKey],
+    report: ImportReport,
+    progress: ProgressFn | None,
+) -> dict[str, bytes]:
+    """Read and verify every signed document; returns rel -> bytes (the verified bytes)."""
+    if not trusted:
+        raise MirrorImportRefused(
+            "no trusted mirror keys are configured: add the exporting site's public key under "
+            "[mirror] trusted_keys in kerneld.toml (see `kerneldctl key public NAME` on the "
+            "exporting host), or pass --no-check-sigs to import an unsigned bundle"
+        )
+    docs: dict[str, bytes] = {}
+    for rel in rels:
+        data = _doc(bundle, rel)
+        try:
+            key = verify_signature(rel, data, bundle.read_doc(sig_path(rel)), trusted)
+        except SignatureError as exc:
+            raise MirrorImportRefused(f"signature check failed: {exc}") from None
+        docs[rel] = data
+        report.signatures[rel] = key
+        m = _MANIFEST_RE.match(rel)
+        emit(
+            progress,
+            MirrorProgress(
+                "signature-ok",
+                repo_id=m.group(1) if m else "",
+                commit=m.group(2) if m else "",
+                detail=f"{rel} signed by {key}",
+            ),
+        )
+    return docs
+
+
+def _parse(bundle: Bundle, docs: dict[str, bytes], rel: str) -> Manifest:
+    m = _MANIFEST_RE.match(rel)
+    assert m is not None
+    repo, commit = m.group(1), m.group(2)
+    try:
+        check_repo_id(repo)
+        manifest = Manifest.from_json(docs[rel], repo_id=repo, commit=commit)
+    except (MirrorFormatError, ValueError) as exc:
+        raise MirrorImportRefused(f"{rel}: {exc}") from None
+    if not manifest.variants:
+        raise MirrorImportRefused(f"{rel}: the manifest lists no variants")
+    for variant, files in manifest.variants.items():
+        ctx = {"repo": repo, "commit": commit}
+        try:
+            validate_variant(variant, **ctx)
+            for f in files:
+                validate_relpath(f.path, variant=variant, **ctx)
+            check_unique_paths((f.path for f in files), variant=variant, **ctx)
+        except StoreError as exc:
+            raise MirrorImportRefused(f"{rel}: {exc}") from None
+        for f in files:
+            if f.size > MAX_FILE_BYTES:
+                raise MirrorImportRefused(
+                    f"{rel}: {variant}/{f.path} declares {f.size} bytes, over the "
+                    f"{MAX_FILE_BYTES}-byte limit for one file"
+                )
+            assert f.sha256 is not None  # the layout requires it
+    return manifest
+
+
+def _check_space(store: Store, kernels: list[_Kernel]) -> None:
+    """Refuse up front when the declared sizes cannot fit the store."""
+    need: dict[str, int] = {}
+    for k in kernels:
+        for files in k.manifest.variants.values():
+            for f in files:
+                assert f.sha256 is not None
+                need[f.sha256] = f.size
+    missing = sum(size for sha, size in need.items() if store.index.get_blob(sha) is None)
+    usage = store.usage()
+    room = usage.free_bytes - usage.min_free_bytes - usage.bytes_reserved
+    if usage.cap_bytes is not None:
+        room = min(room, usage.cap_bytes - usage.bytes_used - usage.bytes_reserved)
+    if missing > room:
+        raise MirrorImportRefused(
+            f"the bundle's new files need {missing} bytes but the store has room for {room} "
+            "(cap or free-space watermark); free space or raise the cap first"
+        )
+
+
+def _ingest_blob(
+    store: Store, bundle: Bundle, sha: str, size: int, ctx: dict[str, str]
+) -> tuple[bool, str | None]:
+    """(ingested now?, error or None)."""
+    if store.has_blob(sha):
+        return False, None
+    rel = blob_path(sha)
+    entry = bundle.files.get(rel)
+    if entry is None:
+        return False, f"blob {sha} is missing from the bundle"
+    if entry.size != size:
+        return False, f"blob {sha} is {entry.size} bytes in the bundle, the manifest says {size}"
+    try:
+        if isinstance(bundle, DirBundle):
+            store.ingest_file(bundle.path(rel), sha256=sha, size=size, **ctx)
+        else:
+            with bundle.open_blob(rel) as fh:
+                store.ingest(fh, size=size, sha256=sha, **ctx)
+    except IntegrityError as exc:
+        return False, f"blob {sha} does not match the manifest: {exc}"
+    except (tarfile.TarError, EOFError, BundleError) as exc:
+        return False, f"blob {sha}: the tar is truncated or corrupt: {exc}"
+    except StoreError as exc:
+        return False, f"blob {sha}: {exc}"
+    except OSError as exc:
+        return False, f"blob {sha}: cannot read it: {exc.strerror or exc}"
+    return True, None
+
+
+def _check_variant_metadata(store: Store, manifest: Manifest, variant: str) -> str | None:
+    """The metadata.json checks publish_tree will make, made before anything is published."""
+    files = manifest.variants[variant]
+    by_path = {
+        f.path: ManifestEntry(f.path, 0o444, f.size, str(f.sha256)) for f in files if f.sha256
+    }
+    meta = by_path.get(METADATA_FILE)
+    if meta is None:
+        return f"variant {variant} has no metadata.json"
+    ctx = {"repo": manifest.repo_id, "commit": manifest.commit, "variant": variant}
+    try:
+        raw = store.layout.blob_path(meta.sha256).read_bytes()
+        doc, _meta = parse_metadata(raw, **ctx)
+
+        def hash_file(algorithm: str, path: str) -> bytes:
+            h = hashlib.new(algorithm)
+            with open(store.layout.blob_path(by_path[path].sha256), "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    h.update(chunk)
+            return h.digest()
+
+        check_metadata_digest(doc, by_path, hash_file, require=store.require_metadata_digest, **ctx)
+    except StoreError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot read a blob just ingested: {exc}"
+    return None
+
+
+def _import_kernel(
+    store: Store,
+    bundle: Bundle,
+    kernel: _Kernel,
+    report: ImportReport,
+    state: dict[str, Any],
+    progress: ProgressFn | None,
+) -> None:
+    manifest = kernel.manifest
+    repo, commit = manifest.repo_id, manifest.commit
+
+    def refuse(reason: str) -> None:
+        report.refused.append({"repo_id": repo, "commit": commit, "reason": reason})
+        log.warning("mirror import: refused %s@%s: %s", repo, commit, reason)
+        emit(progress, MirrorProgress("refused", repo_id=repo, commit=commit, detail=reason))
+
+    try:
+        store.check_denied(repo, commit, commit)
+    except DeniedError as exc:
+        refuse(f"denied on this host: {exc}")
+        return
+    emit(
+        progress,
+        MirrorProgress(
+            "manifest",
+            repo_id=repo,
+            commit=commit,
+            detail=", ".join(sorted(manifest.variants)),
+            manifests=state["manifests"],
+        ),
+    )
+    ctx = {"repo": repo, "commit": commit}
+    blobs: dict[str, int] = {}
+    for files in manifest.variants.values():
+        for f in files:
+            blobs[str(f.sha256)] = f.size
+    for sha, size in sorted(blobs.items()):
+        error = state["bad"].get(sha)
+        fresh = False
+        if error is None:
+            fresh, error = _ingest_blob(store, bundle, sha, size, ctx)
+        if error is not None:
+            state["bad"][sha] = error
+            refuse(error)
+            return
+        if fresh:
+            report.blobs_ingested += 1
+            report.bytes_ingested += size
+            state["done"] += size
+        else:
+            report.blobs_present += 1
+        emit(
+            progress,
+            MirrorProgress(
+                "blob",
+                repo_id=repo,
+                commit=commit,
+                bytes_done=state["done"],
+                bytes_total=state["total"],
+                blobs=report.blobs_ingested,
+                skipped_existing=not fresh,
+            ),
+        )
+    for variant in sorted(manifest.variants):
+        problem = _check_variant_metadata(store, manifest, variant)
+        if problem is not None:
+            refuse(problem)
+            return
+    published: list[dict[str, str]] = []
+    for variant, files in sorted(manifest.variants.items()):
+        tree_files = [
+            TreeFile(
+                path=f.path,
+                sha256=str(f.sha256),
+                size=f.size,
+                mode=0o100755 if manifest.is_executable(variant, f.path) else 0o100644,
+                upstream_id=f.git_sha1 or f.sha256,
+            )
+            for f in files
+        ]
+        try:
+            tree = store.publish_tree(repo, commit, variant, tree_files)
+        except (BlobMissingError, IntegrityError, DeniedError, ResourceExhaustedError) as exc:
+            refuse(f"publishing {variant} failed after {len(published)} variant(s): {exc}")
+            return
+        published.append({"variant": variant, "tree_digest": tree.digest, "path": str(tree.path)})
+    report.imported.append({"repo_id": repo, "commit": commit, "variants": published})
+
+
+def _apply_refs(
+    store: Store,
+    docs: dict[str, bytes],
+    refs_rels: list[str],
+    report: ImportReport,
+) -> None:
+    imported = {(k["repo_id"], k["commit"]) for k in report.imported}
+    now = time.time()
+    for rel in refs_rels:
+        m = _REFS_RE.match(rel)
+        assert m is not None
+        repo = m.group(1)
+        try:
+            check_repo_id(repo)
+            branches, tags = parse_refs(docs[rel], repo)
+            exported_at = parse_refs_exported_at(docs[rel])
+        except (MirrorFormatError, ValueError) as exc:
+            raise MirrorImportRefused(f"{rel}: {exc}") from None
+        when = min(exported_at if exported_at is not None else now, now)
+        for ref, commit in sorted({**tags, **branches}.items()):
+            label = f"{repo}@{ref}"
+            if (repo, commit) not in imported and not store.variants(repo, commit):
+                continue  # the ref points at a commit this bundle (or store) does not have
+            current = store.get_ref(repo, ref)
+            if current is not None and current.commit != commit and current.fetched_at > when:
+                report.refs_kept.append(f"{label} -> {current.commit} (newer than the bundle)")
+                continue
+            if current is None or current.commit != commit:
+                store.set_ref(repo, ref, commit, fetched_at=when)
+                report.refs_set.append(f"{label} -> {commit}")
+
+
+def import_mirror(
+    store: Store,
+    source: str | os.PathLike[str],
+    trusted_keys: Mapping[str, str] | Mapping[str, Ed25519PublicKey],
+    *,
+    no_check_sigs: bool = False,
+    progress: ProgressFn | None = None,
+) -> ImportReport:
+    """Import the mirror directory or tar file `source` into `store`.
+
+    `trusted_keys`: key name -> public key (`ed25519:<base64>` strings as in the config, or
+    key objects). Raises MirrorImportRefused when the bundle as a whole is refused (nothing
+    imported); per-kernel refusals are in the report (`report.ok` is False).
+    """
+    report = ImportReport(source=os.fspath(source), signatures_checked=not no_check_sigs)
+    trusted = {} if no_check_sigs else _trusted(trusted_keys)
+    try:
+        with open_bundle(source) as bundle:
+            _import(store, bundle, trusted, no_check_sigs, report, progress)
+    except BundleError as exc:
+        emit(progress, MirrorProgress("refused", detail=str(exc)))
+        raise MirrorImportRefused(str(exc)) from None
+    except MirrorImportRefused as exc:
+        emit(progress, MirrorProgress("refused", detail=str(exc)))
+        raise
+    emit(
+        progress,
+        MirrorProgress(
+            "finished",
+            manifests=len(report.imported),
+            blobs=report.blobs_ingested,
+            bytes_done=report.bytes_ingested,
+            bytes_total=report.bytes_ingested,
+            detail=(
+                f"imported {len(report.imported)} kernel revision(s), refused {len(report.refused)}"
+            ),
+        ),
+    )
+    return report
+
+
+def _import(
+    store: Store,
+    bundle: Bundle,
+    trusted: Mapping[str, Ed25519PublicKey],
+    no_check_sigs: bool,
+    report: ImportReport,
+    progress: ProgressFn | None,
+) -> None:
+    try:
+        parse_info(_doc(bundle, INFO))
+    except MirrorFormatError as exc:
+        raise MirrorImportRefused(f"{bundle.description}: {exc}") from None
+    manifests = sorted(r for r in bundle.files if _MANIFEST_RE.match(r))
+    refs = sorted(r for r in bundle.files if _REFS_RE.match(r))
+    if not manifests:
+        raise MirrorImportRefused(f"{bundle.description} contains no manifests")
+    if no_check_sigs:
+        log.warning(
+            "mirror import from %s WITHOUT signature checks (--no-check-sigs): only the "
+            "content hashes in the manifests protect this import",
+            bundle.description,
+        )
+        docs = {rel: _doc(bundle, rel) for rel in manifests + refs}
+    else:
+        docs = _check_signatures(bundle, manifests + refs, trusted, report, progress)
+    kernels = [_Kernel(_parse(bundle, docs, rel), rel) for rel in manifests]
+    _check_space(store, kernels)
+    total = 0
+    seen: set[str] = set()
+    for k in kernels:
+        for files in k.manifest.variants.values():
+            for f in files:
+                sha = str(f.sha256)
+                if sha not in seen and not store.has_blob(sha):
+                    total += f.size
+                seen.add(sha)
+    state: dict[str, Any] = {"bad": {}, "done": 0, "total": total, "manifests": 0}
+    for k in kernels:
+        state["manifests"] += 1
+        _import_kernel(store, bundle, k, report, state, progress)
+    _apply_refs(store, docs, refs, report)

@@ -1,0 +1,498 @@
+"""Prefetch: fetch the variants this host will be asked for before anyone asks.
+
+Which variants ("auto" mode), per kernel revision:
+- for each torch version wanted (the configured `prefetch.torch`, plus those clients have shown;
+  when neither names one, the newest torch version the revision has builds for) and each backend
+  the host can run (CPU always; CUDA for every CUDA version in the revision that the NVIDIA
+  driver runs; ROCm/XPU for the host's exact version when it is known): the variant a process
+  with those facts would load (`kerneld_client.variants.decide`, the client's own rules);
+- for each backend, the noarch variant a process without a matching arch build falls back to;
+- for each platform a client has actually shown in `Resolve`: the variant it would load.
+"all" fetches every variant; explicit names fetch exactly those.
+
+A failure in one kernel (or one variant) never stops the others. Refs are refreshed from the
+upstreams (ignoring the TTL), so a `vN` branch that moved is fetched before clients need it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kerneld.fetch import FetchEvent, FetchResult
+from kerneld.hardware import Hardware
+from kerneld.resolve import KernelSpec, Resolver
+from kerneld.store import Store
+from kerneld_client.variants import (
+    Backend,
+    BackendType,
+    PlatformFacts,
+    Variant,
+    VariantKind,
+    decide,
+    parse_variant,
+)
+
+log = logging.getLogger("kerneld.prefetch")
+
+PLATFORMS_FORMAT = "kerneld-client-platforms"
+MAX_PLATFORMS = 64
+
+
+# ---- platforms clients have shown --------------------------------------------------------------
+
+
+def _normalise(facts: PlatformFacts) -> PlatformFacts:
+    """Drop what does not change the variant choice (devices, Python micro version)."""
+    py = facts.python_version
+    return replace(facts, device_capabilities=(), python_version=(py[0], py[1], 0))
+
+
+class ClientPlatforms:
+    """The distinct platforms clients showed in `Resolve`, most recent first, kept on disk so a
+    restarted daemon still prefetches for them. Bounded (`limit`), cheap to record."""
+
+    def __init__(self, path: Path | None, *, limit: int = MAX_PLATFORMS) -> None:
+        self.path = path
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._seen: dict[PlatformFacts, float] = {}
+        self._keys: dict[PlatformFacts, PlatformFacts] = {}
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable client platforms file %s: %s", path, exc)
+            return
+        if not isinstance(doc, dict) or doc.get("format") != PLATFORMS_FORMAT:
+            log.warning("ignoring client platforms file %s: unknown format", path)
+            return
+        for item in doc.get("platforms", []):
+            try:
+                facts = _normalise(PlatformFacts.from_dict(item["facts"]))
+                self._seen[facts] = float(item.get("last_seen", 0.0))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("ignoring a client platform in %s: %s", path, exc)
+
+    def record(self, facts: PlatformFacts) -> bool:
+        """Remember `facts`; True when it is a platform not seen before (then saved)."""
+        now = time.time()
+        with self._lock:
+            key = self._keys.get(facts)
+            if key is not None and key in self._seen:  # the warm path: a known platform
+                self._seen[key] = now
+                return False
+        key = _normalise(facts)
+        with self._lock:
+            if len(self._keys) > 4 * self.limit:
+                self._keys.clear()
+            self._keys[facts] = key
+            new = key not in self._seen
+            self._seen[key] = now
+            if not new:
+                return False
+            if len(self._seen) > self.limit:
+                oldest = min(self._seen, key=self._seen.__getitem__)
+                del self._seen[oldest]
+            snapshot = dict(self._seen)
+        log.info("new client platform: %s", key.describe())
+        self._save(snapshot)
+        return True
+
+    def _save(self, seen: dict[PlatformFacts, float]) -> None:
+        if self.path is None:
+            return
+        doc = {
+            "format": PLATFORMS_FORMAT,
+            "version": 1,
+            "platforms": [
+                {"facts": f.to_dict(), "last_seen": t}
+                for f, t in sorted(seen.items(), key=lambda kv: -kv[1])
+            ],
+        }
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot save client platforms to %s: %s", self.path, exc)
+            tmp.unlink(missing_ok=True)
+
+    def all(self) -> list[PlatformFacts]:
+        with self._lock:
+            return [f for f, _ in sorted(self._seen.items(), key=lambda kv: -kv[1])]
+
+    def torch_versions(self) -> set[tuple[int, int]]:
+        return {f.torch_version for f in self.all() if f.torch_version is not None}
+
+
+# ---- which variants ----------------------------------------------------------------------------
+
+
+def _parsed(names: Iterable[str]) -> list[Variant]:
+    return [v for v in (parse_variant(n) for n in names) if isinstance(v, Variant)]
+
+
+def _best(names: Sequence[str], facts: PlatformFacts) -> str | None:
+    for decision in decide(names, facts):
+        return decision.variant if decision.accepted else None
+    return None
+
+
+def host_backends(hardware: Hardware, names: Sequence[str]) -> list[Backend]:
+    """Backends (with versions) whose arch variants can run here, given the revision's names."""
+    out: list[Backend] = []
+    for backend in hardware.backends():
+        if backend.type is BackendType.CUDA:
+            driver = backend.version
+            if driver is None:
+                continue
+            versions = {
+                v.backend.version
+                for v in _parsed(names)
+                if v.backend is not None
+                and v.backend.type is BackendType.CUDA
+                and v.backend.version is not None
+                and v.backend.version <= driver
+            }
+            out.extend(Backend(BackendType.CUDA, ver) for ver in sorted(versions))
+        elif backend.type is BackendType.CPU or backend.version is not None:
+            out.append(backend)
+    return out
+
+
+def plan_variants(
+    names: Sequence[str],
+    *,
+    hardware: Hardware,
+    torch_versions: Iterable[tuple[int, int]] = (),
+    client_platforms: Sequence[PlatformFacts] = (),
+    platforms: Sequence[PlatformFacts] = (),
+) -> dict[str, str]:
+    """The variants to prefetch ("auto" mode), each with why. `platforms`, when given, replaces
+    host detection and client platforms."""
+    chosen: dict[str, str] = {}
+
+    def take(facts: PlatformFacts, why: str) -> None:
+        best = _best(names, facts)
+        if best is not None:
+            chosen.setdefault(best, why)
+
+    if platforms:
+        for facts in platforms:
+            take(facts, f"requested platform ({facts.describe()})")
+        return chosen
+
+    torch = set(torch_versions)
+    if not torch:
+        arch = [v.torch_version for v in _parsed(names) if v.kind is VariantKind.TORCH_ARCH]
+        if arch:
+            torch = {max(t for t in arch if t is not None)}
+    caps = {"cuda": hardware.capabilities("nvidia"), "rocm": hardware.capabilities("amd")}
+    for backend in host_backends(hardware, names):
+        base = PlatformFacts(
+            cpu=hardware.cpu,
+            os=hardware.os,
+            backend=backend,
+            device_capabilities=caps.get(backend.type.value, ()),
+        )
+        for version in sorted(torch):
+            facts = replace(
+                base, torch_version=version, cxx11_abi=True if hardware.os == "linux" else None
+            )
+            take(facts, f"host {backend.label}, torch {version[0]}.{version[1]}")
+    for backend in hardware.backends():  # noarch fallbacks, whatever the versions
+        take(
+            PlatformFacts(cpu=hardware.cpu, os=hardware.os, backend=backend),
+            f"noarch for {backend.label}",
+        )
+    for facts in client_platforms:
+        take(facts, f"client platform ({facts.describe()})")
+    return chosen
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefetchUpdate:
+    """One step of a prefetch, streamed to `Admin.Prefetch` (kind names follow PrefetchEvent)."""
+
+    kind: str
+    """kernel-started | file-progress | file-done | variant-done | kernel-done | kernel-failed |
+    finished"""
+    repo_id: str = ""
+    commit: str = ""
+    variant: str = ""
+    path: str = ""
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    tree_digest: str = ""
+    already_present: bool = False
+    error: BaseException | None = None
+    kernels_ok: int = 0
+    kernels_failed: int = 0
+    stale: bool = False
+
+
+@dataclass
+class PrefetchSummary:
+    kernels_ok: int = 0
+    kernels_failed: int = 0
+    variants_fetched: int = 0
+    variants_present: int = 0
+    bytes: int = 0
+    errors: list[tuple[str, BaseException]] = field(default_factory=list)
+
+
+Emit = Callable[[PrefetchUpdate], None]
+FetchHook = Callable[[str, str, str, FetchResult | None, BaseException | None], None]
+
+
+class Cancelled(Exception):
+    """The caller went away (the RPC was cancelled, or the daemon is stopping)."""
+
+
+class Prefetcher:
+    """Runs prefetches over one store and resolver; safe to run from several threads (the
+    fetcher's single-flight keeps any variant from being downloaded twice at once)."""
+
+    def __init__(
+        self,
+        store: Store,
+        resolver: Resolver,
+        *,
+        hardware: Callable[[], Hardware],
+        client_platforms: ClientPlatforms,
+        on_fetch: FetchHook | None = None,
+        configured_torch: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        self.store = store
+        #: `prefetch.torch`; the daemon replaces it on reload.
+        self.configured_torch = tuple(configured_torch)
+        self.resolver = resolver
+        self.hardware = hardware
+        self.client_platforms = client_platforms
+        self.on_fetch = on_fetch
+
+    def run(
+        self,
+        specs: Sequence[KernelSpec],
+        *,
+        variants: Sequence[str] = (),
+        torch_versions: Iterable[tuple[int, int]] = (),
+        platforms: Sequence[PlatformFacts] = (),
+        refresh: bool = True,
+        emit: Emit | None = None,
+        cancel: threading.Event | None = None,
+    ) -> PrefetchSummary:
+        """Prefetch `specs` (and their kernel-depends); `variants` is empty/["auto"], ["all"]
+        or names. `torch_versions` adds to (or, if given, replaces) the configured set."""
+        summary = PrefetchSummary()
+        send = emit or (lambda _u: None)
+        queue = list(dict.fromkeys(specs))
+        seen = set(queue)
+        torch = set(torch_versions)
+        while queue:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("prefetch cancelled")
+            spec = queue.pop(0)
+            try:
+                deps = self._one(spec, variants, torch, platforms, refresh, send, summary, cancel)
+            except Cancelled:
+                raise
+            except Exception as exc:
+                summary.kernels_failed += 1
+                summary.errors.append((str(spec), exc))
+                log.warning("prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc)
+                send(PrefetchUpdate("kernel-failed", spec.repo_id, error=exc))
+                continue
+            for dep in deps:
+                if dep not in seen:
+                    seen.add(dep)
+                    queue.append(dep)
+        send(
+            PrefetchUpdate(
+                "finished", kernels_ok=summary.kernels_ok, kernels_failed=summary.kernels_failed
+            )
+        )
+        return summary
+
+    def _one(
+        self,
+        spec: KernelSpec,
+        variants: Sequence[str],
+        torch: set[tuple[int, int]],
+        platforms: Sequence[PlatformFacts],
+        refresh: bool,
+        send: Emit,
+        summary: PrefetchSummary,
+        cancel: threading.Event | None,
+    ) -> list[KernelSpec]:
+        repo = spec.repo_id
+        self.store.check_denied(repo, spec.ref)
+        commit, stale = self.resolver.commit_for(spec, refresh=refresh)
+        self.store.check_denied(repo, spec.ref, commit)
+        names = self.resolver.variant_names(repo, commit)
+        plan = self._plan(names, variants, torch, platforms)
+        send(PrefetchUpdate("kernel-started", repo, commit, files_total=len(plan), stale=stale))
+        failures: list[tuple[str, BaseException]] = []
+        deps: list[KernelSpec] = []
+        fetched = present = 0
+        for variant, why in plan.items():
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("prefetch cancelled")
+            try:
+                if variant not in names:
+                    raise LookupError(f"variant {variant} does not exist at {repo}@{commit}")
+                hit = self.store.lookup(repo, commit, variant)
+                already = hit is not None
+                if hit is None:
+                    result = self._fetch(repo, commit, variant, send)
+                    summary.bytes += result.bytes_downloaded
+                    hit = self.store.lookup(repo, commit, variant)
+                    if hit is None:  # pragma: no cover - GC raced a just-published tree
+                        raise LookupError(f"{variant} vanished right after its fetch")
+                deps.extend(self.resolver.dependencies_of(hit))
+            except Exception as exc:
+                failures.append((variant, exc))
+                log.warning(
+                    "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
+                    repo,
+                    commit,
+                    variant,
+                    exc,
+                )
+                continue
+            if already:
+                present += 1
+            else:
+                fetched += 1
+            send(
+                PrefetchUpdate(
+                    "variant-done",
+                    repo,
+                    commit,
+                    variant,
+                    path=str(hit.path),
+                    tree_digest=hit.digest,
+                    already_present=already,
+                )
+            )
+            log.debug(
+                "prefetch %s repo=%s commit=%s variant=%s why=%s",
+                "present" if already else "fetched",
+                repo,
+                commit,
+                variant,
+                why,
+            )
+        summary.variants_fetched += fetched
+        summary.variants_present += present
+        log.info(
+            "prefetch repo=%s ref=%s commit=%s%s variants=%s fetched=%d present=%d failed=%d",
+            repo,
+            spec.ref,
+            commit,
+            " (stale ref)" if stale else "",
+            ",".join(plan) or "-",
+            fetched,
+            present,
+            len(failures),
+        )
+        if failures:
+            bad_variant, error = failures[0]
+            summary.kernels_failed += 1
+            summary.errors.append((f"{spec}/{bad_variant}", error))
+            send(PrefetchUpdate("kernel-failed", repo, commit, bad_variant, error=error))
+        else:
+            summary.kernels_ok += 1
+            send(PrefetchUpdate("kernel-done", repo, commit, files_done=len(plan)))
+        return deps
+
+    def _plan(
+        self,
+        names: Sequence[str],
+        variants: Sequence[str],
+        torch: set[tuple[int, int]],
+        platforms: Sequence[PlatformFacts],
+    ) -> dict[str, str]:
+        modes = [v for v in variants if v] or ["auto"]
+        out: dict[str, str] = {}
+        for mode in modes:
+            if mode == "all":
+                out.update((n, "all variants") for n in names if n not in out)
+            elif mode == "auto":
+                clients = self.client_platforms.all()
+                wanted = set(torch) or {
+                    *self.configured_torch,
+                    *(f.torch_version for f in clients if f.torch_version is not None),
+                }
+                for name, why in plan_variants(
+                    names,
+                    hardware=self.hardware(),
+                    torch_versions=wanted,
+                    client_platforms=clients,
+                    platforms=platforms,
+                ).items():
+                    out.setdefault(name, why)
+            else:
+                out.setdefault(mode, "requested")
+        return out
+
+    def _fetch(self, repo: str, commit: str, variant: str, send: Emit) -> FetchResult:
+        def progress(event: FetchEvent) -> None:
+            kind = {
+                "variant-started": "file-progress",
+                "file-progress": "file-progress",
+                "file-done": "file-done",
+            }.get(event.kind)
+            if kind is not None:
+                send(
+                    PrefetchUpdate(
+                        kind,
+                        repo,
+                        commit,
+                        variant,
+                        path=event.path,
+                        bytes_done=event.bytes_done,
+                        bytes_total=event.bytes_total,
+                        files_done=event.files_done,
+                        files_total=event.files_total,
+                    )
+                )
+
+        try:
+            result = self.resolver.fetcher.fetch_variant(repo, commit, variant, progress=progress)
+        except Exception as exc:
+            if self.on_fetch is not None:
+                self.on_fetch(repo, commit, variant, None, exc)
+            raise
+        if self.on_fetch is not None:
+            self.on_fetch(repo, commit, variant, result, None)
+        return result
+
+
+def parse_torch_versions(values: Iterable[str]) -> set[tuple[int, int]]:
+    """`["2.12", "2.13"]` -> {(2, 12), (2, 13)}; ValueError names the bad one."""
+    out = set()
+    for text in values:
+        parts = text.strip().split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"torch version must be MAJOR.MINOR, got {text!r}")
+        out.add((int(parts[0]), int(parts[1])))
+    return out

@@ -1,0 +1,514 @@
+"""The `Admin` service on the admin socket: everything that mutates the store or its policy.
+
+Only members of the admin socket's group can connect (the socket mode is the access control).
+Every mutation is logged as one `admin:` line with what changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import grpc
+
+from kerneld.config import ConfigError
+from kerneld.prefetch import PrefetchUpdate, parse_torch_versions
+from kerneld.resolve import KernelSpec
+from kerneld.server import convert
+from kerneld.server.core import Core
+from kerneld.server.errors import Unimplemented, abort, classify
+from kerneld.server.kernels_service import daemon_status
+from kerneld.store.gc import pinned_trees
+from kerneld.store.index import ALL
+from kerneld.upstream.errors import UpstreamError
+from kerneld_client._convert import facts_from_proto
+from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+
+log = logging.getLogger("kerneld.admin")
+
+_PREFETCH_KINDS = {
+    "kernel-started": pb.PrefetchEvent.KERNEL_STARTED,
+    "file-progress": pb.PrefetchEvent.FILE_PROGRESS,
+    "file-done": pb.PrefetchEvent.FILE_DONE,
+    "variant-done": pb.PrefetchEvent.VARIANT_DONE,
+    "kernel-done": pb.PrefetchEvent.KERNEL_DONE,
+    "kernel-failed": pb.PrefetchEvent.KERNEL_FAILED,
+    "finished": pb.PrefetchEvent.FINISHED,
+}
+_VERIFY_KINDS = {
+    "corrupt": pb.VerifyEvent.CORRUPT,
+    "missing": pb.VerifyEvent.MISSING,
+    "unknown": pb.VerifyEvent.UNKNOWN_FILE,
+    "untrusted": pb.VerifyEvent.UNTRUSTED,
+    "io": pb.VerifyEvent.IO_ERROR,
+}
+_DONE = object()
+
+
+def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
+    event = pb.PrefetchEvent(
+        kind=_PREFETCH_KINDS[update.kind],
+        repo_id=update.repo_id,
+        commit=update.commit,
+        variant=update.variant,
+        path=update.path,
+        bytes_done=update.bytes_done,
+        bytes_total=update.bytes_total,
+        files_done=update.files_done,
+        files_total=update.files_total,
+        tree_digest=update.tree_digest,
+        kernels_ok=update.kernels_ok,
+        kernels_failed=update.kernels_failed,
+        already_present=update.already_present,
+    )
+    if update.error is not None:
+        event.error.CopyFrom(classify(update.error, repo=update.repo_id).detail)
+    return event
+
+
+def _stream(
+    context: grpc.ServicerContext, work: Callable[[Callable[[object], None]], None]
+) -> Iterator[object]:
+    """Run `work(emit)` in a thread and yield what it emits as it emits it; an exception it
+    raises ends the stream with that error. The RPC's cancellation reaches `work` through the
+    callbacks it registers on `context`."""
+    items: queue.Queue[object] = queue.Queue()
+
+    def run() -> None:
+        try:
+            work(items.put)
+        except BaseException as exc:
+            items.put(exc)
+        finally:
+            items.put(_DONE)
+
+    threading.Thread(target=run, name="admin-stream", daemon=True).start()
+    while True:
+        item = items.get()
+        if item is _DONE:
+            return
+        if isinstance(item, BaseException):
+            abort(context, item)
+        yield item
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, core: Core, *, reload: Callable[[], tuple[bool, str]]) -> None:
+        self.core = core
+        self.reload = reload
+        self._gc_lock = threading.Lock()
+
+    def _fail(self, method: str, context: grpc.ServicerContext, exc: BaseException) -> None:
+        failure = classify(exc)
+        self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
+        log.info("admin: %s failed: %s", method, failure.detail.message)
+        abort(context, exc)
+
+    # ---- prefetch -------------------------------------------------------------------------
+
+    def Prefetch(
+        self, request: pb.PrefetchRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PrefetchEvent]:
+        try:
+            specs = [convert.spec_from_ref(k) for k in request.kernels]
+            specs = specs or self.core.configured_specs()
+            if not specs:
+                raise ValueError("no kernels given, and none configured in [prefetch] kernels")
+            torch = sorted(parse_torch_versions(request.torch_versions))
+            platforms = [facts_from_proto(p) for p in request.platforms]
+            self.core.prefetcher  # noqa: B018 - raises NotReady while starting
+        except Exception as exc:
+            self._fail("Prefetch", context, exc)
+        variants = list(request.variants)
+        log.info(
+            "admin: prefetch kernels=%s variants=%s torch=%s platforms=%d",
+            ",".join(str(s) for s in specs),
+            ",".join(variants) or "auto",
+            ",".join(f"{a}.{b}" for a, b in torch) or "configured",
+            len(platforms),
+        )
+        cancel = threading.Event()
+        context.add_callback(cancel.set)
+
+        def work(emit: Callable[[object], None]) -> None:
+            summary = self.core.prefetch(
+                specs,
+                variants=variants,
+                torch_versions=torch,
+                platforms=platforms,
+                emit=lambda update: emit(prefetch_event(update)),
+                cancel=cancel,
+            )
+            log.info(
+                "admin: prefetch finished ok=%d failed=%d fetched=%d present=%d bytes=%d",
+                summary.kernels_ok,
+                summary.kernels_failed,
+                summary.variants_fetched,
+                summary.variants_present,
+                summary.bytes,
+            )
+
+        for event in _stream(context, work):
+            assert isinstance(event, pb.PrefetchEvent)
+            yield event
+
+    # ---- listing --------------------------------------------------------------------------
+
+    def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
+        try:
+            return self._list(list(request.repo_ids))
+        except Exception as exc:
+            self._fail("List", context, exc)
+            raise
+
+    def _list(self, only: list[str]) -> pb.ListResponse:
+        store = self.core.store
+        self.core.leases.flush()
+        index = store.index
+        repos = sorted(set(only) & set(index.repos())) if only else index.repos()
+        pins = store.pins()
+        now = time.time()
+        leases: dict[str, int] = {}
+        for lease in store.leases():
+            if lease.expires_at > now:
+                leases[lease.tree] = leases.get(lease.tree, 0) + 1
+        out = pb.ListResponse()
+        for repo in repos:
+            refs = index.refs_of(repo)
+            rows = index.variants_of(repo)
+            pinned = pinned_trees(pins, refs, rows)
+            denies = index.denies(repo)
+            denied_revs = {d.revision for d in denies}
+            refs_at: dict[str, list[str]] = {}
+            for r in refs:
+                refs_at.setdefault(r.commit, []).append(r.ref)
+            by_commit: dict[str, list[pb.VariantEntry]] = {c: [] for c in refs_at}
+            for row in rows:
+                tree = index.get_tree(row.tree)
+                entry = pb.VariantEntry(
+                    variant=row.variant,
+                    tree_digest=f"sha256:{row.tree}",
+                    path=str(store.layout.tree_path(row.tree)),
+                    pinned=row.tree in pinned,
+                    active_leases=leases.get(row.tree, 0),
+                )
+                if tree is not None:
+                    entry.size_bytes = tree.size
+                    entry.files = tree.files
+                    entry.last_resolved.CopyFrom(convert.ts(tree.last_resolved))
+                by_commit.setdefault(row.commit, []).append(entry)
+            kernel = pb.KernelEntry(
+                repo_id=repo,
+                pinned=any(p.repo == repo and p.revision == ALL for p in pins),
+                denied=ALL in denied_revs,
+            )
+            for commit in sorted(by_commit):
+                names = sorted(refs_at.get(commit, []))
+                kernel.revisions.append(
+                    pb.RevisionEntry(
+                        commit=commit,
+                        refs=names,
+                        variants=sorted(by_commit[commit], key=lambda e: e.variant),
+                        pinned=any(p.repo == repo and p.revision in (commit, *names) for p in pins),
+                        denied=bool(denied_revs & {commit, *names}),
+                    )
+                )
+            out.kernels.append(kernel)
+        return out
+
+    # ---- pins -----------------------------------------------------------------------------
+
+    def _pin_commit(self, spec: KernelSpec, *, network: bool) -> str:
+        store = self.core.store
+        if network:
+            try:
+                return self.core.resolver.commit_for(spec)[0]
+            except UpstreamError:
+                pass
+        commit = store.resolve_revision(spec.repo_id, spec.ref)
+        if commit is None:
+            raise ValueError(
+                f"{spec} is not known on this host and no upstream could resolve it; "
+                "prefetch it first or give a commit"
+            )
+        return commit
+
+    def _tree_count(self, repo: str, commit: str, variant: str) -> int:
+        rows = self.core.store.index.variants_of(repo, commit)
+        return len({r.tree for r in rows if variant in (ALL, r.variant)})
+
+    def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
+        try:
+            spec = convert.spec_from_ref(request.kernel)
+            commit = self._pin_commit(spec, network=True)
+            variant = request.variant or ALL
+            self.core.store.pin(spec.repo_id, commit, variant)
+            trees = self._tree_count(spec.repo_id, commit, variant)
+        except Exception as exc:
+            self._fail("Pin", context, exc)
+        log.info(
+            "admin: pin repo=%s ref=%s commit=%s variant=%s trees=%d reason=%s",
+            spec.repo_id,
+            spec.ref,
+            commit,
+            variant,
+            trees,
+            request.reason or "-",
+        )
+        return pb.PinResponse(commit=commit, trees=trees)
+
+    def Unpin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
+        try:
+            spec = convert.spec_from_ref(request.kernel)
+            commit = self._pin_commit(spec, network=False)
+            variant = request.variant or ALL
+            removed = False
+            for revision in dict.fromkeys((commit, spec.ref)):
+                removed = self.core.store.unpin(spec.repo_id, revision, variant) or removed
+            trees = self._tree_count(spec.repo_id, commit, variant) if removed else 0
+        except Exception as exc:
+            self._fail("Unpin", context, exc)
+        log.info(
+            "admin: unpin repo=%s ref=%s commit=%s variant=%s removed=%s",
+            spec.repo_id,
+            spec.ref,
+            commit,
+            variant,
+            removed,
+        )
+        return pb.PinResponse(commit=commit, trees=trees)
+
+    # ---- denies ---------------------------------------------------------------------------
+
+    def Deny(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
+        try:
+            if not request.repo_id:
+                raise ValueError("repo_id is required")
+            revision = request.revision or ALL
+            store = self.core.store
+            before = {(d[1], d[2]) for d in store.denies(request.repo_id)}
+            store.deny(request.repo_id, revision, request.reason)
+            changed = (revision, request.reason) not in before
+        except Exception as exc:
+            self._fail("Deny", context, exc)
+        log.info(
+            "admin: deny repo=%s revision=%s changed=%s reason=%s",
+            request.repo_id,
+            revision,
+            changed,
+            request.reason or "-",
+        )
+        return pb.DenyResponse(changed=changed)
+
+    def Allow(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
+        try:
+            if not request.repo_id:
+                raise ValueError("repo_id is required")
+            revision = request.revision or ALL
+            changed = self.core.store.allow(request.repo_id, revision)
+        except Exception as exc:
+            self._fail("Allow", context, exc)
+        log.info("admin: allow repo=%s revision=%s changed=%s", request.repo_id, revision, changed)
+        return pb.DenyResponse(changed=changed)
+
+    def ListDenies(
+        self, request: pb.ListDeniesRequest, context: grpc.ServicerContext
+    ) -> pb.ListDeniesResponse:
+        try:
+            rows = self.core.store.index.denies()
+        except Exception as exc:
+            self._fail("ListDenies", context, exc)
+        return pb.ListDeniesResponse(
+            denies=[
+                pb.DenyEntry(
+                    repo_id=d.repo,
+                    revision=d.revision,
+                    reason=d.reason,
+                    created_at=convert.ts(d.created_at),
+                )
+                for d in rows
+            ]
+        )
+
+    # ---- GC and verification --------------------------------------------------------------
+
+    def GarbageCollect(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.GcResponse:
+        try:
+            store = self.core.store
+            self.core.leases.flush()
+            with self._gc_lock:
+                policy = store.policy
+                if request.target_free_bytes:
+                    free = store.usage().free_bytes
+                    store.policy = replace(
+                        policy, free_target_bytes=free + request.target_free_bytes
+                    )
+                try:
+                    report = store.gc(dry_run=request.dry_run)
+                finally:
+                    store.policy = policy
+        except Exception as exc:
+            self._fail("GarbageCollect", context, exc)
+        out = pb.GcResponse(
+            freed_bytes=report.bytes_freed,
+            orphan_blobs_removed=len(report.blobs_deleted),
+            dry_run=request.dry_run,
+        )
+        for decision in report.trees:
+            repo, commit, variant = decision.variants[0] if decision.variants else ("", "", "")
+            item = pb.GcItem(
+                tree_digest=f"sha256:{decision.digest}",
+                repo_id=repo,
+                commit=commit,
+                variant=variant,
+                size_bytes=decision.bytes_freed,
+                reason=decision.reason,
+            )
+            (out.removed if decision.action == "delete" else out.kept).append(item)
+        self.core.metrics.gc_runs.labels(str(request.dry_run).lower()).inc()
+        if not request.dry_run:
+            self.core.metrics.gc_freed.inc(report.bytes_freed)
+        log.info(
+            "admin: gc dry_run=%s removed=%d kept=%d freed=%d orphan_blobs=%d target_free=%d",
+            request.dry_run,
+            len(out.removed),
+            len(out.kept),
+            report.bytes_freed,
+            len(report.blobs_deleted),
+            request.target_free_bytes,
+        )
+        return out
+
+    def Verify(
+        self, request: pb.VerifyRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.VerifyEvent]:
+        try:
+            store = self.core.store
+            wanted = {d.removeprefix("sha256:") for d in request.tree_digests}
+            if wanted and request.repair:
+                raise ValueError("repair applies to the whole store; give no tree_digests")
+            report = store.verify(repair=request.repair)
+        except Exception as exc:
+            self._fail("Verify", context, exc)
+        shown = 0
+        for problem in report.problems:
+            if wanted and not any(w in problem.id or w in problem.path for w in wanted):
+                continue
+            shown += 1
+            self.core.metrics.verify_failures.labels(problem.kind).inc()
+            yield pb.VerifyEvent(
+                problem=_VERIFY_KINDS.get(problem.kind, pb.VerifyEvent.PROBLEM_UNSPECIFIED),
+                path=problem.path,
+                detail=f"{problem.object} {problem.id}: {problem.detail}",
+            )
+        for repaired in report.repaired:
+            yield pb.VerifyEvent(problem=pb.VerifyEvent.REPAIRED, detail=repaired)
+        log.info(
+            "admin: verify repair=%s blobs=%d trees=%d problems=%d exit_mask=%d repaired=%d",
+            request.repair,
+            report.blobs_checked,
+            report.trees_checked,
+            len(report.problems),
+            report.exit_code,
+            len(report.repaired),
+        )
+        scope = f"{len(wanted)} tree(s) of a whole-store check" if wanted else "whole store"
+        yield pb.VerifyEvent(
+            problem=pb.VerifyEvent.SUMMARY,
+            exit_mask=report.exit_code,
+            blobs_checked=report.blobs_checked,
+            trees_checked=report.trees_checked,
+            detail=f"{shown} problem(s) in {scope}; {len(report.repaired)} repaired",
+        )
+
+    # ---- mirrors --------------------------------------------------------------------------
+
+    def MirrorExport(
+        self, request: pb.MirrorExportRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.MirrorEvent]:
+        from kerneld.server import mirror_rpc
+
+        try:
+            work = mirror_rpc.export_work(self.core, request)
+        except Exception as exc:
+            self._fail("MirrorExport", context, exc)
+        for event in _stream(context, work):
+            assert isinstance(event, pb.MirrorEvent)
+            yield event
+
+    def MirrorImport(
+        self, request: pb.MirrorImportRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.MirrorEvent]:
+        from kerneld.server import mirror_rpc
+
+        try:
+            work = mirror_rpc.import_work(self.core, request)
+        except Exception as exc:
+            self._fail("MirrorImport", context, exc)
+        for event in _stream(context, work):
+            assert isinstance(event, pb.MirrorEvent)
+            yield event
+
+    # ---- config and status ----------------------------------------------------------------
+
+    def ReloadConfig(
+        self, request: pb.ReloadConfigRequest, context: grpc.ServicerContext
+    ) -> pb.ReloadConfigResponse:
+        try:
+            changed, detail = self.reload()
+        except ConfigError as exc:
+            self._fail("ReloadConfig", context, exc)
+        except Exception as exc:
+            self._fail("ReloadConfig", context, exc)
+        return pb.ReloadConfigResponse(changed=changed, detail=detail)
+
+    def GetAdminStatus(
+        self, request: pb.GetStatusRequest, context: grpc.ServicerContext
+    ) -> pb.AdminStatus:
+        try:
+            status = daemon_status(self.core)
+            store = self.core.store
+            self.core.leases.flush()
+            cfg = self.core.config
+            now = time.time()
+            out = pb.AdminStatus(
+                status=status,
+                active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
+                pins=len(store.pins()),
+                denies=len(store.index.denies()),
+            )
+            for repo in store.index.repos():
+                for ref in store.index.refs_of(repo):
+                    out.refs.append(
+                        pb.RefState(
+                            repo_id=repo,
+                            ref=ref.ref,
+                            commit=ref.commit,
+                            fetched_at=convert.ts(ref.fetched_at),
+                            stale=now - ref.fetched_at >= cfg.ref_ttl_s,
+                        )
+                    )
+            for rec in list(self.core.fetches)[::-1]:
+                out.recent_fetches.append(
+                    pb.FetchRecord(
+                        repo_id=rec.repo,
+                        commit=rec.commit,
+                        variant=rec.variant,
+                        upstream=rec.upstream,
+                        bytes=rec.bytes,
+                        seconds=rec.seconds,
+                        at=convert.ts(rec.at),
+                        error=rec.error,
+                    )
+                )
+        except Exception as exc:
+            self._fail("GetAdminStatus", context, exc)
+        return out
+
+
+__all__ = ["AdminService", "Unimplemented", "prefetch_event"]

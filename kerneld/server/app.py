@@ -1,0 +1,292 @@
+"""The daemon's lifecycle: lock, bind, open, serve, reload, drain, exit.
+
+Order at start (each step can fail with a clear message and exit code, see `main`):
+1. signal handlers (SIGTERM/SIGINT stop, SIGHUP reload) and the systemd watchdog;
+2. the single-instance locks of both socket paths, then the sockets, bound under a umask and
+   chmod/chown'ed; health answers NOT_SERVING and RPCs UNAVAILABLE/NOT_READY from here on;
+3. the store: owner lock (one daemon per store) and crash-recovery scan;
+4. health SERVING, the advert file beside the user socket, `READY=1`;
+5. background prefetch (readiness never waits for the network).
+On SIGTERM: NOT_SERVING, `STOPPING=1`, stop accepting RPCs, let in-flight RPCs and fetches finish
+for up to `server.drain_timeout`, flush leases, remove sockets and advert, close the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from kerneld import __version__
+from kerneld.config import Config
+from kerneld.server.admin_service import AdminService
+from kerneld.server.core import Core
+from kerneld.server.kernels_service import KernelsService
+from kerneld.server.metrics import Metrics, MetricsServer
+from kerneld.server.notify import Notifier, Watchdog, watchdog_interval
+from kerneld.server.sockets import (
+    SocketLock,
+    SocketSetupError,
+    prepare_path,
+    remove_advert,
+    secure,
+    umask,
+    write_advert,
+)
+from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.locations import Advert
+
+log = logging.getLogger("kerneld.daemon")
+
+KERNELS_SERVICE = pb.DESCRIPTOR.services_by_name["Kernels"].full_name
+ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"].full_name
+#: Sockets are bound owner-only and opened up to the configured mode right after.
+BIND_UMASK = 0o177
+SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def block_signals() -> None:
+    """Block the daemon's signals in this thread and every thread started after; call before
+    any thread exists (threads inherit the mask)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
+class Daemon:
+    """One kerneld process. `reload_config()` returns the config to switch to on SIGHUP."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        reload_config: Callable[[], Config],
+        hardware_root: Path = Path("/"),
+    ) -> None:
+        self.config = config
+        self.reload_config = reload_config
+        self.metrics = Metrics()
+        self.core = Core(config, metrics=self.metrics, hardware_root=hardware_root)
+        self.notifier = Notifier()
+        self.unclean = False
+        """True when the process must exit without waiting for worker threads."""
+        self._stop = threading.Event()
+        self._reload_lock = threading.Lock()
+        self._signal = ""
+        self._locks: list[SocketLock] = []
+        self._servers: list[grpc.Server] = []
+        self._health: list[health.HealthServicer] = []
+        self._bound: list[Path] = []
+        self._metrics_server: MetricsServer | None = None
+        self._watchdog: Watchdog | None = None
+
+    # ---- signals -------------------------------------------------------------------------
+    # Signals are blocked in every thread and taken synchronously by the main loop
+    # (sigtimedwait). With Python handlers instead, a signal the kernel delivers to one of
+    # grpc's threads leaves the main thread asleep and the handler waits until it wakes up.
+
+    # ---- start ---------------------------------------------------------------------------
+
+    def _server(self, threads: int) -> grpc.Server:
+        return grpc.server(
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+            options=[("grpc.max_receive_message_length", 4 << 20)],
+        )
+
+    def _bind(self) -> None:
+        cfg = self.config
+        user, admin = cfg.user_socket, cfg.admin_socket
+        if user.path == admin.path:
+            raise SocketSetupError(f"the user and admin sockets are the same path: {user.path}")
+        for sock in (user, admin):
+            self._locks.append(SocketLock(sock.path))
+        for sock in (user, admin):
+            prepare_path(sock.path)
+
+        user_server = self._server(cfg.threads)
+        user_health = health.HealthServicer()
+        pb_grpc.add_KernelsServicer_to_server(KernelsService(self.core), user_server)
+        health_pb2_grpc.add_HealthServicer_to_server(user_health, user_server)
+
+        admin_server = self._server(max(4, cfg.threads // 2))
+        admin_health = health.HealthServicer()
+        pb_grpc.add_AdminServicer_to_server(
+            AdminService(self.core, reload=self.reload), admin_server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(admin_health, admin_server)
+        reflection.enable_server_reflection(
+            (ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), admin_server
+        )
+        for h, service in ((user_health, KERNELS_SERVICE), (admin_health, ADMIN_SERVICE)):
+            h.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            h.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._health = [user_health, admin_health]
+
+        with umask(BIND_UMASK):
+            for server, sock in ((user_server, user), (admin_server, admin)):
+                server.add_insecure_port(f"unix:{sock.path}")
+                self._bound.append(sock.path)
+        for sock in (user, admin):
+            secure(sock.path, sock)
+        for server in (user_server, admin_server):
+            server.start()
+            self._servers.append(server)
+        log.info("listening user=%s admin=%s", user.path, admin.path)
+
+    def _serving(self, on: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if on
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for h, service in zip(self._health, (KERNELS_SERVICE, ADMIN_SERVICE), strict=True):
+            h.set("", status)
+            h.set(service, status)
+        self.metrics.ready.set(1 if on else 0)
+
+    def run(self) -> int:
+        """Serve until SIGTERM; returns the exit status (exceptions propagate to `main`)."""
+        block_signals()
+        interval = watchdog_interval()
+        if interval is not None:
+            self._watchdog = Watchdog(self.notifier, interval, self.core.healthy)
+            self._watchdog.start()
+        try:
+            self.notifier.status("binding sockets")
+            self._bind()
+            self.notifier.status(f"opening store {self.config.store_path}")
+            started = time.monotonic()
+            store = self.core.open()
+            self._metrics_server = MetricsServer(
+                self.metrics,
+                socket_path=self.config.metrics_socket,
+                listen=self.config.metrics_listen,
+            )
+            self._metrics_server.start()
+            # The advert first: a client that sees SERVING finds the index right away.
+            write_advert(
+                Advert(
+                    store_root=store.layout.root,
+                    index_dir=store.layout.client_index,
+                    user_socket=self.config.user_socket.path,
+                    admin_socket=self.config.admin_socket.path,
+                    pid=os.getpid(),
+                    version=__version__,
+                )
+            )
+            self.core.ready = True
+            self._serving(True)
+            usage = store.usage()
+            summary = (
+                f"serving {usage.trees} trees ({usage.bytes_used} bytes) from "
+                f"{store.layout.root} on {self.config.user_socket.path}"
+            )
+            log.info("ready in %.3fs: %s", time.monotonic() - started, summary)
+            self.notifier.ready(summary)
+            self.core.start_timer()
+            self._loop()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            info = signal.sigtimedwait(SIGNALS, 0.5)
+            if info is None:
+                continue
+            if info.si_signo != signal.SIGHUP:
+                self._signal = signal.Signals(info.si_signo).name
+                self._stop.set()
+                continue
+            try:
+                self.reload()
+            except Exception as exc:
+                log.error("reload failed, keeping the running config: %s", exc)
+                self.notifier.ready(f"reload failed: {exc}")
+
+    # ---- reload --------------------------------------------------------------------------
+
+    def reload(self) -> tuple[bool, str]:
+        """Re-read the config (SIGHUP or Admin.ReloadConfig); invalid config keeps the old one
+        and raises ConfigError."""
+        with self._reload_lock:
+            self.notifier.reloading("reloading config")
+            try:
+                new = self.reload_config()
+            except Exception:
+                self.notifier.ready("reload failed; running config kept")
+                raise
+            applied, restart = self.core.apply_config(new)
+            self.config = self.core.config
+            parts = []
+            if applied:
+                parts.append("applied: " + ", ".join(applied))
+            if restart:
+                parts.append("needs a restart: " + ", ".join(restart))
+            detail = "; ".join(parts) or "no changes"
+            log.info("config reloaded from %s: %s", new.source, detail)
+            self.notifier.ready(f"config reloaded: {detail}")
+            return bool(applied), detail
+
+    # ---- stop ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop as if SIGTERM had arrived (within the loop's 0.5 s poll)."""
+        self._signal = self._signal or "request"
+        self._stop.set()
+
+    def _shutdown(self) -> None:
+        grace = self.config.drain_timeout_s
+        deadline = time.monotonic() + grace
+        why = self._signal or "startup failure"
+        if self._servers:
+            log.info(
+                "stopping (%s): draining in-flight RPCs and fetches for up to %.1fs", why, grace
+            )
+            self.notifier.stopping(f"draining ({why})")
+        self.core.ready = False
+        for h in self._health:
+            h.enter_graceful_shutdown()
+        if grace <= 0:
+            self.core.cancel.set()
+        self.core.stop_timer()
+        events = [server.stop(grace) for server in self._servers]
+        for event in events:
+            event.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+        idle = self.core.wait_idle(deadline - time.monotonic())
+        if not idle:
+            self.core.cancel.set()
+            log.warning(
+                "drain timeout: %d request(s)/fetch(es) still running; exiting anyway (partial "
+                "downloads stay invisible and resume at the next start)",
+                self.core.inflight,
+            )
+            self.unclean = True
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        user_socket = self.config.user_socket.path
+        remove_advert(user_socket, os.getpid())
+        for path in self._bound:
+            try:
+                if path.is_socket():
+                    path.unlink()
+            except OSError as exc:
+                log.warning("could not remove socket %s: %s", path, exc)
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if idle:
+            self.core.close()
+        else:
+            self.core.flush_leases()
+        for lock in self._locks:
+            lock.release()
+        if self._servers:
+            log.info("stopped (%s)", why)

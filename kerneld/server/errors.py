@@ -1,0 +1,182 @@
+"""Typed errors -> gRPC status + `ErrorDetail` (trailer `kerneld-error-bin`).
+
+One table, so every RPC fails the same way for the same cause and clients can raise typed errors
+without parsing messages. The mapping (gRPC status, ErrorCode):
+
+    DeniedError             PERMISSION_DENIED    KERNEL_DENIED
+    FetchNotAllowed         PERMISSION_DENIED    FETCH_NOT_ALLOWED
+    NoCompatibleVariant     FAILED_PRECONDITION  NO_COMPATIBLE_VARIANT (+ every variant's reason)
+    RepoNotFound            NOT_FOUND            KERNEL_NOT_FOUND
+    EntryNotFound           NOT_FOUND            KERNEL_NOT_FOUND
+    TreeNotFoundError       NOT_FOUND            KERNEL_NOT_FOUND
+    RevisionNotFound        NOT_FOUND            REVISION_NOT_FOUND
+    LeaseNotFoundError      NOT_FOUND            INVALID_ARGUMENT (the lease id is not valid now)
+    UpstreamUnavailable     UNAVAILABLE          UPSTREAM_UNAVAILABLE
+    UpstreamProtocolError   UNAVAILABLE          UPSTREAM_UNAVAILABLE
+    IntegrityError          DATA_LOSS            INTEGRITY_ERROR
+    MetadataError           DATA_LOSS            INTEGRITY_ERROR
+    BlobMissingError        DATA_LOSS            INTEGRITY_ERROR
+    ResourceExhaustedError  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED
+    InvalidInputError,
+    ValueError, ConfigError,
+    DependencyCycle         INVALID_ARGUMENT     INVALID_ARGUMENT
+    NotReady                UNAVAILABLE          NOT_READY
+    Unimplemented           UNIMPLEMENTED        INTERNAL
+    anything else           INTERNAL             INTERNAL (logged with its traceback)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
+
+from kerneld.config import ConfigError
+from kerneld.resolve import (
+    DependencyCycle,
+    FetchNotAllowed,
+    NoCompatibleVariant,
+    ResolveError,
+)
+from kerneld.store import (
+    BlobMissingError,
+    DeniedError,
+    IntegrityError,
+    InvalidInputError,
+    LeaseNotFoundError,
+    MetadataError,
+    ResourceExhaustedError,
+    StoreError,
+    TreeNotFoundError,
+)
+from kerneld.upstream.errors import (
+    EntryNotFound,
+    RepoNotFound,
+    RevisionNotFound,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+)
+from kerneld_client._convert import decision_to_proto
+from kerneld_client._proto import kerneld_pb2 as pb
+
+log = logging.getLogger("kerneld.server")
+
+TRAILER = "kerneld-error-bin"
+Code = pb.ErrorCode
+
+
+class NotReady(Exception):
+    """The daemon is still opening its store, or draining on SIGTERM."""
+
+
+class Unimplemented(Exception):
+    """An RPC this build cannot serve (e.g. mirror sync without the mirror module)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    status: grpc.StatusCode
+    detail: pb.ErrorDetail
+
+
+_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType], ...] = (
+    (DeniedError, grpc.StatusCode.PERMISSION_DENIED, Code.KERNEL_DENIED),
+    (FetchNotAllowed, grpc.StatusCode.PERMISSION_DENIED, Code.FETCH_NOT_ALLOWED),
+    (NoCompatibleVariant, grpc.StatusCode.FAILED_PRECONDITION, Code.NO_COMPATIBLE_VARIANT),
+    (DependencyCycle, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
+    (RepoNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
+    (EntryNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
+    (RevisionNotFound, grpc.StatusCode.NOT_FOUND, Code.REVISION_NOT_FOUND),
+    (TreeNotFoundError, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
+    (LeaseNotFoundError, grpc.StatusCode.NOT_FOUND, Code.INVALID_ARGUMENT),
+    (UpstreamUnavailable, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
+    (UpstreamProtocolError, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
+    (UpstreamError, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
+    (IntegrityError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
+    (MetadataError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
+    (BlobMissingError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED),
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
+    (NotReady, grpc.StatusCode.UNAVAILABLE, Code.NOT_READY),
+    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED, Code.INTERNAL),
+)
+
+
+def _hint(exc: BaseException, repo: str) -> str:
+    if isinstance(exc, DeniedError):
+        return f"ask an admin to run `kerneldctl allow {repo}`" if repo else ""
+    if isinstance(exc, FetchNotAllowed):
+        return (
+            f"ask an admin to prefetch it (`kerneldctl prefetch {repo}`) or to allow fetching "
+            "it ([fetch] allow in kerneld.toml)"
+            if repo
+            else ""
+        )
+    if isinstance(exc, NoCompatibleVariant):
+        return "no build of this kernel fits this platform; fall back to plain PyTorch"
+    if isinstance(exc, UpstreamUnavailable):
+        return "every upstream is unreachable and the kernel is not cached on this host"
+    if isinstance(exc, ResourceExhaustedError):
+        return "an admin can raise [store] cap, unpin kernels or run `kerneldctl gc`"
+    if isinstance(exc, NotReady):
+        return "retry in a moment"
+    if isinstance(exc, LeaseNotFoundError):
+        return "resolve the kernel again for a new lease"
+    return ""
+
+
+def _context(exc: BaseException) -> tuple[str, str, str]:
+    """(repo, revision, variant) from whichever error family `exc` belongs to."""
+    if isinstance(exc, ResolveError | UpstreamError):
+        return exc.repo_id, exc.revision, ""
+    if isinstance(exc, StoreError):
+        return exc.repo or "", exc.commit or "", exc.variant or ""
+    return "", "", ""
+
+
+def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failure:
+    """The status and detail for `exc`; `repo`/`revision` fill in what the error lacks."""
+    status: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code: pb.ErrorCode.ValueType = Code.INTERNAL
+    for cls, st, cd in _TABLE:
+        if isinstance(exc, cls):
+            status, code = st, cd
+            break
+    e_repo, e_rev, e_variant = _context(exc)
+    repo = e_repo or repo
+    message = str(exc) or type(exc).__name__
+    if status is grpc.StatusCode.INTERNAL:
+        log.error("internal error repo=%s revision=%s: %r", repo, revision, exc, exc_info=exc)
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    detail = pb.ErrorDetail(
+        code=code,
+        message=message,
+        repo_id=repo,
+        revision=e_rev or revision,
+        variant=e_variant,
+        hint=_hint(exc, repo),
+    )
+    if isinstance(exc, NoCompatibleVariant):
+        detail.variants.extend(decision_to_proto(d) for d in exc.decisions)
+    return Failure(status, detail)
+
+
+def abort(context: grpc.ServicerContext, exc: BaseException, **ctx: str) -> NoReturn:
+    """Fail the RPC with `exc`'s status, message and ErrorDetail trailer."""
+    failure = classify(exc, **ctx)
+    context.set_trailing_metadata(((TRAILER, failure.detail.SerializeToString()),))
+    context.abort(failure.status, failure.detail.message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def detail_from_trailers(metadata: object) -> pb.ErrorDetail | None:
+    """Parse the ErrorDetail out of a call's trailing metadata (tests and tools)."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == TRAILER and isinstance(value, bytes):
+            return pb.ErrorDetail.FromString(value)
+    return None

@@ -1,0 +1,178 @@
+"""Prometheus metrics, served over HTTP on a unix socket or a loopback port (`[metrics]`).
+
+Counters are bumped where the event happens; store sizes and lease counts are read at scrape
+time (a collector), so an idle daemon does no metrics work at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("kerneld.metrics")
+
+
+@dataclass(frozen=True)
+class StoreGauges:
+    trees: int
+    blobs: int
+    bytes_used: int
+    cap_bytes: int
+    active_leases: int
+    client_platforms: int
+
+
+class _StoreCollector:
+    """Reads store gauges at scrape time."""
+
+    def __init__(self, read: Callable[[], StoreGauges | None]) -> None:
+        self.read = read
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        gauges = self.read()
+        if gauges is None:
+            return
+        for name, doc, value in (
+            ("kerneld_store_trees", "Published variant trees", gauges.trees),
+            ("kerneld_store_blobs", "Content blobs", gauges.blobs),
+            ("kerneld_store_bytes", "Bytes the store occupies", gauges.bytes_used),
+            ("kerneld_store_cap_bytes", "Configured size cap (0: none)", gauges.cap_bytes),
+            ("kerneld_active_leases", "Leases that have not expired", gauges.active_leases),
+            (
+                "kerneld_client_platforms",
+                "Distinct platforms clients have shown",
+                gauges.client_platforms,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            yield family
+
+
+class Metrics:
+    """Every metric the daemon exports, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.resolves = Counter(
+            "kerneld_resolves", "Resolve outcomes (hit, miss, error)", ["result"], registry=r
+        )
+        self.errors = Counter(
+            "kerneld_rpc_errors",
+            "Failed RPCs by method and ErrorCode",
+            ["method", "code"],
+            registry=r,
+        )
+        self.fetches = Counter(
+            "kerneld_fetches",
+            "Variant downloads by upstream and result",
+            ["upstream", "result"],
+            registry=r,
+        )
+        self.fetch_bytes = Counter(
+            "kerneld_fetch_bytes", "Bytes downloaded from upstreams", ["upstream"], registry=r
+        )
+        self.verify_failures = Counter(
+            "kerneld_verify_failures",
+            "Problems found by verification and integrity failures of downloads",
+            ["kind"],
+            registry=r,
+        )
+        self.gc_freed = Counter("kerneld_gc_freed_bytes", "Bytes freed by GC", registry=r)
+        self.gc_runs = Counter("kerneld_gc_runs", "GC runs", ["dry_run"], registry=r)
+        self.leases = Counter("kerneld_leases_granted", "Leases granted", registry=r)
+        self.stale = Counter(
+            "kerneld_stale_serves",
+            "Resolves answered with a stale ref (upstreams down)",
+            registry=r,
+        )
+        self.prefetches = Counter(
+            "kerneld_prefetch_kernels", "Prefetched kernels by result", ["result"], registry=r
+        )
+        self.ready = Gauge("kerneld_ready", "1 when serving", registry=r)
+        self._collector: _StoreCollector | None = None
+
+    def watch_store(self, read: Callable[[], StoreGauges | None]) -> None:
+        if self._collector is None:
+            self._collector = _StoreCollector(read)
+            self.registry.register(self._collector)
+
+
+class _UnixHTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_UNIX
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind wants a (host, port) address; a unix socket has neither.
+        self.socket.bind(self.server_address)
+        self.server_name = "kerneld"
+        self.server_port = 0
+
+
+class _Handler(MetricsHandler):
+    def address_string(self) -> str:
+        return "unix"
+
+
+class _TCPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _TCP6Server(_TCPServer):
+    address_family = socket.AF_INET6
+
+
+class MetricsServer:
+    """HTTP exposition of `metrics` on a unix socket path and/or a loopback HOST:PORT."""
+
+    def __init__(self, metrics: Metrics, *, socket_path: Path | None, listen: str) -> None:
+        handler = type("KerneldMetricsHandler", (_Handler,), {"registry": metrics.registry})
+        self.where: list[str] = []
+        self._servers: list[ThreadingHTTPServer] = []
+        self.socket_path = socket_path
+        if socket_path is not None:
+            socket_path.parent.mkdir(parents=True, exist_ok=True)
+            if socket_path.is_socket():
+                socket_path.unlink()
+            old = os.umask(0o177)
+            try:
+                unix_server: Any = _UnixHTTPServer
+                self._servers.append(unix_server(str(socket_path), handler))
+            finally:
+                os.umask(old)
+            os.chmod(socket_path, 0o660)
+            self.where.append(f"unix:{socket_path}")
+        if listen:
+            host, _, port = listen.rpartition(":")
+            bind_host = {"localhost": "127.0.0.1", "[::1]": "::1"}.get(host, host)
+            server_cls: type[_TCPServer] = _TCP6Server if ":" in bind_host else _TCPServer
+            server = server_cls((bind_host, int(port)), handler)
+            self._servers.append(server)
+            self.where.append(f"http://{host}:{server.server_address[1]}")
+
+    def start(self) -> None:
+        for server in self._servers:
+            threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        for where in self.where:
+            log.info("metrics on %s/metrics", where)
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+        if self.socket_path is not None and self._servers:
+            self.socket_path.unlink(missing_ok=True)

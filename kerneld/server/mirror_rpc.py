@@ -1,0 +1,129 @@
+"""MirrorExport/MirrorImport: the daemon side of `kerneldctl mirror export/import`.
+
+The work itself lives in `kerneld.mirror` (export/import); this module turns requests into its
+calls and its progress into `MirrorEvent`s. If that package is missing from a build, the RPCs
+answer UNIMPLEMENTED instead of failing at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kerneld.server.core import Core
+from kerneld.server.errors import Unimplemented
+from kerneld.upstream.base import is_commit
+from kerneld_client._proto import kerneld_pb2 as pb
+
+log = logging.getLogger("kerneld.admin")
+
+Work = Callable[[Callable[[object], None]], None]
+
+_KINDS = {
+    "manifest": pb.MirrorEvent.MANIFEST,
+    "blob": pb.MirrorEvent.BLOB,
+    "signature-ok": pb.MirrorEvent.SIGNATURE_OK,
+    "refused": pb.MirrorEvent.REFUSED,
+    "finished": pb.MirrorEvent.FINISHED,
+}
+
+
+def _event(progress: Any) -> pb.MirrorEvent:
+    return pb.MirrorEvent(
+        kind=_KINDS.get(progress.kind, pb.MirrorEvent.KIND_UNSPECIFIED),
+        repo_id=progress.repo_id,
+        commit=progress.commit,
+        variant=progress.variant,
+        bytes_done=progress.bytes_done,
+        bytes_total=progress.bytes_total,
+        detail=progress.detail,
+        manifests=progress.manifests,
+        blobs=progress.blobs,
+        skipped_existing=progress.skipped_existing,
+    )
+
+
+def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
+    """Validate the request now (errors fail the RPC before streaming) and return the job."""
+    try:
+        from kerneld.mirror.export import ExportSpec, export_mirror, specs_from_lock
+        from kerneld.mirror.keys import load_signing_key
+        from kerneld_client.lockfile import parse_lockfile
+    except ImportError as exc:
+        raise Unimplemented(f"mirror export is not available in this build: {exc}") from exc
+    store = core.store
+    if not request.destination:
+        raise ValueError("destination is required (a directory or a path ending in .tar)")
+    specs = []
+    for ref in request.kernels:
+        which = ref.WhichOneof("selector")
+        if which == "version":
+            specs.append(ExportSpec(ref.repo_id, ref=f"v{ref.version}"))
+        elif which == "locked_commit":
+            specs.append(ExportSpec(ref.repo_id, commit=ref.locked_commit))
+        elif which == "revision" and is_commit(ref.revision):
+            specs.append(ExportSpec(ref.repo_id, commit=ref.revision))
+        elif which == "revision":
+            specs.append(ExportSpec(ref.repo_id, ref=ref.revision))
+        else:
+            specs.append(ExportSpec(ref.repo_id))
+    if request.lockfile_json:
+        specs += specs_from_lock(parse_lockfile(request.lockfile_json, source="request"))
+    keys = [load_signing_key(request.sign_key)] if request.sign_key else []
+    variants = list(request.variants) or None
+    log.info(
+        "admin: mirror export destination=%s kernels=%s variants=%s signed_by=%s",
+        request.destination,
+        ",".join(str(s) for s in specs) or "-",
+        ",".join(variants or ["all"]),
+        request.sign_key or "-",
+    )
+
+    def work(emit: Callable[[object], None]) -> None:
+        with core.work():
+            export_mirror(
+                store,
+                request.destination,
+                specs,
+                variants=variants,
+                sign_keys=keys,
+                progress=lambda p: emit(_event(p)),
+            )
+
+    return work
+
+
+def import_work(core: Core, request: pb.MirrorImportRequest) -> Work:
+    try:
+        from kerneld.mirror.import_ import import_mirror
+    except ImportError as exc:
+        raise Unimplemented(f"mirror import is not available in this build: {exc}") from exc
+    store = core.store
+    if not request.source:
+        raise ValueError("source is required (a mirror directory or a .tar file)")
+    if request.no_check_sigs:
+        log.warning(
+            "admin: mirror import from %s WITHOUT signature checks (no_check_sigs)", request.source
+        )
+    else:
+        log.info("admin: mirror import source=%s", request.source)
+    trusted = dict(core.config.trusted_keys)
+
+    def work(emit: Callable[[object], None]) -> None:
+        with core.work():
+            report = import_mirror(
+                store,
+                request.source,
+                trusted,
+                no_check_sigs=request.no_check_sigs,
+                progress=lambda p: emit(_event(p)),
+            )
+        log.info(
+            "admin: mirror import done source=%s imported=%d refused=%d",
+            request.source,
+            len(report.imported),
+            len(report.refused),
+        )
+
+    return work

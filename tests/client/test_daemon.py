@@ -1,0 +1,276 @@
+"""The RPC path against the real daemon (tests/support/daemon.py): cold loads fetched by the
+daemon, typed errors from its trailers, kernel-depends in its order, fork safety, and the warm
+path in a fresh process after the daemon was stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.client.support import ACTIVATION, OPS_CHECK, RELU2, client_env, run_client
+from tests.fixtures_daemon import ACT, DEP_BOTTOM, DEP_TOP
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import HubServer
+
+PRELUDE = (
+    "import json, os, sys, time, warnings\n"
+    + OPS_CHECK
+    + """
+import kerneld_client
+from kerneld_client import loaded_kernels
+
+
+def sockets():
+    '''Open unix/TCP sockets of this process (a leftover gRPC channel would show up here).'''
+    out = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                out += 1
+        except OSError:
+            pass
+    return out
+"""
+)
+
+
+@pytest.fixture
+def hub_daemon(
+    make_daemon: Callable[..., DaemonProcess], example_server: HubServer
+) -> DaemonProcess:
+    example_server.reset()
+    return make_daemon(hub_endpoint=example_server.url)
+
+
+def _env(daemon: DaemonProcess, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A client that finds the store through the daemon's advert (unless KERNELD_STORE is
+    given in `extra`)."""
+    env = client_env(None, tmp_path, KERNELD_SOCKET=str(daemon.user_socket), **extra)
+    assert ("KERNELD_STORE" in env) == ("KERNELD_STORE" in extra)
+    return env
+
+
+def test_cold_load_through_the_daemon_then_warm(
+    hub_daemon: DaemonProcess, example_server: HubServer, tmp_path: Path
+) -> None:
+    env = _env(hub_daemon, tmp_path)
+    script = (
+        PRELUDE
+        + f"""
+before = sockets()
+t = time.perf_counter()
+m = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+took = time.perf_counter() - t
+info = loaded_kernels()[0]
+print(json.dumps({{"ops": check_activation(m, 1), "source": info.source, "took": took,
+                  "path": str(info.path), "grpc": "grpc" in sys.modules,
+                  "sockets_before": before, "sockets_after": sockets()}}))
+"""
+    )
+    cold = run_client(script, env)
+    assert cold["ops"] == ["silu_and_mul", "gelu_tanh_and_mul", "rms_norm"]
+    assert cold["source"] == "daemon" and cold["grpc"] is True
+    assert Path(cold["path"]).is_relative_to(hub_daemon.store_root.resolve())
+    assert cold["sockets_after"] == cold["sockets_before"], "a gRPC channel was left open"
+    fetched = [r.path for r in example_server.requests if r.kind == "resolve_get"]
+    assert any(p.endswith(".so") for p in fetched), "the daemon did not download the kernel"
+
+    example_server.reset_counts()
+    warm = run_client(script, env)
+    assert warm["ops"] == cold["ops"] and warm["path"] == cold["path"]
+    assert warm["source"] == "index" and warm["grpc"] is False
+    assert example_server.total() == 0
+
+
+def test_warm_load_after_the_daemon_was_stopped(
+    hub_daemon: DaemonProcess, example_server: HubServer, tmp_path: Path
+) -> None:
+    env = _env(hub_daemon, tmp_path)
+    run_client(
+        PRELUDE
+        + f"""
+kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
+kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
+print(json.dumps({{}}))
+""",
+        env,
+    )
+    assert hub_daemon.stop(signal.SIGTERM) == 0
+    assert not hub_daemon.user_socket.exists()
+    example_server.reset_counts()
+    # The daemon removed its advert: the process is told where the store is, as a system
+    # install would find /var/lib/kerneld/store.
+    env["KERNELD_STORE"] = str(hub_daemon.store_root)
+    out = run_client(
+        PRELUDE
+        + f"""
+a = kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
+r = kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
+print(json.dumps({{"a": check_activation(a, 2), "r": check_relu2(r), "grpc": "grpc" in sys.modules,
+                  "src": [k.source for k in loaded_kernels()]}}))
+""",
+        env,
+    )
+    assert out["a"][-1] == "gelu_and_mul" and out["r"] == ["relu2"]
+    assert out["src"] == ["index", "index"] and out["grpc"] is False
+    assert example_server.total() == 0
+
+
+def test_fork_after_an_rpc_and_rpc_from_the_child(
+    hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The parent resolves through the daemon and forks; the child makes its own RPC (another
+    kernel) and uses the parent's kernel; no channel survives a call."""
+    env = _env(hub_daemon, tmp_path)
+    out = run_client(
+        PRELUDE
+        + f"""
+relu = kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
+assert loaded_kernels()[0].source == "daemon"
+open_after_rpc = sockets()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        act = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+        res = {{"ops": check_activation(act, 1), "relu": check_relu2(relu),
+               "src": [k.source for k in loaded_kernels()]}}
+    except BaseException as exc:
+        res = {{"error": repr(exc)}}
+    os.write(w, json.dumps(res).encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+os.waitpid(pid, 0)
+child = json.loads(data)
+v2 = kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
+print(json.dumps({{"child": child, "parent_v2": check_activation(v2, 2),
+                  "open_after_rpc": open_after_rpc, "open_at_end": sockets()}}))
+""",
+        env,
+    )
+    child = out["child"]
+    assert "error" not in child, child
+    assert child["ops"][0] == "silu_and_mul" and child["relu"] == ["relu2"]
+    assert child["src"] == ["daemon", "daemon"]
+    assert out["parent_v2"][-1] == "gelu_and_mul"
+    assert out["open_at_end"] == out["open_after_rpc"] == 0
+
+
+def test_typed_errors_and_dependencies_from_the_daemon(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
+) -> None:
+    """Against a mirror upstream: kernel-depends come back in import order; a kernel with only
+    CUDA builds is NoCompatibleVariant with every reason (from the ErrorDetail trailer); an
+    unknown repo is KernelNotFound; a deny made through the admin socket is KernelDenied."""
+    from kerneld_client._proto import kerneld_pb2
+
+    daemon = make_daemon(mirror_dirs=[kernel_mirror])
+    env = _env(daemon, tmp_path)
+    with daemon.admin() as admin:
+        admin.Deny(kerneld_pb2.DenyRequest(repo_id="kerneld-test/multi", reason="not here"))
+    out = run_client(
+        PRELUDE
+        + f"""
+from kerneld_client import KernelDenied, KernelNotFound, NoCompatibleVariant
+res = {{}}
+top = kerneld_client.get_kernel("{DEP_TOP}", version=1, policy="error")
+res["deps"] = [(k.repo_id, k.source) for k in loaded_kernels()]
+res["top"] = top.NAME
+try:
+    kerneld_client.get_kernel("{ACT}", version=2, policy="error")
+except NoCompatibleVariant as exc:
+    res["ncv"] = [[r.variant, r.accepted, r.reason] for r in exc.reasons]
+try:
+    kerneld_client.get_kernel("kerneld-test/absent", version=1, policy="error")
+except KernelNotFound as exc:
+    res["nf"] = str(exc)
+try:
+    kerneld_client.get_kernel("kerneld-test/multi", version=1, policy="error")
+except KernelDenied as exc:
+    res["denied"] = str(exc)
+res["variants"] = [[d.variant, d.accepted] for d in
+                   kerneld_client.get_kernel_variants("{ACT}", version=1)]
+res["has"] = [kerneld_client.has_kernel("{ACT}", version=1),
+              kerneld_client.has_kernel("{ACT}", version=2)]
+print(json.dumps(res))
+""",
+        env,
+    )
+    assert out["deps"] == [[DEP_BOTTOM, "daemon"], [DEP_TOP, "daemon"]]
+    assert out["top"] == "_top_u"
+    reasons = {v: (acc, why) for v, acc, why in out["ncv"]}
+    assert set(reasons) == {
+        "torch213-cxx11-cu128-x86_64-linux",
+        "torch213-cxx11-cu130-x86_64-linux",
+    }
+    assert all(not acc and "CUDA" in why for acc, why in reasons.values())
+    assert "kerneld-test/absent" in out["nf"]
+    assert "not here" in out["denied"]
+    assert out["variants"][0] == ["torch213-cxx11-cpu-x86_64-linux", True]
+    assert out["has"] == [True, False]
+
+
+def test_daemon_answer_checked_like_an_index_hit(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
+) -> None:
+    """A path from the daemon gets the same trust checks: with a store root this process does
+    not trust (KERNELD_STORE pointing elsewhere), the daemon's answer is refused."""
+    daemon = make_daemon(mirror_dirs=[kernel_mirror])
+    other = tmp_path / "other-store"
+    other.mkdir()
+    env = _env(daemon, tmp_path, KERNELD_STORE=str(other))
+    out = run_client(
+        PRELUDE
+        + f"""
+try:
+    kerneld_client.get_kernel("{ACT}", version=1, policy="error")
+    res = {{"loaded": True}}
+except kerneld_client.UntrustedPath as exc:
+    res = {{"error": str(exc)}}
+print(json.dumps(res))
+""",
+        env,
+    )
+    assert "outside the store root" in out["error"]
+
+
+def test_lockfile_through_the_daemon(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
+) -> None:
+    """get_locked_kernel lets the daemon fetch the locked commit; load_kernel never does."""
+    from tests.fixtures_daemon import C1
+
+    daemon = make_daemon(mirror_dirs=[kernel_mirror])
+    lock = tmp_path / "kernels.lock"
+    lock.write_text(
+        json.dumps([{"dependency": {"repo-id": ACT, "version": 1}, "lock": {"commit": C1}}])
+    )
+    env = _env(daemon, tmp_path)
+    out = run_client(
+        PRELUDE
+        + f"""
+res = {{}}
+try:
+    kerneld_client.load_kernel("{ACT}", lockfile="{lock}", policy="error")
+except kerneld_client.KernelNotFound as exc:
+    res["load"] = str(exc)
+m = kerneld_client.get_locked_kernel("{ACT}", lockfile="{lock}", policy="error")
+res["locked"] = m.NAME
+res["again"] = kerneld_client.load_kernel("{ACT}", lockfile="{lock}", policy="error").NAME
+res["src"] = [(k.commit, k.source) for k in loaded_kernels()]
+print(json.dumps(res))
+""",
+        env,
+    )
+    assert "may not download" in out["load"]
+    assert out["locked"] == out["again"] == "_act_cpu213"
+    assert out["src"] == [[C1, "daemon"]]
+    assert json.loads(lock.read_text())[0]["lock"]["commit"] == C1

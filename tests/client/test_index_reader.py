@@ -1,0 +1,74 @@
+"""The client's reader of the published index agrees with what the store writes, and treats
+anything it cannot trust or parse as a miss or a refusal, never as a hit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kerneld.store import Store
+from kerneld.store.layout import Layout
+from kerneld_client import _index, _trust
+from kerneld_client.errors import UntrustedPath
+from tests.client.support import ACTIVATION, Populated
+
+
+def test_reader_matches_the_store(shared_store: Populated) -> None:
+    root = shared_store.root
+    commit = shared_store.commits[(ACTIVATION, "v1")]
+    doc = _index.read_repo_index(root, ACTIVATION, owner_uid=root.stat().st_uid)
+    assert doc is not None and doc.repo == ACTIVATION
+    assert doc.commit_for("v1") == commit and doc.commit_for(commit) == commit
+    assert doc.commit_for("no-such-ref") is None
+    entry = doc.commits[commit]
+    assert entry.upstream_variants is not None
+    assert sorted(entry.variants) == sorted(entry.upstream_variants)
+    layout = Layout(root)
+    with Store.open(root, read_only=True) as store:
+        for name, v in entry.variants.items():
+            hit = store.lookup(ACTIVATION, "v1", name)
+            assert hit is not None
+            assert root / v.tree == hit.path and v.digest == hit.digest
+            assert _index.lock_path_for(root, v.digest) == layout.lock_path(v.digest[7:])
+            assert root / v.lock == hit.lock_path
+
+
+def test_unknown_format_is_a_miss_and_garbage_an_error(tmp_path: Path) -> None:
+    assert _index.parse_repo_doc(json.dumps({"format": "other", "version": 1})) is None
+    assert _index.parse_repo_doc(json.dumps({"format": _index.FORMAT, "version": 2})) is None
+    with pytest.raises(_index.IndexFormatError):
+        _index.parse_repo_doc(b"{not json")
+    bad = {"format": _index.FORMAT, "version": 1, "repo": "a/b", "commits": {"c": {"variants": 3}}}
+    with pytest.raises(_index.IndexFormatError):
+        _index.parse_repo_doc(json.dumps(bad))
+    with pytest.raises(_index.IndexFormatError):
+        _index.lock_path_for(tmp_path, "sha256:../../etc")
+
+
+def test_index_file_checks(shared_store: Populated, tmp_path: Path) -> None:
+    """A symlinked index file, or one owned by someone else, is refused."""
+    root = tmp_path / "root"
+    (root / "index" / "v1" / "o").mkdir(parents=True)
+    target = tmp_path / "evil.json"
+    target.write_text(json.dumps({"format": _index.FORMAT, "version": 1, "repo": "o/n"}))
+    (root / "index" / "v1" / "o" / "n.json").symlink_to(target)
+    with pytest.raises(PermissionError, match="symlink"):
+        _index.read_repo_index(root, "o/n", owner_uid=0)
+    (root / "index" / "v1" / "o" / "n.json").unlink()
+    (root / "index" / "v1" / "o" / "n.json").write_text(target.read_text())
+    with pytest.raises(PermissionError, match="not by the store owner"):
+        _index.read_repo_index(root, "o/n", owner_uid=12345)
+    assert _index.read_repo_index(root, "o/none", owner_uid=0) is None
+
+
+def test_trust_check_accepts_the_store_and_refuses_its_root(shared_store: Populated) -> None:
+    root = _trust.store_root(shared_store.root)
+    commit = shared_store.commits[(ACTIVATION, "v1")]
+    doc = _index.read_repo_index(shared_store.root, ACTIVATION, owner_uid=root.owner_uid)
+    assert doc is not None
+    for v in doc.commits[commit].variants.values():
+        assert _trust.check_tree(root, Path(v.tree)) == (shared_store.root / v.tree).resolve()
+    with pytest.raises(UntrustedPath, match="outside"):
+        _trust.check_tree(root, Path("."))

@@ -1,0 +1,356 @@
+"""What the warm path refuses or treats as a miss: untrusted paths, denies, devices the build does
+not support, a better variant not cached yet, a tree GC is removing; and kernel-depends order.
+
+In the test process: a refused kernel is never imported, so nothing is left behind; the kernels
+that do load here are small synthetic pure-Python ones with ids unique to their test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kerneld.store import Store
+from kerneld_client import (
+    DaemonUnavailable,
+    KernelDenied,
+    NoCompatibleVariant,
+    UntrustedPath,
+    _config,
+    _rpc,
+    get_kernel,
+    has_kernel,
+    loaded_kernels,
+    loader,
+)
+from kerneld_client.platform import platform_facts, set_platform_facts
+from kerneld_client.variants import Backend, BackendType, PlatformFacts
+from tests.client.support import (
+    ACTIVATION,
+    Populated,
+    client_env,
+    publish_synthetic,
+    run_client,
+    synthetic_metadata,
+)
+from tests.support.hubserver import HubServer
+
+pytestmark = pytest.mark.filterwarnings("ignore::kerneld_client.KernelFallbackWarning")
+COMMIT = "c" * 40
+ORG = "kerneld-tests"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Client settings for a store at tmp_path/store; no daemon. Yields the store root."""
+    for key in [k for k in os.environ if k.startswith("KERNELD_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KERNELD_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("KERNELD_SOCKET", str(tmp_path / "run" / "kerneld.sock"))
+    monkeypatch.setenv("KERNELD_BYTECODE_CACHE", "off")
+    _reset()
+    platform_facts()
+    yield tmp_path / "store"
+    set_platform_facts(None)
+    _reset()
+
+
+def _reset() -> None:
+    _rpc.reset_backoff()
+    loader._memo.clear()
+    _config._warned.clear()
+
+
+def _activation_tree(store: Path, commit: str) -> tuple[Path, dict]:
+    org, name = ACTIVATION.split("/")
+    doc = json.loads((store / "index" / "v1" / org / f"{name}.json").read_text())
+    variants = doc["commits"][commit]["variants"]
+    best = next(v for n, v in variants.items() if n.startswith("torch2"))
+    return store / best["tree"], doc
+
+
+def _not_imported(store: Path, commit: str) -> None:
+    tree, _ = _activation_tree(store, commit)
+    mid = json.loads((tree / "metadata.json").read_text())["id"]
+    assert mid not in sys.modules, "a refused kernel was imported"
+
+
+@pytest.fixture
+def store_copy(fresh_store: Populated, env: Path) -> Populated:
+    shutil.move(fresh_store.root, env)
+    return Populated(env, fresh_store.commits)
+
+
+# ------------------------------------------------------------------------------- trust
+
+
+@pytest.mark.parametrize("target", ["tree", "file"])
+def test_writable_tree_is_refused(store_copy: Populated, target: str) -> None:
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, _ = _activation_tree(store_copy.root, commit)
+    (tree if target == "tree" else tree / "_ops.py").chmod(0o777 if target == "tree" else 0o664)
+    with pytest.raises(UntrustedPath, match="writable by group or others"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
+def test_foreign_owner_is_refused(store_copy: Populated) -> None:
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, _ = _activation_tree(store_copy.root, commit)
+    os.chown(tree / "__init__.py", 65534, 65534)
+    with pytest.raises(UntrustedPath, match="owned by uid 65534"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
+def test_symlink_out_of_the_store_is_refused(store_copy: Populated, tmp_path: Path) -> None:
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, _ = _activation_tree(store_copy.root, commit)
+    outside = tmp_path / "evil"
+    outside.mkdir()
+    shutil.copy(tree / "_ops.py", outside / "_ops.py")
+    (tree / "_ops.py").unlink()
+    (tree / "_ops.py").symlink_to(outside / "_ops.py")
+    with pytest.raises(UntrustedPath, match="symlink out of the tree"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute"])
+def test_index_path_outside_the_root_is_refused(
+    store_copy: Populated, tmp_path: Path, how: str
+) -> None:
+    """A (tampered) index entry pointing outside the store: refused even though the folder is a
+    perfect copy of the real tree."""
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, doc = _activation_tree(store_copy.root, commit)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tree, copy)
+    for v in doc["commits"][commit]["variants"].values():
+        v["tree"] = "../elsewhere" if how == "relative" else str(copy)
+    org, name = ACTIVATION.split("/")
+    path = store_copy.root / "index" / "v1" / org / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    path.chmod(0o644)
+    with pytest.raises(UntrustedPath, match="outside the store root"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
+def test_index_writable_by_others_is_refused(store_copy: Populated) -> None:
+    org, name = ACTIVATION.split("/")
+    (store_copy.root / "index" / "v1" / org / f"{name}.json").chmod(0o666)
+    with pytest.raises(UntrustedPath, match="published index"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+
+
+def test_world_writable_store_root_is_refused(store_copy: Populated) -> None:
+    store_copy.root.chmod(0o777)
+    with pytest.raises(UntrustedPath, match="store root"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    # Under the default policy an untrusted store is just another reason to fall back.
+    assert get_kernel(ACTIVATION, version=1, fallback="torch") == "torch"
+
+
+# ------------------------------------------------------------------------------- denies and misses
+
+
+def test_denies_in_the_index_are_honoured(
+    store_copy: Populated, example_server: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store.open(store_copy.root) as store:
+        store.deny(ACTIVATION, "v2", reason="broken build")
+    with pytest.raises(KernelDenied, match="broken build"):
+        get_kernel(ACTIVATION, version=2, policy="error")
+    assert has_kernel(ACTIVATION, version=2) is False
+    assert has_kernel(ACTIVATION, version=1) is True
+    with Store.open(store_copy.root) as store:
+        store.deny(ACTIVATION, reason="all of it")
+    # Not even the `hub` fallback may fetch a denied kernel: the caller's fallback is returned.
+    monkeypatch.setenv("HF_ENDPOINT", example_server.url)
+    example_server.reset_counts()
+    assert get_kernel(ACTIVATION, version=1, policy="hub", fallback="torch") == "torch"
+    assert example_server.total() == 0
+    with pytest.raises(KernelDenied, match="all of it"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+
+
+def test_tree_being_collected_is_a_miss(store_copy: Populated) -> None:
+    """GC unlinks the lock file (holding LOCK_EX) before removing a tree: the client then asks
+    the daemon instead of importing a tree that is going away."""
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, _ = _activation_tree(store_copy.root, commit)
+    (store_copy.root / "locks" / f"{tree.name}.lock").unlink()
+    with pytest.raises(DaemonUnavailable):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
+def _pure_kernel(kid: str, name: str, *, body: str = "", **meta: object) -> dict[str, bytes]:
+    files = {
+        "__init__.py": (f"KID = {kid!r}\n" + body).encode(),
+        "_version.py": b"VERSION = 1\n",
+    }
+    backend = meta.pop("backend", {"type": "cpu"})
+    files["metadata.json"] = synthetic_metadata(
+        files,
+        kid=kid,
+        name=name,
+        backend=backend,  # type: ignore[arg-type]
+        **meta,  # type: ignore[arg-type]
+    )
+    return files
+
+
+def test_better_variant_upstream_is_a_miss(env: Path) -> None:
+    """Only torch-universal is cached, but the upstream also has torch-cpu (preferred on a CPU
+    process): that is a miss (the daemon would fetch torch-cpu), not a load of the worse one."""
+    repo = f"{ORG}/better"
+    files = _pure_kernel("_better_u1", "better")
+    publish_synthetic(
+        env,
+        repo,
+        COMMIT,
+        {"torch-universal": files},
+        refs={"v1": COMMIT},
+        upstream_variants=["torch-cpu", "torch-universal"],
+    )
+    with pytest.raises(DaemonUnavailable):
+        get_kernel(repo, version=1, policy="error")
+    assert "_better_u1" not in sys.modules
+    with Store.open(env) as store:  # the upstream has nothing better after all
+        store.set_upstream_variants(repo, COMMIT, ["torch-universal"])
+    _reset()
+    assert get_kernel(repo, version=1, policy="error").KID == "_better_u1"
+
+
+# ------------------------------------------------------------------------------- devices
+
+
+def _cuda_facts(capability: str) -> PlatformFacts:
+    base = platform_facts()
+    return PlatformFacts(
+        cpu=base.cpu,
+        os=base.os,
+        torch_version=(2, 13),
+        cxx11_abi=True,
+        backend=Backend(BackendType.CUDA, (13, 0)),
+        device_capabilities=(capability,),
+    )
+
+
+def _publish_cuda_kernel(store: Path, tmp_path: Path, kid: str) -> tuple[str, Path]:
+    repo = f"{ORG}/{kid.strip('_').replace('_', '-')}"
+    marker = tmp_path / f"{kid}.imported"
+    body = f"open({str(marker)!r}, 'w').write('imported')\n"
+    files = _pure_kernel(kid, "cudaonly", body=body, backend={"type": "cuda", "archs": ["8.0"]})
+    publish_synthetic(
+        store,
+        repo,
+        COMMIT,
+        {"torch-cuda": files},
+        refs={"v1": COMMIT},
+        upstream_variants=["torch-cuda"],
+    )
+    return repo, marker
+
+
+def test_capability_mismatch_is_refused_before_import(env: Path, tmp_path: Path) -> None:
+    repo, marker = _publish_cuda_kernel(env, tmp_path, "_cudaonly_a1")
+    set_platform_facts(_cuda_facts("9.0"))  # an sm_90 device; the build declares 8.0 only
+    with pytest.raises(NoCompatibleVariant) as info:
+        get_kernel(repo, version=1, policy="error")
+    [reason] = info.value.reasons
+    assert reason.variant == "torch-cuda" and not reason.accepted
+    assert "CUDA capability 9.0 is not supported by the build's archs: 8.0" in reason.reason
+    assert not marker.exists() and "_cudaonly_a1" not in sys.modules
+    assert has_kernel(repo, version=1) is False
+    assert has_kernel(repo, version=1, check_arch=False) is True
+    set_platform_facts(_cuda_facts("8.6"))  # same major, newer minor: covered by "8.0"
+    assert get_kernel(repo, version=1, policy="error").KID == "_cudaonly_a1"
+    assert marker.read_text() == "imported"
+
+
+def test_check_arch_false_loads_anyway(env: Path, tmp_path: Path) -> None:
+    repo, marker = _publish_cuda_kernel(env, tmp_path, "_cudaonly_b1")
+    set_platform_facts(_cuda_facts("9.0"))
+    assert get_kernel(repo, version=1, policy="error", check_arch=False).KID == "_cudaonly_b1"
+    assert marker.exists()
+
+
+def test_capability_from_platform_json_in_a_fresh_process(env: Path, tmp_path: Path) -> None:
+    repo, marker = _publish_cuda_kernel(env, tmp_path, "_cudaonly_c1")
+    facts = {"torch_version": "2.13", "cxx11_abi": True, "backend": "cu130"}
+    results = {}
+    for cap in ("9.0", "8.9"):
+        environ = client_env(
+            env, tmp_path, KERNELD_PLATFORM_JSON=json.dumps({**facts, "device_capabilities": [cap]})
+        )
+        results[cap] = run_client(
+            f"""
+import json, sys
+import kerneld_client
+try:
+    m = kerneld_client.get_kernel("{repo}", version=1, policy="error")
+    out = {{"kid": m.KID}}
+except kerneld_client.NoCompatibleVariant as exc:
+    out = {{"error": str(exc)}}
+out["torch"] = "torch" in sys.modules
+print(json.dumps(out))
+""",
+            environ,
+        )
+        if cap == "9.0":
+            assert not marker.exists()
+    assert "not supported by the build's archs" in results["9.0"]["error"]
+    assert results["8.9"]["kid"] == "_cudaonly_c1" and marker.exists()
+    assert results["9.0"]["torch"] is False  # the facts were injected: torch never imported
+
+
+# ------------------------------------------------------------------------------- kernel-depends
+
+
+def test_kernel_depends_are_imported_first(env: Path) -> None:
+    dep_repo, main_repo = f"{ORG}/dep-a", f"{ORG}/main-b"
+    dep = _pure_kernel("_dep_a_d1", "dep-a", body="def twice(x):\n    return 2 * x\n")
+    main_body = (
+        "import sys\n"
+        "assert '_dep_a_d1' in sys.modules, 'dependency not imported first'\n"
+        "from kernels import get_kernel_dep\n"
+        "DEP = get_kernel_dep('kerneld-tests/dep-a')\n"
+    )
+    main = _pure_kernel(
+        "_main_b_d1",
+        "main-b",
+        body=main_body,
+        depends=[{"repo-id": dep_repo, "version": 1}],
+    )
+    publish_synthetic(
+        env,
+        dep_repo,
+        COMMIT,
+        {"torch-universal": dep},
+        refs={"v1": COMMIT},
+        upstream_variants=["torch-universal"],
+    )
+    commit_b = "d" * 40
+    publish_synthetic(
+        env,
+        main_repo,
+        commit_b,
+        {"torch-universal": main},
+        refs={"v3": commit_b},
+        upstream_variants=["torch-universal"],
+    )
+    mod = get_kernel(main_repo, version=3, policy="error")
+    assert mod.DEP.twice(21) == 42
+    order = [k.repo_id for k in loaded_kernels() if k.repo_id in (dep_repo, main_repo)]
+    assert order == [dep_repo, main_repo]

@@ -1,0 +1,176 @@
+"""kerneldctl against the real daemon (subprocess, temp sockets): every admin command over the
+admin socket, JSON output, progress on a terminal, and mirror export/import between two daemons."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kerneld.mirror.keys import generate_key
+from kerneld_client.lockfile import parse_lockfile
+from tests.fixtures_daemon import ACT, C1, DEP_BOTTOM, DEP_TOP, MULTI
+from tests.support.ctl import Result, run_ctl, run_ctl_tty
+from tests.support.daemon import DaemonProcess
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Daemons:
+    def __init__(self, base: Path, mirror: Path) -> None:
+        self.keys = base / "keys"
+        self.key = generate_key("site-1", self.keys)
+        self.a = DaemonProcess(
+            base / "a", mirror_dirs=[mirror], env={"KERNELD_KEY_DIR": str(self.keys)}
+        )
+        # the air-gapped one: its only upstream, the Hub, is unreachable
+        self.b = DaemonProcess(
+            base / "b",
+            hub_endpoint="http://127.0.0.1:9",
+            config={"mirror": {"trusted_keys": {"site-1": self.key.public}}},
+        )
+        self.home = base / "home"
+
+    def ctl(self, *args: str, daemon: DaemonProcess | None = None) -> Result:
+        d = daemon or self.a
+        env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket), "KERNELD_SOCKET": str(d.user_socket)}
+        return run_ctl(*args, home=self.home, env=env)
+
+
+@pytest.fixture(scope="module")
+def daemons(tmp_path_factory: pytest.TempPathFactory, kernel_mirror: Path) -> Iterator[Daemons]:
+    ds = Daemons(tmp_path_factory.mktemp("ctl-daemons"), kernel_mirror)
+    try:
+        ds.a.start()
+        ds.b.start()
+        yield ds
+    finally:
+        ds.a.close()
+        ds.b.close()
+
+
+def test_status(daemons: Daemons) -> None:
+    r = daemons.ctl("status", "--json")
+    assert r.rc == 0, r.stderr
+    doc = r.json()
+    assert doc["source"] == "daemon" and doc["ready"] is True
+    assert doc["store_root"] == str(daemons.a.store_root)
+    assert [u["kind"] for u in doc["upstreams"]] == ["mirror-dir"]
+    human = daemons.ctl("status")
+    assert human.rc == 0 and "ready" in human.stdout and "mirror-dir" in human.stdout
+
+
+def test_prefetch_quiet_json_and_failures(daemons: Daemons) -> None:
+    r = daemons.ctl("prefetch", f"{ACT}:1", "kerneld-test/nope:1", "--variants", "all")
+    assert r.rc == 1
+    assert "\r" not in r.stdout and not ANSI.search(r.stdout)
+    assert f"ok {ACT}@1111111" in r.stdout and "FAILED kerneld-test/nope" in r.stdout
+    assert "1 kernel(s) ok, 1 failed" in r.stdout
+
+    r = daemons.ctl("prefetch", f"{DEP_TOP}:1", "--json")
+    assert r.rc == 0, r.stdout + r.stderr
+    doc = r.json()
+    assert doc["ok"] and {k["repo_id"] for k in doc["kernels"]} == {DEP_TOP, DEP_BOTTOM}
+    assert all(k["commit"] == C1 and k["variants"] for k in doc["kernels"])
+
+
+def test_prefetch_progress_on_a_terminal(daemons: Daemons) -> None:
+    env = {"KERNELD_ADMIN_SOCKET": str(daemons.a.admin_socket)}
+    r = run_ctl_tty(
+        "prefetch",
+        f"{MULTI}:1",
+        "--variants",
+        "torch-cpu",
+        "torch-universal",
+        "torch213-cxx11-cpu-x86_64-linux",
+        home=daemons.home,
+        env=env,
+    )
+    assert r.rc == 0, r.stdout
+    text = ANSI.sub("", r.stdout)
+    assert "━" in text and re.search(r"\d+/\d+ files", text) and "bytes" in text
+    assert f"ok {MULTI}@1111111" in text
+
+
+def test_ls_info_pin_deny_gc_verify(daemons: Daemons) -> None:
+    assert daemons.ctl("prefetch", f"{ACT}:1", "--variants", "all").rc == 0
+    ls = daemons.ctl("ls", ACT, "--json")
+    assert ls.rc == 0, ls.stderr
+    (kernel,) = ls.json()["kernels"]
+    rev = next(r for r in kernel["revisions"] if r["commit"] == C1)
+    assert "v1" in rev["refs"]
+    assert {v["variant"] for v in rev["variants"]} == {
+        "torch-universal",
+        "torch213-cxx11-cpu-x86_64-linux",
+    }
+    info = daemons.ctl("info", f"{ACT}@v1", "--json").json()
+    ids = {v["metadata"]["id"] for r in info["revisions"] for v in r["variants"]}
+    assert ids == {"_act_universal", "_act_cpu213"}
+
+    pin = daemons.ctl("pin", f"{ACT}:1", "--json")
+    assert pin.rc == 0 and pin.json()["commit"] == C1 and pin.json()["trees"] == 2
+    ls = daemons.ctl("ls", ACT, "--json").json()["kernels"][0]
+    assert all(v["pinned"] for r in ls["revisions"] for v in r["variants"])
+    gc = daemons.ctl("gc", "--dry-run", "--json")
+    assert gc.rc == 0 and gc.json()["dry_run"] is True
+    assert all(item["repo_id"] != ACT for item in gc.json()["removed"])
+    assert daemons.ctl("unpin", f"{ACT}:1").rc == 0
+
+    assert daemons.ctl("deny", MULTI, "--reason", "bad build").rc == 0
+    denies = daemons.ctl("deny", "--list", "--json").json()["denies"]
+    assert [(d["repo_id"], d["revision"], d["reason"]) for d in denies] == [
+        (MULTI, "", "bad build")
+    ]
+    refused = daemons.ctl("prefetch", f"{MULTI}:1")
+    assert refused.rc == 1 and "FAILED" in refused.stdout
+    assert daemons.ctl("allow", MULTI, "--json").json()["changed"] is True
+
+    verify = daemons.ctl("verify", "--json")
+    assert verify.rc == 0, verify.stdout + verify.stderr
+    assert verify.json()["exit_mask"] == 0 and verify.json()["trees_checked"] >= 2
+
+
+def test_env_uses_the_daemons_store(daemons: Daemons) -> None:
+    assert daemons.ctl("prefetch", f"{ACT}:1", "--variants", "all").rc == 0
+    r = daemons.ctl("env", ACT, "--variant", "torch-universal")
+    assert r.rc == 0, r.stderr
+    path = r.stdout.strip().removeprefix(f"LOCAL_KERNELS={ACT}=")
+    assert Path(path).is_relative_to(daemons.a.store_root)
+    assert (Path(path) / "metadata.json").is_file()
+
+
+def test_lock_against_the_daemon(daemons: Daemons, tmp_path: Path) -> None:
+    assert daemons.ctl("prefetch", f"{DEP_TOP}:1").rc == 0
+    (tmp_path / "pyproject.toml").write_text(f'[tool.kernels.dependencies]\n"{DEP_TOP}" = 1\n')
+    r = daemons.ctl("lock", str(tmp_path), "--source", "daemon", "--json")
+    assert r.rc == 0, r.stderr
+    locks = parse_lockfile((tmp_path / "kernels.lock").read_bytes()).locks
+    assert {(x.dependency.repo_id, x.dependency.ref, x.commit) for x in locks} == {
+        (DEP_TOP, "v1", C1),
+        (DEP_BOTTOM, "v1", C1),
+    }
+
+
+def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Path) -> None:
+    assert daemons.ctl("prefetch", f"{ACT}:1", "--variants", "all").rc == 0
+    out = tmp_path / "bundle.tar"
+    exported = daemons.ctl(
+        "mirror", "export", "--to", str(out), f"{ACT}:1", "--sign-key", "site-1", "--json"
+    )
+    assert exported.rc == 0, exported.stderr
+    assert exported.json()["kernels"] == [{"repo_id": ACT, "commit": C1}]
+    assert out.is_file()
+
+    imported = daemons.ctl("mirror", "import", "--from", str(out), "--json", daemon=daemons.b)
+    assert imported.rc == 0, imported.stdout + imported.stderr
+    assert imported.json()["ok"] is True
+    ls = daemons.ctl("ls", "--json", daemon=daemons.b).json()["kernels"]
+    assert [k["repo_id"] for k in ls] == [ACT]
+    assert "v1" in ls[0]["revisions"][0]["refs"]
+
+    unsigned = tmp_path / "unsigned"
+    assert daemons.ctl("mirror", "export", "--to", str(unsigned), f"{ACT}:1").rc == 0
+    refused = daemons.ctl("mirror", "import", "--from", str(unsigned), daemon=daemons.b)
+    assert refused.rc == 1 and "not signed" in refused.stdout + refused.stderr

@@ -1,0 +1,146 @@
+"""Who may talk to which socket (file mode and group are the access control), and metrics."""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kerneld_client._proto import kerneld_pb2 as pb
+from tests.daemon.rpc import TIMEOUT, connect_as, failure, http_get_unix, metric, resolve_req
+from tests.fixtures_daemon import ACT
+from tests.support.daemon import REPO_ROOT, DaemonProcess, clean_env
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+
+#: Run by another user: one RPC on each socket, print the outcome.
+PROBE = """
+import sys, grpc
+from kerneld_client._proto import kerneld_pb2 as pb, kerneld_pb2_grpc as g
+out = []
+for target, call in ((sys.argv[1], "user"), (sys.argv[2], "admin")):
+    with grpc.insecure_channel("unix:" + target) as ch:
+        try:
+            if call == "user":
+                g.KernelsStub(ch).GetStatus(pb.GetStatusRequest(), timeout=5)
+            else:
+                g.AdminStub(ch).ListDenies(pb.ListDeniesRequest(), timeout=5)
+            out.append(call + "=OK")
+        except grpc.RpcError as exc:
+            out.append(call + "=" + exc.code().name)
+print(" ".join(out))
+"""
+
+
+def _python_runs_as_nobody() -> bool:
+    """The gRPC probe needs this interpreter to be executable by `nobody` (it is not when it
+    lives under a private home directory); the raw-connect checks need no interpreter."""
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], user="nobody", check=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return True
+
+
+def _probe_as(d: DaemonProcess, user: str, group: str) -> str | None:
+    """The outcome of one RPC per socket as `user`:`group`, None if Python cannot run as it."""
+    if not _python_runs_as_nobody():
+        return None
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, str(d.user_socket), str(d.admin_socket)],
+        user=user,
+        group=group,
+        extra_groups=[],
+        cwd=REPO_ROOT,
+        env=clean_env({"PYTHONPATH": f"{REPO_ROOT / 'client'}:{REPO_ROOT}", "HOME": "/"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@needs_root
+def test_socket_modes_and_groups_decide_access(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path
+) -> None:
+    d = make_daemon(
+        mirror_dirs=[kernel_mirror],
+        config={
+            "sockets": {
+                "user_mode": "0666",
+                "admin_mode": "0660",
+                "admin_group": "nogroup",
+            }
+        },
+    )
+    st = os.stat(d.admin_socket)
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == grp.getgrnam("nogroup").gr_gid
+    assert stat.S_IMODE(os.stat(d.user_socket).st_mode) == 0o666
+    nobody = pwd.getpwnam("nobody").pw_uid
+    other_gid = grp.getgrnam("daemon").gr_gid
+    admin_gid = grp.getgrnam("nogroup").gr_gid
+
+    # A user outside the admin group: the user socket works, the admin socket refuses.
+    assert connect_as(d.user_socket, nobody, other_gid) == 0
+    assert connect_as(d.admin_socket, nobody, other_gid) == errno.EACCES
+    assert _probe_as(d, "nobody", "daemon") in ("user=OK admin=UNAVAILABLE", None)
+    # The same user in the admin group gets both.
+    assert connect_as(d.admin_socket, nobody, admin_gid) == 0
+    assert _probe_as(d, "nobody", "nogroup") in ("user=OK admin=OK", None)
+
+
+def test_metrics_over_a_unix_socket_and_loopback(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path
+) -> None:
+    path = Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp")) / "metrics.sock"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    d = make_daemon(
+        mirror_dirs=[kernel_mirror],
+        config={"metrics": {"socket": str(path), "listen": f"127.0.0.1:{port}"}},
+    )
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    before = http_get_unix(path)
+    assert metric(before, "kerneld_ready") == 1
+    assert metric(before, "kerneld_store_trees") == 0
+    with d.kernels() as kernels, d.admin() as admin:
+        kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT)
+        kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT)
+        failure(kernels.Resolve, resolve_req(ACT, 2))
+        admin.GarbageCollect(pb.GcRequest(dry_run=True), timeout=TIMEOUT)
+    text = http_get_unix(path)
+    assert metric(text, "kerneld_resolves_total", result="miss") == 1
+    assert metric(text, "kerneld_resolves_total", result="hit") == 1
+    assert metric(text, "kerneld_resolves_total", result="error") == 1
+    assert (
+        metric(text, "kerneld_rpc_errors_total", method="Resolve", code="NO_COMPATIBLE_VARIANT")
+        == 1
+    )
+    assert metric(text, "kerneld_fetches_total", upstream="cli-mirror-0", result="ok") == 1
+    assert metric(text, "kerneld_fetch_bytes_total", upstream="cli-mirror-0") > 0
+    assert metric(text, "kerneld_leases_granted_total") == 2
+    assert metric(text, "kerneld_active_leases") == 2
+    assert metric(text, "kerneld_store_trees") == 1
+    assert metric(text, "kerneld_store_bytes") > 0
+    assert metric(text, "kerneld_gc_runs_total", dry_run="true") == 1
+    assert metric(text, "kerneld_stale_serves_total") == 0
+    # The same registry on the loopback port.
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        over_tcp = reply.read().decode()
+    assert metric(over_tcp, "kerneld_resolves_total", result="hit") == 1
+    d.stop()
+    assert not path.exists()

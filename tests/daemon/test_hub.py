@@ -1,0 +1,148 @@
+"""The daemon against the Hub-compatible test server: zero-I/O hits, outages, SIGTERM mid-fetch."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from kerneld_client._proto import kerneld_pb2 as pb
+from tests.daemon.rpc import (
+    CPU,
+    TIMEOUT,
+    failure,
+    http_get_unix,
+    metric,
+    ref,
+    resolve_req,
+    tree_files,
+)
+from tests.fixtures_hub import REPO, VARIANT, SyntheticHub
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import Fault, HubServer
+
+E = pb.ErrorCode
+
+
+def expected(synthetic_hub: SyntheticHub, rev: str) -> dict[str, bytes]:
+    prefix = f"build/{VARIANT}/"
+    return {p[len(prefix) :]: d for p, d in synthetic_hub.variant_files(rev).items()}
+
+
+def test_hits_do_no_upstream_io_and_an_outage_serves_stale_refs(
+    make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, synthetic_hub: SyntheticHub
+) -> None:
+    metrics_sock = Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp")) / "metrics.sock"
+    ttl = 1.0
+    d = make_daemon(
+        hub_endpoint=hub_server.url,
+        config={
+            "resolve": {"ref_ttl": ttl},
+            "fetch": {"attempts": 1},
+            "metrics": {"socket": str(metrics_sock)},
+        },
+    )
+    with d.kernels() as kernels, d.admin() as admin:
+        first = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
+        fetched_at = time.monotonic()
+        assert first.fetched and first.upstream == "hub"
+        assert first.commit == synthetic_hub.commits["v1"]
+        assert tree_files(Path(first.path)) == expected(synthetic_hub, "v1")
+
+        # Within the ref TTL a hit touches no upstream at all.
+        hub_server.reset_counts()
+        for _ in range(3):
+            hit = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
+            assert not hit.fetched and hit.path == first.path
+        kernels.ListVariants(
+            pb.ListVariantsRequest(kernel=ref(REPO, 1), platform=CPU, allow_fetch=True),
+            timeout=TIMEOUT,
+        )
+        kernels.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT)
+        assert time.monotonic() - fetched_at < ttl, "too slow to prove the zero-I/O hit"
+        assert hub_server.total() == 0, hub_server.requests
+
+        # Past the TTL with the Hub down: the last known commit is served, marked stale.
+        hub_server.inject(Fault("*", "error", status=503))
+        time.sleep(max(0.0, ttl - (time.monotonic() - fetched_at)) + 0.1)
+        stale = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
+        assert stale.stale and not stale.fetched
+        assert (stale.commit, stale.path) == (first.commit, first.path)
+        status = kernels.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT)
+        (hub,) = status.upstreams
+        assert not hub.reachable and "503" in hub.last_error
+        refs = admin.GetAdminStatus(pb.GetStatusRequest(), timeout=TIMEOUT).refs
+        assert any(r.ref == "v1" and r.stale for r in refs)
+        # Not cached at all: the outage is the answer.
+        code, detail = failure(kernels.Resolve, resolve_req(REPO, 2))
+        assert (code, detail.code) == (grpc.StatusCode.UNAVAILABLE, E.UPSTREAM_UNAVAILABLE)
+    assert "serving stale ref" in d.logs()
+    assert metric(http_get_unix(metrics_sock), "kerneld_stale_serves_total") == 1
+
+
+def _resolve_in_background(d: DaemonProcess, result: dict[str, object]) -> threading.Thread:
+    def call() -> None:
+        with d.kernels() as kernels:
+            try:
+                result["kernel"] = kernels.Resolve(resolve_req(REPO, 1), timeout=60).kernel
+            except grpc.RpcError as exc:
+                result["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def _wait_for_download(hub_server: HubServer, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while hub_server.counts["resolve_get"] < 1:
+        assert time.monotonic() < deadline, hub_server.requests
+        time.sleep(0.02)
+
+
+def test_sigterm_during_a_fetch_lets_it_finish(
+    make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, synthetic_hub: SyntheticHub
+) -> None:
+    d = make_daemon(hub_endpoint=hub_server.url, config={"server": {"drain_timeout": "20s"}})
+    hub_server.latency_s = 0.1
+    result: dict[str, object] = {}
+    thread = _resolve_in_background(d, result)
+    _wait_for_download(hub_server)
+    d.send_signal(signal.SIGTERM)
+    thread.join(30)
+    assert "kernel" in result, result
+    kernel = result["kernel"]
+    assert isinstance(kernel, pb.ResolvedKernel) and kernel.fetched
+    assert d.wait() == 0
+    assert "draining" in d.logs() and "drain timeout" not in d.logs()
+    assert tree_files(Path(kernel.path)) == expected(synthetic_hub, "v1")
+
+
+def test_sigterm_past_the_drain_timeout_leaves_no_partial_tree(
+    make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, synthetic_hub: SyntheticHub
+) -> None:
+    d = make_daemon(hub_endpoint=hub_server.url, config={"server": {"drain_timeout": 0.1}})
+    hub_server.latency_s = 0.3
+    result: dict[str, object] = {}
+    thread = _resolve_in_background(d, result)
+    _wait_for_download(hub_server)
+    d.send_signal(signal.SIGTERM)
+    assert d.wait(timeout=15) == 0
+    thread.join(30)
+    assert isinstance(result.get("error"), grpc.RpcError), result
+    assert "drain timeout" in d.logs()
+    trees = d.store_root / "v1" / "trees"
+    assert list(trees.iterdir()) == []  # nothing half-published is visible
+    hub_server.latency_s = 0
+    d.start()  # recovery cleans up; the same download now completes
+    with d.admin() as admin:
+        events = list(admin.Verify(pb.VerifyRequest(), timeout=TIMEOUT))
+        assert [e.problem for e in events] == [pb.VerifyEvent.SUMMARY] and events[0].exit_mask == 0
+    with d.kernels() as kernels:
+        kernel = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
+    assert kernel.fetched and tree_files(Path(kernel.path)) == expected(synthetic_hub, "v1")

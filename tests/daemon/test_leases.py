@@ -1,0 +1,77 @@
+"""Leases written behind (LeaseBook + Store.record_leases) against a real store."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kerneld.server.leases import LeaseBook
+from kerneld.store import Lease, Store, TreeFile
+from tests.support.mirrors import variant
+
+COMMIT = "c" * 40
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path / "store", min_age_s=0, orphan_grace_s=0)
+    yield s
+    s.close()
+
+
+def publish(store: Store, ident: str, name: str = "torch-universal") -> str:
+    entries = []
+    for path, data in variant(ident).items():
+        blob = store.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        entries.append(TreeFile(path=path, sha256=blob.sha256, size=len(data)))
+    return store.publish_tree("org/k", COMMIT, name, entries).digest
+
+
+def test_leases_are_recorded_in_one_batch(store: Store) -> None:
+    tree = publish(store, "_k_one")
+    book = LeaseBook(store, interval=3600)
+    try:
+        leases = [book.grant(tree, 60, f"rank{i}") for i in range(100)]
+        assert store.leases() == []  # written behind, not yet
+        assert book.flush() == 100
+        assert {row.id for row in store.leases()} == {lease.id for lease in leases}
+        assert len({lease.id for lease in leases}) == 100 and all(len(x.id) == 32 for x in leases)
+        assert store.renew_lease(leases[0].id, 120).expires_at > time.time() + 100
+    finally:
+        book.close()
+
+
+def test_gc_respects_a_flushed_lease_and_skips_dead_trees(store: Store) -> None:
+    kept = publish(store, "_k_kept")
+    gone = publish(store, "_k_gone", name="torch-cpu")
+    lease = Lease("a" * 32, kept, time.time() + 60, "job")
+    expired = Lease("b" * 32, kept, time.time() - 1, "job")
+    store.pin("org/k", COMMIT, "torch-cpu")
+    store.unpin("org/k", COMMIT, "torch-cpu")
+    assert store.record_leases([lease, expired]) == 1
+    store.policy = type(store.policy)(free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0)
+    report = store.gc()
+    assert {t.digest for t in report.deleted_trees} == {gone.removeprefix("sha256:")}
+    assert [t.reason for t in report.kept_trees] == ["leased"]
+    # A lease on a tree that is gone by the time the batch is written is dropped.
+    assert store.record_leases([Lease("c" * 32, gone, time.time() + 60)]) == 0
+
+
+def test_resolve_times_are_written_behind(store: Store) -> None:
+    tree = publish(store, "_k_lru")
+    hexd = tree.removeprefix("sha256:")
+    before = store.index.get_tree(hexd)
+    assert before is not None
+    book = LeaseBook(store, interval=3600)
+    try:
+        time.sleep(0.01)
+        book.resolved(tree)
+        book.flush()
+    finally:
+        book.close()
+    after = store.index.get_tree(hexd)
+    assert after is not None and after.last_resolved > before.last_resolved
