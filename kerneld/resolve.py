@@ -207,6 +207,12 @@ class Resolver:
             return names
         published = self.store.variants(repo_id, commit)
         if not allow_network:
+            if not published:
+                raise FetchNotAllowed(
+                    "no variant of this commit is on this host and fetching is not allowed",
+                    repo_id=repo_id,
+                    revision=commit,
+                )
             return published
         failures: list[UpstreamError] = []
         for upstream in self.upstreams:

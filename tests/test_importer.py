@@ -117,3 +117,18 @@ def test_missing_metadata_and_package(tmp_path: Path) -> None:
     (tmp_path / "metadata.json").write_text(json.dumps({"id": "_empty"}))
     with pytest.raises(KernelLoadError, match="neither __init__.py"):
         import_variant(tmp_path)
+
+
+def test_same_folder_imported_by_another_loader_is_reused(tmp_path: Path) -> None:
+    """`kernels` (or plain importlib) may have imported the folder first: reuse, don't refuse."""
+    import importlib.util
+
+    folder = _variant(tmp_path, "_other_loader")
+    spec = importlib.util.spec_from_file_location(
+        "_other_loader", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_other_loader"] = module
+    spec.loader.exec_module(module)
+    assert import_variant(folder) is module

@@ -308,3 +308,11 @@ def test_http_mirror_through_nginx(store, hub, hub_server, synthetic_hub, tmp_pa
 def test_fetcher_needs_an_upstream(store) -> None:
     with pytest.raises(ValueError, match="at least one upstream"):
         Fetcher(store, [])
+
+
+def test_no_fetch_on_an_unlisted_commit_is_fetch_not_allowed(store, hub, hub_server, synthetic_hub):
+    """A commit this host never listed is a miss the caller may not fill, not 'no variant'."""
+    commit = synthetic_hub.commits["v2"]
+    with pytest.raises(FetchNotAllowed, match="no variant of this commit"):
+        Resolver(store, [hub]).resolve(KernelSpec(REPO, revision=commit), CPU, allow_fetch=False)
+    assert hub_server.total() == 0

@@ -10,9 +10,11 @@ served by a path hook whose source loader never writes bytecode into the folder,
 loads a sourceless `.pyc` found in it.
 
 Compiling a kernel's Python on every process start costs milliseconds (more than everything else
-on the warm path), so compiled code is kept in a per-user cache outside the tree instead:
-`$KERNELD_BYTECODE_CACHE`, else `~/.cache/kerneld/bytecode` (written only when Python may write
-bytecode, i.e. without PYTHONDONTWRITEBYTECODE; `KERNELD_BYTECODE_CACHE=off` disables it).
+on the warm path), so for immutable trees (`import_variant(..., cache_bytecode=True)`: the store's
+and the hub fallback's verified folders) compiled code is kept in a per-user cache outside the
+tree instead: `$KERNELD_BYTECODE_CACHE`, else `~/.cache/kerneld/bytecode` (written only when
+Python may write bytecode, i.e. without PYTHONDONTWRITEBYTECODE; `KERNELD_BYTECODE_CACHE=off`
+disables it). Other folders (a local checkout being edited) are compiled in memory each time.
 Entries are named by a hash of the interpreter's magic number, the source path and the source
 bytes, so a changed source never meets stale code; a cache file must belong to this user and not
 be writable by others, and anything unreadable is ignored (the source is compiled).
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
 _lock = threading.RLock()
 _roots: set[str] = set()
+_cached_roots: set[str] = set()  # immutable trees whose compiled code may be cached
 _hook_installed = False
 
 #: Attribute set on every imported kernel module: the variant folder it came from.
@@ -127,6 +130,8 @@ class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
         source = self.get_data(path)
+        if not _under(path, _cached_roots):
+            return compile(source, path, "exec", dont_inherit=True, optimize=-1)
         key = _bytecode_key(path, source)
         code = _cached_code(path, key)
         if code is None:
@@ -139,7 +144,11 @@ class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
 
 
 def _under_registered_root(path: str) -> bool:
-    return any(path == root or path.startswith(root + "/") for root in _roots)
+    return _under(path, _roots)
+
+
+def _under(path: str, roots: set[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
 
 
 def _path_hook(path: str) -> importlib.machinery.FileFinder:
@@ -152,13 +161,15 @@ def _path_hook(path: str) -> importlib.machinery.FileFinder:
     )
 
 
-def _register_root(folder: Path) -> None:
+def _register_root(folder: Path, *, cache_bytecode: bool = False) -> None:
     global _hook_installed
     root = str(folder)
     with _lock:
         if not _hook_installed:
             sys.path_hooks.insert(0, _path_hook)
             _hook_installed = True
+        if cache_bytecode:
+            _cached_roots.add(root)
         if root not in _roots:
             _roots.add(root)
             # A finder cached for this folder before registration would bypass the hook.
@@ -207,8 +218,21 @@ def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
     )
 
 
-def import_variant(variant_dir: Path | str) -> ModuleType:
+def _file_inside(module: ModuleType, folder: Path) -> bool:
+    origin = getattr(module, "__file__", None)
+    if not isinstance(origin, str):
+        return False
+    try:
+        return Path(origin).resolve().is_relative_to(folder)
+    except OSError:
+        return False
+
+
+def import_variant(variant_dir: Path | str, *, cache_bytecode: bool = False) -> ModuleType:
     """Import the variant at `variant_dir` and return its package module.
+
+    `cache_bytecode` declares the folder immutable (a verified store tree), so its compiled
+    code may be reused from the per-user bytecode cache by later processes.
 
     Importing the same folder twice returns the same module. A different folder whose metadata
     `id` is already imported is refused: two builds claiming one id would register the same ops.
@@ -220,14 +244,15 @@ def import_variant(variant_dir: Path | str) -> ModuleType:
     with _lock:
         existing = sys.modules.get(name)
         if existing is not None:
-            if getattr(existing, TREE_ATTR, None) == str(folder):
+            if getattr(existing, TREE_ATTR, None) == str(folder) or _file_inside(existing, folder):
+                # Same folder, possibly imported by another loader (the `kernels` package).
                 return existing
             raise KernelLoadError(
                 f"module {name!r} is already imported from "
                 f"{getattr(existing, TREE_ATTR, getattr(existing, '__file__', '?'))}; "
                 f"refusing to import a second build with the same id from {folder}"
             )
-        _register_root(folder)
+        _register_root(folder, cache_bytecode=cache_bytecode)
         init = pkg / "__init__.py"
         loader = _NoBytecodeSourceLoader(name, str(init))
         spec = importlib.util.spec_from_file_location(

@@ -301,7 +301,8 @@ def _import_tree(
         for dep_req in _dependency_requests(metadata, opts):
             deps[dep_req.repo_id] = _load(dep_req, facts, opts, stack).module
     with _kernel_deps(deps):
-        module = importer.import_variant(real)
+        # Store and hub-cache trees are immutable: their compiled code may be cached.
+        module = importer.import_variant(real, cache_bytecode=source in ("index", "daemon", "hub"))
     loaded = LoadedKernel(
         repo_id=req.repo_id,
         ref=req.ref,

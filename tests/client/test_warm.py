@@ -333,11 +333,15 @@ def test_get_local_kernel_and_local_overrides(
     built_examples: BuiltExamples, tmp_path: Path
 ) -> None:
     """A kernel repo on local disk (no store, no daemon), and LOCAL_KERNELS redirecting get_kernel;
-    the import writes nothing into the local folder either."""
+    the import writes nothing into the local folder, nor into the bytecode cache."""
     repo = built_examples.kernel("activation", 2).path
     relu = built_examples.kernel("relu2", 1).path
     before = tree_snapshot(repo)
-    env = client_env(None, tmp_path, LOCAL_KERNELS=f"{RELU2}={relu}")
+    cache = tmp_path / "bytecode"
+    env = client_env(
+        None, tmp_path, LOCAL_KERNELS=f"{RELU2}={relu}", KERNELD_BYTECODE_CACHE=str(cache)
+    )
+    env.pop("PYTHONDONTWRITEBYTECODE")
     out = run_client(
         PRELUDE
         + f"""
@@ -352,6 +356,8 @@ print(json.dumps({{"a": check_activation(a, 2), "r": check_relu2(r),
     assert [s for _, s in out["src"]] == ["local", "local"]
     assert out["src"][0][0] == built_examples.arch_variant
     assert tree_snapshot(repo) == before
+    # A local folder may be edited: its compiled code is not cached (store trees' is).
+    assert not cache.exists()
 
 
 @pytest.mark.parametrize("max_age", ["0"])
