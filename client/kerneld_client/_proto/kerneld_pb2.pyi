@@ -1455,7 +1455,11 @@ class MirrorExportRequest(_message.Message):
     sign_key: _builtins.str
     """Name of the signing key in the daemon's key directory; empty: unsigned."""
     @_builtins.property
-    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]: ...
+    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]:
+        """Here (unlike elsewhere) a KernelRef without a selector means every revision of the repo
+        that the store holds, not "main".
+        """
+
     @_builtins.property
     def variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
