@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kerneld.fetch import Fetcher, FetchResult, ProgressFn
+from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
 from kerneld.store import Resolved, Store
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
@@ -117,11 +117,25 @@ class Resolver:
         self.negative_ttl_s = negative_ttl_s
         self.fetcher = fetcher or Fetcher(store, self.upstreams)
         self.clock = clock
+        self._ref_flight: SingleFlight[tuple[str, str, bool, bool], tuple[str, bool]] = (
+            SingleFlight()
+        )
+        self._variants_flight: SingleFlight[tuple[str, str, bool], list[str]] = SingleFlight()
 
     # -- refs ----------------------------------------------------------------------------------
 
     def commit_for(
         self, spec: KernelSpec, *, allow_network: bool = True, refresh: bool = False
+    ) -> tuple[str, bool]:
+        """(commit, stale); concurrent callers asking for the same ref share one lookup."""
+        result, _ = self._ref_flight.do(
+            (spec.repo_id, spec.ref, allow_network, refresh),
+            lambda: self._commit_for(spec, allow_network=allow_network, refresh=refresh),
+        )
+        return result
+
+    def _commit_for(
+        self, spec: KernelSpec, *, allow_network: bool, refresh: bool
     ) -> tuple[str, bool]:
         """(commit, stale). Commits need no lookup; refs are cached for `ref_ttl_s`.
 
@@ -201,7 +215,17 @@ class Resolver:
     # -- variants ------------------------------------------------------------------------------
 
     def variant_names(self, repo_id: str, commit: str, *, allow_network: bool = True) -> list[str]:
-        """Every variant of a commit, as the upstream lists it (cached forever)."""
+        """Every variant of a commit, as the upstream lists it (cached forever).
+
+        Concurrent callers share one listing.
+        """
+        result, _ = self._variants_flight.do(
+            (repo_id, commit, allow_network),
+            lambda: self._variant_names(repo_id, commit, allow_network=allow_network),
+        )
+        return result
+
+    def _variant_names(self, repo_id: str, commit: str, *, allow_network: bool) -> list[str]:
         names = self.store.upstream_variants(repo_id, commit)
         if names is not None:
             return names

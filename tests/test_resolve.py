@@ -121,6 +121,9 @@ def test_concurrent_cold_requests_download_each_file_once(store, hub, hub_server
     assert len({r.hit.path for r in results}) == 1
     gets = [p for p, n in hub_server.path_counts.items() if p.startswith("GET /kernels/")]
     assert gets and all(hub_server.path_counts[p] == 1 for p in gets)
+    # The ref lookup and the two listings are shared too, not repeated per caller.
+    assert hub_server.counts["info"] == 1
+    assert hub_server.counts["tree"] == 2
 
 
 def test_outage_after_fetch_serves_stale(store, hub, hub_server, synthetic_hub) -> None:
