@@ -13,7 +13,6 @@ from typing import Any
 
 from kerneld.server.core import Core
 from kerneld.server.errors import Unimplemented
-from kerneld.upstream.base import is_commit
 from kerneld_client._proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.admin")
@@ -47,29 +46,14 @@ def _event(progress: Any) -> pb.MirrorEvent:
 def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
     """Validate the request now (errors fail the RPC before streaming) and return the job."""
     try:
-        from kerneld.mirror.export import ExportSpec, export_mirror, specs_from_lock
+        from kerneld.mirror.export import export_mirror, specs_from_wire
         from kerneld.mirror.keys import load_signing_key
-        from kerneld_client.lockfile import parse_lockfile
     except ImportError as exc:
         raise Unimplemented(f"mirror export is not available in this build: {exc}") from exc
     store = core.store
     if not request.destination:
         raise ValueError("destination is required (a directory or a path ending in .tar)")
-    specs = []
-    for ref in request.kernels:
-        which = ref.WhichOneof("selector")
-        if which == "version":
-            specs.append(ExportSpec(ref.repo_id, ref=f"v{ref.version}"))
-        elif which == "locked_commit":
-            specs.append(ExportSpec(ref.repo_id, commit=ref.locked_commit))
-        elif which == "revision" and is_commit(ref.revision):
-            specs.append(ExportSpec(ref.repo_id, commit=ref.revision))
-        elif which == "revision":
-            specs.append(ExportSpec(ref.repo_id, ref=ref.revision))
-        else:
-            specs.append(ExportSpec(ref.repo_id))
-    if request.lockfile_json:
-        specs += specs_from_lock(parse_lockfile(request.lockfile_json, source="request"))
+    specs = specs_from_wire(request.kernels, request.lockfile_json)
     keys = [load_signing_key(request.sign_key)] if request.sign_key else []
     variants = list(request.variants) or None
     log.info(
