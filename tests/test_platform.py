@@ -272,6 +272,10 @@ def test_windows_facts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_free_threaded_is_the_build_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    # POSIX builds say so in sys.abiflags ("t"); without abiflags (Windows) sysconfig answers.
+    monkeypatch.setattr(sys, "abiflags", sys.abiflags + "t")
+    assert detect_platform_facts(torch_module=fake_torch()).free_threaded
+    monkeypatch.delattr(sys, "abiflags")
     real = sysconfig.get_config_var
     monkeypatch.setattr(
         sysconfig, "get_config_var", lambda k: 1 if k == "Py_GIL_DISABLED" else real(k)
