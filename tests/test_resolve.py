@@ -319,3 +319,49 @@ def test_no_fetch_on_an_unlisted_commit_is_fetch_not_allowed(store, hub, hub_ser
     with pytest.raises(FetchNotAllowed, match="no variant of this commit"):
         Resolver(store, [hub]).resolve(KernelSpec(REPO, revision=commit), CPU, allow_fetch=False)
     assert hub_server.total() == 0
+
+
+class _RendezvousUpstream(MirrorDirUpstream):
+    """A real mirror whose downloads wait until `peers` of them are open at once: a fetcher
+    that downloads one file at a time never gets past the first (the barrier times out)."""
+
+    def __init__(self, root: Path, peers: int, fail: str | None = None) -> None:
+        super().__init__(root, policy=FAST)
+        self.barrier = threading.Barrier(peers, timeout=10)
+        self.fail = fail
+        self.opened: list[str] = []
+
+    def open_file(self, repo_id, commit, variant, file, *, offset=0):
+        self.opened.append(file.path)
+        if file.path == self.fail:
+            raise UpstreamUnavailable("injected", upstream=self.name, repo_id=repo_id)
+        self.barrier.wait()
+        return super().open_file(repo_id, commit, variant, file, offset=offset)
+
+
+def test_variant_files_download_in_parallel(store, mirror) -> None:
+    variant_name = "torch213-cxx11-cpu-x86_64-linux"
+    up = _RendezvousUpstream(mirror, peers=2)
+    files = up.list_files(ACT, C1, variant_name)
+    assert len(files) >= 2
+    events = []
+    result = Fetcher(store, [up], parallel_files=2).fetch_variant(
+        ACT, C1, variant_name, progress=events.append
+    )
+    assert result.files_downloaded == len(files)
+    done = [e for e in events if e.kind == "file-done"]
+    assert [e.files_done for e in done] == list(range(1, len(files) + 1))
+    assert done[-1].bytes_done == sum(f.size for f in files)
+    # The published tree holds exactly the mirror's files, whatever order downloads finished in.
+    assert _tree_files(result.tree.path) == variant("_act_cpu213")  # what `mirror` wrote
+
+
+def test_a_failed_file_fails_the_variant_and_publishes_nothing(store, mirror) -> None:
+    variant_name = "torch213-cxx11-cpu-x86_64-linux"
+    files = MirrorDirUpstream(mirror, policy=FAST).list_files(ACT, C1, variant_name)
+    up = _RendezvousUpstream(mirror, peers=1, fail=files[0].path)
+    with pytest.raises(UpstreamUnavailable):
+        Fetcher(store, [up], parallel_files=4, attempts_per_file=1).fetch_variant(
+            ACT, C1, variant_name
+        )
+    assert store.lookup(ACT, C1, variant_name) is None

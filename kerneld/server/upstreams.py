@@ -65,6 +65,12 @@ class TrackedUpstream:
         self._ok()
         return value
 
+    def warm_up(self) -> None:
+        """Let the upstream set up its client now, if it has anything to set up."""
+        warm = getattr(self.inner, "warm_up", None)
+        if callable(warm):
+            warm()
+
     def list_refs(self, repo_id: str) -> Refs:
         return self._call(lambda: self.inner.list_refs(repo_id))
 

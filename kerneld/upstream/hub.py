@@ -230,6 +230,19 @@ class HubUpstream:
         finally:
             cm.__exit__(None, None, None)
 
+    def warm_up(self) -> None:
+        """Pay the HTTP client's one-time set-up now rather than in the first client's fetch.
+
+        `huggingface_hub` builds its session (loading the CA bundle) and its user agent (which
+        looks up the agent-harness registry, once a day, from the Hub) on first use: ~70-100 ms
+        that the first cold Resolve after a start would otherwise wait for. Best effort.
+        """
+        try:
+            build_hf_headers(token=self._token, library_name="kerneld", library_version=__version__)
+            get_session()
+        except Exception as exc:  # the first real request reports real problems
+            log.debug("hub %s: warm-up failed: %r", self.name, exc)
+
     # -- plumbing -------------------------------------------------------------------------------
 
     def _call(self, fn: Callable[[], T], *, what: str, repo_id: str, revision: str = "") -> T:
