@@ -199,6 +199,9 @@ def cmd_info(ctx: Ctx) -> int:
                     f"      id:      {meta.get('id')}  version {meta.get('version')}  "
                     f"backend {meta.get('backend')}  license {meta.get('license')}"
                 )
+                flag = meta.get("deterministic")
+                declared = "undeclared" if flag is None else ("yes" if flag else "no")
+                ctx.say(f"      deterministic: {declared}")
                 deps = meta.get("kernel_depends") or []
                 if deps:
                     ctx.say("      depends: " + ", ".join(str(d.get("repo-id")) for d in deps))

@@ -145,4 +145,8 @@ def read_metadata(path: str) -> dict[str, Any] | None:
         "python_depends": doc.get("python-depends") or [],
         "kernel_depends": doc.get("kernel-depends") or [],
         "digest_algorithm": digest.get("algorithm"),
+        # Declared bit-for-bit deterministic (docs/determinism.md): true, false or absent.
+        "deterministic": doc["deterministic"]
+        if isinstance(doc.get("deterministic"), bool)
+        else None,
     }

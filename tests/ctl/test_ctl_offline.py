@@ -54,7 +54,12 @@ def store_dir(tmp_path: Path) -> Path:
             refs=("v1",),
         )
         publish(
-            store, J, CJ, "torch-cpu", variant_files("_j_1", {"j.py": b"J = 1\n"}), refs=("v2",)
+            store,
+            J,
+            CJ,
+            "torch-cpu",
+            variant_files("_j_1", {"j.py": b"J = 1\n"}, deterministic=True),
+            refs=("v2",),
         )
     return root
 
@@ -113,7 +118,12 @@ def test_status_ls_info(tmp_path: Path, store_dir: Path) -> None:
     assert r.rc == 0, r.stderr
     info = r.json()
     assert info["revisions"][0]["variants"][0]["metadata"]["id"] == "_k_1"
-    assert "_k_1" in ctl(tmp_path, "info", "--store", str(store_dir), K).stdout
+    assert info["revisions"][0]["variants"][0]["metadata"]["deterministic"] is None
+    human = ctl(tmp_path, "info", "--store", str(store_dir), K).stdout
+    assert "_k_1" in human and "deterministic: undeclared" in human
+    r = ctl(tmp_path, "info", "--store", str(store_dir), J, "--json")
+    assert r.json()["revisions"][0]["variants"][0]["metadata"]["deterministic"] is True
+    assert "deterministic: yes" in ctl(tmp_path, "info", "--store", str(store_dir), J).stdout
     r = ctl(tmp_path, "info", "--store", str(store_dir), f"{K}@v7", "--json")
     assert r.rc == 1 and "not in the store" in r.stderr and "hint: kerneldctl prefetch" in r.stderr
     assert r.json() == {  # --json failures are documents too

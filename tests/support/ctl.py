@@ -132,8 +132,11 @@ def git_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def variant_files(ident: str, extra: Mapping[str, bytes] | None = None) -> dict[str, bytes]:
-    """A small variant with a metadata.json whose digest covers every other file."""
+def variant_files(
+    ident: str, extra: Mapping[str, bytes] | None = None, **metadata: object
+) -> dict[str, bytes]:
+    """A small variant with a metadata.json whose digest covers every other file (`metadata`:
+    more metadata.json keys)."""
     files = {"__init__.py": f"NAME = {ident!r}\n".encode(), **(extra or {})}
     digest = {p: base64.b64encode(hashlib.sha256(d).digest()).decode() for p, d in files.items()}
     meta = {
@@ -144,6 +147,7 @@ def variant_files(ident: str, extra: Mapping[str, bytes] | None = None) -> dict[
         "python-depends": [],
         "backend": {"type": "cpu"},
         "digest": {"algorithm": "sha256", "files": digest},
+        **metadata,
     }
     files["metadata.json"] = json.dumps(meta, sort_keys=True).encode()
     return files
