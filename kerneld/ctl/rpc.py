@@ -71,6 +71,10 @@ def probe(path: Path) -> None:
         sock.close()
 
 
+#: Largest admin answer kerneldctl accepts (gRPC's default is 4 MiB).
+MAX_ANSWER_BYTES = 1 << 30
+
+
 class Admin:
     """A connected Admin stub; use as a context manager (closes the channel)."""
 
@@ -82,7 +86,12 @@ class Admin:
         from kerneld_client._proto import kerneld_pb2_grpc
 
         self._grpc = grpc
-        self.channel: grpc.Channel = grpc.insecure_channel(f"unix:{self.path}")
+        self.channel: grpc.Channel = grpc.insecure_channel(
+            f"unix:{self.path}",
+            # A listing or GC report of a big store (100,000 trees: ~25 MB) exceeds gRPC's
+            # default 4 MiB receive limit; the admin socket is local and trusted.
+            options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)],
+        )
         self.stub: kerneld_pb2_grpc.AdminStub = kerneld_pb2_grpc.AdminStub(self.channel)
         self.explicit_timeout = getattr(ctx.args, "timeout", None) is not None
         self.timeout = float(getattr(ctx.args, "timeout", None) or DEFAULT_TIMEOUT_S)
