@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> object:
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             return loss
 

@@ -665,3 +665,28 @@ def test_fault_without_times_fires_forever(hub_server: HubServer) -> None:
         assert request(hub_server, "GET", "/api/organizations/x/overview").status == 502
     assert fault.fired == 4
     assert not fault.exhausted
+
+
+# --- rate budget and byte counters (bench scenario 2) -----------------------------------------
+
+
+def test_rate_budget_answers_429_with_retry_after_then_reopens(
+    hub_server: HubServer, synthetic_hub: SyntheticHub
+) -> None:
+    budget = hub_server.set_rate_budget(2, window_s=1.0)
+    assert budget is not None
+    path = f"/api/kernels/{REPO}/refs"
+    assert [request(hub_server, "GET", path).status for _ in range(2)] == [200, 200]
+    refused = request(hub_server, "GET", path)
+    assert refused.status == 429 and refused.headers["Retry-After"] == "1"
+    assert budget.refused == 1
+    time.sleep(1.05)  # the window is over: a new budget
+    assert request(hub_server, "GET", path).status == 200
+    hub_server.reset()
+    assert all(request(hub_server, "GET", path).status == 200 for _ in range(4))
+
+
+def test_bytes_sent_are_counted_by_kind(hub_server: HubServer, synthetic_hub: SyntheticHub) -> None:
+    body = request(hub_server, "GET", resolve_path(REPO, "v1", INIT)).body
+    assert hub_server.bytes_sent["resolve_get"] == len(body) > 0
+    assert hub_server.total_bytes() == len(body)

@@ -2,8 +2,10 @@
 
 It serves `<root>/kernels/<org>/<name>` (bare or non-bare git repos; LFS objects from the repo's
 `lfs/objects`) with the routes `huggingface_hub` 2.4 and `kernels` 0.17.2 use, so the real clients
-run unchanged against 127.0.0.1. Every request is counted (by kind and by path) and faults can be
-injected per path pattern: latency, HTTP 500, 429, connection reset, truncated or corrupted body.
+run unchanged against 127.0.0.1. Every request is counted (by kind and by path), so are the body
+bytes sent (by kind), and faults can be injected per path pattern: latency, HTTP 500, 429,
+connection reset, truncated or corrupted body. `set_rate_budget()` answers 429 with Retry-After
+once a request budget per time window is spent, as the real Hub's rate limits do.
 
 Run by hand: `python -m tests.support.hubserver ROOT [--port N] [--trust ORG]...`.
 """
@@ -14,6 +16,7 @@ import argparse
 import contextlib
 import fnmatch
 import json
+import math
 import os
 import re
 import socket
@@ -99,6 +102,32 @@ class Fault:
     @property
     def exhausted(self) -> bool:
         return self.times is not None and self.fired >= self.times
+
+
+@dataclass
+class RateBudget:
+    """At most `requests` requests per fixed window of `window_s` seconds (the window opens with
+    its first request); the rest get 429 with `Retry-After` = the seconds left in the window
+    (rounded up). `exclude` kinds (default: the telemetry probe) pass and are not counted."""
+
+    requests: int
+    window_s: float
+    exclude: tuple[str, ...] = ("agent_harnesses",)
+    window_start: float | None = field(default=None, init=False)
+    used: int = field(default=0, init=False)
+    refused: int = field(default=0, init=False)
+
+    def take(self, kind: str, now: float) -> int | None:
+        """None if the request may pass, else the Retry-After seconds to answer with."""
+        if kind in self.exclude:
+            return None
+        if self.window_start is None or now - self.window_start >= self.window_s:
+            self.window_start, self.used = now, 0
+        if self.used < self.requests:
+            self.used += 1
+            return None
+        self.refused += 1
+        return max(1, math.ceil(self.window_start + self.window_s - now))
 
 
 @dataclass
@@ -373,6 +402,8 @@ class HubServer:
         self._faults: list[Fault] = []
         self._kind_counts: Counter[str] = Counter()
         self._path_counts: Counter[str] = Counter()
+        self._kind_bytes: Counter[str] = Counter()
+        self.budget: RateBudget | None = None
         self._records: list[RequestRecord] = []
         self._backends: dict[str, GitBackend] = {}
         self._conns: set[socket.socket] = set()
@@ -452,11 +483,21 @@ class HubServer:
             else:
                 self.trusted_orgs[org] = trusted
 
+    def set_rate_budget(
+        self, requests: int | None, window_s: float = 300.0, **kw: Any
+    ) -> RateBudget | None:
+        """Serve at most `requests` requests per `window_s` window, then 429 (None: no limit).
+        The returned RateBudget counts what it refused."""
+        with self._lock:
+            self.budget = None if requests is None else RateBudget(requests, window_s, **kw)
+            return self.budget
+
     def reset(self) -> None:
-        """Back to the state after construction: counters, faults, errors, gating, trust, page
-        sizes and latency (a session-wide server is reset between tests)."""
+        """Back to the state after construction: counters, faults, rate budget, errors, gating,
+        trust, page sizes and latency (a session-wide server is reset between tests)."""
         self.reset_counts()
         self.clear_faults()
+        self.set_rate_budget(None)
         trusted, self.page_size, self.expand_page_size, self.latency_s = self._initial
         with self._lock:
             self.trusted_orgs = dict(trusted)
@@ -469,6 +510,7 @@ class HubServer:
         with self._lock:
             self._kind_counts.clear()
             self._path_counts.clear()
+            self._kind_bytes.clear()
             self._records.clear()
 
     @property
@@ -476,6 +518,20 @@ class HubServer:
         """Requests by kind (see KINDS)."""
         with self._lock:
             return Counter(self._kind_counts)
+
+    @property
+    def bytes_sent(self) -> Counter[str]:
+        """Response body bytes written, by request kind (headers not included)."""
+        with self._lock:
+            return Counter(self._kind_bytes)
+
+    def total_bytes(self, *, exclude: tuple[str, ...] = ("agent_harnesses",)) -> int:
+        with self._lock:
+            return sum(n for kind, n in self._kind_bytes.items() if kind not in exclude)
+
+    def _count_bytes(self, kind: str, n: int) -> None:
+        with self._lock:
+            self._kind_bytes[kind] += n
 
     @property
     def path_counts(self) -> Counter[str]:
@@ -499,11 +555,18 @@ class HubServer:
             self._path_counts[f"{record.method} {record.path}"] += 1
             self._records.append(record)
 
-    def _take_faults(self, method: str, path: str) -> tuple[float, Fault | None]:
-        """Latency to add and the first non-latency fault that fires for this request."""
+    def _take_faults(
+        self, method: str, path: str, kind: str = "other"
+    ) -> tuple[float, Fault | None]:
+        """Latency to add and the first non-latency fault that fires for this request (the rate
+        budget's 429 first)."""
         delay = self.latency_s
         chosen: Fault | None = None
         with self._lock:
+            if self.budget is not None:
+                retry_after = self.budget.take(kind, time.monotonic())
+                if retry_after is not None:
+                    chosen = Fault(path, "rate_limit", retry_after=retry_after)
             for fault in self._faults:
                 if fault.exhausted or not fault.matches(method, path):
                     continue
@@ -598,7 +661,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub._record(self._record)
         self._fault: Fault | None = None
         try:
-            delay, fault = hub._take_faults(method, raw_path)
+            delay, fault = hub._take_faults(method, raw_path, self._record.kind)
             if delay > 0:
                 time.sleep(delay)
             self._fault = fault
@@ -880,16 +943,16 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return
         if fault is None or fault.kind not in BODY_FAULTS:
-            self.wfile.write(body)
+            self._write_body(body)
             return
         if fault.kind == "corrupt":
             pos = fault.corrupt_offset if fault.corrupt_offset is not None else len(body) // 2
             pos = min(max(pos, 0), len(body) - 1)
             flipped = bytearray(body)
             flipped[pos] ^= 0xFF
-            self.wfile.write(bytes(flipped))
+            self._write_body(bytes(flipped))
             return
-        self.wfile.write(body[: len(body) // 2])
+        self._write_body(body[: len(body) // 2])
         self.wfile.flush()
         self.close_connection = True
         if fault.kind == "reset":  # RST instead of FIN: SO_LINGER with a zero timeout
@@ -898,6 +961,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_WR)
+
+    def _write_body(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.server.hub._count_bytes(self._record.kind, len(data))
 
 
 def _kind(method: str, raw_path: str) -> str:

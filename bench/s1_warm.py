@@ -1,0 +1,286 @@
+"""Scenario 1: a warm load in one fresh process, side by side.
+
+Every figure is a fresh process forked from the torch zygote (torch imported, nothing else),
+whose job zygote imports the loader (timed: *import*) and forks the process that makes the one
+loading call (timed: *call*), loading `kerneld-examples/activation` v1 (the compiled CPU
+variant, a native library registering three ops):
+
+1. kerneld warm: `get_kernel` over the daemon's published index (no RPC; grpc never imported);
+2. kerneld RPC path: the same with KERNELD_REF_MAX_AGE=0, so the ref is a question for the
+   daemon: grpc import, a channel on the unix socket, Resolve, then the same checks and import;
+3. floor: `importlib` of a byte-identical copy of the same variant folder, bytecode cached;
+4. `kernels.get_kernel` warm, online against the same local Hub server at 0 ms added latency,
+5. and with a realistic 50 ms round trip added to every request (`--rtt-ms`);
+6. `kernels.get_kernel` with HF_HUB_OFFLINE=1 (by commit: offline `version=` needs a full
+   snapshot in kernels 0.17.2).
+
+One warm-up process per loader first (fills bytecode caches); then every run takes each loader
+once, so ratios are paired within a run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from bench.common import (
+    DAEMON_CONFIG,
+    Ctx,
+    Goal,
+    JobResult,
+    Section,
+    fmt_stat,
+    kernels_env,
+    log,
+    median,
+    ratios,
+    table,
+)
+from examples.kernels.build import ORG
+from tests.support.daemon import DaemonProcess
+
+REPO = f"{ORG}/activation"
+
+CHECK = """
+def info():
+    x = torch.randn(4, 16)
+    ref = torch.nn.functional.silu(x[:, :8]) * x[:, 8:]
+    torch.testing.assert_close(MOD.silu_and_mul_alloc(x), ref)
+    return INFO()
+"""
+
+KERNELD = (
+    """
+import sys, time
+import torch
+_t0 = time.perf_counter()
+import kerneld_client
+_t1 = time.perf_counter()
+get_kernel = kerneld_client.get_kernel  # the package is lazy: this imports the warm path
+_t2 = time.perf_counter()
+SETUP_EXTRA = {"pkg_ms": (_t1 - _t0) * 1e3, "import_ms": (_t2 - _t0) * 1e3}
+def load(repo):
+    global MOD
+    MOD = get_kernel(repo, version=1, policy="error")
+    return MOD
+def INFO():
+    return {"source": kerneld_client.loaded_kernels()[0].source, "grpc": "grpc" in sys.modules}
+"""
+    + CHECK
+)
+
+FLOOR = (
+    """
+import importlib.util, sys
+import torch
+SETUP_EXTRA = {"import_ms": 0.0}
+def load(repo):
+    global MOD
+    spec = importlib.util.spec_from_file_location(MODULE_ID, FOLDER + "/__init__.py")
+    MOD = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = MOD
+    spec.loader.exec_module(MOD)
+    return MOD
+def INFO():
+    return {}
+"""
+    + CHECK
+)
+
+KERNELS = (
+    """
+import time
+import torch
+_t0 = time.perf_counter()
+import kernels
+SETUP_EXTRA = {"import_ms": (time.perf_counter() - _t0) * 1e3}
+def load(repo):
+    global MOD
+    MOD = kernels.get_kernel(repo, SELECTOR)
+    return MOD
+def INFO():
+    return {}
+"""
+    + CHECK
+)
+
+KD_WARM = "kerneld warm (published index, no RPC)"
+KD_RPC = "kerneld RPC path (daemon hit)"
+FLOOR_ROW = "floor: importlib of the variant folder"
+K_ONLINE = "kernels.get_kernel warm, online, 0 ms RTT"
+K_OFFLINE = "kernels.get_kernel, HF_HUB_OFFLINE=1"
+
+
+def k_rtt(rtt_ms: float) -> str:
+    return f"kernels.get_kernel warm, online, {rtt_ms:g} ms RTT"
+
+
+def run(ctx: Ctx) -> Section:
+    a = ctx.args
+    work = ctx.work / "s1"
+    server = ctx.server
+    rows: dict[str, list[JobResult]] = {}
+    with DaemonProcess(work / "daemon", hub_endpoint=server.url, config=DAEMON_CONFIG) as daemon:
+        env = ctx.base_env()
+        env["KERNELD_SOCKET"] = str(daemon.user_socket)
+        env["KERNELD_BYTECODE_CACHE"] = str(work / "bytecode")
+        kd = KERNELD
+        cold = ctx.zygote.job(env=env, setup=kd, repos=[REPO], extra="info()")
+        assert cold.ranks[0].extra["source"] == "daemon", cold.ranks[0].extra
+
+        doc = json.loads((daemon.store_root / "index" / "v1" / ORG / "activation.json").read_text())
+        commit = doc["refs"]["v1"]["commit"]
+        entry = doc["commits"][commit]["variants"][ctx.built.arch_variant]
+        floor_dir = work / "floor"
+        shutil.copytree(daemon.store_root / entry["tree"], floor_dir)
+        for p in [floor_dir, *floor_dir.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        floor = FLOOR.replace("MODULE_ID", repr(entry["metadata_id"])).replace(
+            "FOLDER", repr(str(floor_dir))
+        )
+
+        hf = kernels_env(ctx.base_env(), server.url, work / "hf-home")
+        online = KERNELS.replace("SELECTOR", "version=1")
+        ctx.zygote.job(env=hf, setup=online, repos=[REPO], extra="info()")  # fills the cache
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+        snapshot_download(
+            REPO,
+            repo_type="kernel",
+            revision=commit,
+            cache_dir=str(work / "hf-home" / "hub"),
+            endpoint=server.url,
+        )
+        offline = KERNELS.replace("SELECTOR", f"revision={commit!r}")
+
+        def latency(ms: float) -> None:
+            server.latency_s = ms / 1e3
+
+        loaders: list[tuple[str, dict[str, str], str, float]] = [
+            (KD_WARM, env, kd, 0.0),
+            (KD_RPC, {**env, "KERNELD_REF_MAX_AGE": "0"}, kd, 0.0),
+            (FLOOR_ROW, env, floor, 0.0),
+            (K_ONLINE, hf, online, 0.0),
+            (k_rtt(a.rtt_ms), hf, online, a.rtt_ms),
+            (K_OFFLINE, {**hf, "HF_HUB_OFFLINE": "1"}, offline, 0.0),
+        ]
+        try:
+            for run_i in range(-1, a.warm_runs):  # -1: the warm-up process of each loader
+                for name, e, code, rtt in loaders:
+                    latency(rtt)
+                    job = ctx.zygote.job(env=e, setup=code, repos=[REPO], extra="info()")
+                    if run_i >= 0:
+                        rows.setdefault(name, []).append(job)
+                latency(0.0)
+                if run_i >= 0:
+                    log(
+                        f"warm load run {run_i + 1}/{a.warm_runs}: "
+                        + ", ".join(
+                            f"{n.split(' (')[0].split(',')[0]} {call_ms(j[-1]):.1f}ms"
+                            for n, j in rows.items()
+                        )
+                    )
+        finally:
+            latency(0.0)
+    shutil.rmtree(work, ignore_errors=True)
+    check_paths(rows)
+    ctx.shared["imports"] = {
+        "`import kerneld_client` (the package: lazy)": [
+            j.setup_extra["pkg_ms"] for j in rows[KD_WARM]
+        ],
+        "`import kerneld_client` + its warm path (first `get_kernel` access)": [
+            j.setup_extra["import_ms"] for j in rows[KD_WARM]
+        ],
+        "`import kernels`": [j.setup_extra["import_ms"] for j in rows[K_ONLINE]],
+    }
+    return report(ctx, rows)
+
+
+def call_ms(job: JobResult) -> float:
+    dur = job.ranks[0].dur
+    assert dur is not None
+    return dur * 1e3
+
+
+def check_paths(rows: dict[str, list[JobResult]]) -> None:
+    warm = [j.ranks[0].extra for j in rows[KD_WARM]]
+    rpc = [j.ranks[0].extra for j in rows[KD_RPC]]
+    if not all(x["source"] == "index" and not x["grpc"] for x in warm):
+        raise RuntimeError(f"kerneld warm did not load from the index without grpc: {warm}")
+    if not all(x["source"] == "daemon" and x["grpc"] for x in rpc):
+        raise RuntimeError(f"kerneld RPC path did not ask the daemon: {rpc}")
+
+
+def report(ctx: Ctx, rows: dict[str, list[JobResult]]) -> Section:
+    a = ctx.args
+    sec = Section("s1", "1. Warm load in one fresh process")
+    sec.settings = f"{a.warm_runs} run(s) per loader after one warm-up; RTT row {a.rtt_ms:g} ms"
+    calls = {name: [call_ms(j) for j in jobs] for name, jobs in rows.items()}
+    totals = {
+        name: [call_ms(j) + float(j.setup_extra["import_ms"]) for j in jobs]
+        for name, jobs in rows.items()
+    }
+    floor = calls[FLOOR_ROW]
+    warm = calls[KD_WARM]
+    out: list[str] = [
+        f"Loading `{REPO}` v1 (variant `{ctx.built.arch_variant}`) in a fresh process forked "
+        "from a zygote that imported torch only. *call* = the loading call alone; *import + "
+        "call* adds importing the loader (`import kerneld_client` plus the lazy import of its "
+        "warm path; `import kernels`). The kernels rows use the same local Hub server, at 0 ms "
+        f"and at {a.rtt_ms:g} ms added to every request. Median (min-max) of {a.warm_runs} "
+        "run(s); ratios paired within each run.",
+        "",
+        *table(
+            ["loader", "call ms", "import + call ms", "call / floor (paired)"],
+            [
+                (
+                    name,
+                    fmt_stat(calls[name], 1),
+                    fmt_stat(totals[name], 1),
+                    fmt_stat(ratios(calls[name], floor), 1, "x"),
+                )
+                for name in rows
+            ],
+        ),
+        "",
+        *table(
+            ["comparison (paired within a run)", "call", "import + call"],
+            [
+                (
+                    "kerneld warm - floor",
+                    fmt_stat([w - f for w, f in zip(warm, floor, strict=True)], 2, " ms"),
+                    "",
+                ),
+                *[
+                    (
+                        f"{name} / kerneld warm",
+                        fmt_stat(ratios(calls[name], warm), 1, "x"),
+                        fmt_stat(ratios(totals[name], totals[KD_WARM]), 1, "x"),
+                    )
+                    for name in (K_ONLINE, k_rtt(a.rtt_ms), K_OFFLINE, KD_RPC)
+                ],
+            ],
+        ),
+    ]
+    sec.lines = out
+    diffs = [w - f for w, f in zip(warm, floor, strict=True)]
+    speedup = ratios(calls[K_ONLINE], warm)
+    sec.goals = [
+        Goal(
+            "kerneld warm call <= floor + 1 ms",
+            median(diffs) <= 1.0,
+            f"kerneld {median(warm):.2f} ms vs floor {median(floor):.2f} ms: "
+            f"+{median(diffs):.2f} ms (median of paired differences)",
+        ),
+        Goal(
+            "kerneld warm >= 10x faster than `kernels` warm online at 0 ms RTT",
+            median(speedup) >= 10.0,
+            f"{median(speedup):.1f}x (kernels {median(calls[K_ONLINE]):.1f} ms vs kerneld "
+            f"{median(warm):.2f} ms per call; with imports "
+            f"{median(ratios(totals[K_ONLINE], totals[KD_WARM])):.1f}x)",
+        ),
+    ]
+    sec.data = {"calls": calls}
+    return sec
