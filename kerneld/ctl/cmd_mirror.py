@@ -73,6 +73,18 @@ def cmd_mirror_export(ctx: Ctx) -> int:
                 "second key (signatures accumulate), or use --store",
                 code=EXIT_USAGE,
             )
+        if _key_dir(ctx) is not None:
+            # The daemon reads its keys itself, as its own user: a directory of the caller's
+            # would be ignored, and an export signed with another key than asked is worse
+            # than none.
+            raise CtlError(
+                "--key-dir applies to exports from a store (--store); through the daemon, "
+                "signing keys come from the daemon's own key directory ($KERNELD_KEY_DIR of "
+                "the daemon, else /etc/kerneld/keys on a system install)",
+                hint="create the key as the daemon's user (sudo -u kerneld kerneldctl key "
+                "generate NAME), or export with --store DIR --key-dir DIR",
+                code=EXIT_USAGE,
+            )
         from kerneld_client._proto import kerneld_pb2
 
         lock_text = ""

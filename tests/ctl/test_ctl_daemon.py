@@ -170,6 +170,21 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
     assert [k["repo_id"] for k in ls] == [ACT]
     assert "v1" in ls[0]["revisions"][0]["refs"]
 
+    # The daemon signs with its own keys: a caller's --key-dir is refused, not ignored.
+    other = daemons.ctl(
+        "mirror",
+        "export",
+        "--to",
+        str(tmp_path / "x"),
+        f"{ACT}:1",
+        "--sign-key",
+        "site-1",
+        "--key-dir",
+        str(tmp_path / "keys"),
+    )
+    assert other.rc == 2 and "--key-dir applies to exports from a store" in other.stderr
+    assert not (tmp_path / "x").exists()
+
     unsigned = tmp_path / "unsigned"
     assert daemons.ctl("mirror", "export", "--to", str(unsigned), f"{ACT}:1").rc == 0
     refused = daemons.ctl("mirror", "import", "--from", str(unsigned), daemon=daemons.b)
