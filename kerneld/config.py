@@ -10,7 +10,7 @@ Every invalid value fails at start with the file, the key and the reason (`Confi
 from __future__ import annotations
 
 import fnmatch
-import json
+import math
 import os
 import re
 import sys
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kerneld.upstream.base import check_repo_id
 from kerneld_client import locations
 
 if sys.version_info >= (3, 11):
@@ -27,6 +28,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 UPSTREAM_KINDS = ("hub", "mirror-dir", "mirror-http")
+#: The periodic scrub: weekly, at 32 MiB/s (a 20 GiB store takes about 11 minutes of reads).
+DEFAULT_SCRUB_INTERVAL_S = 7 * 86400.0
+DEFAULT_SCRUB_RATE = 32 << 20
 
 
 class ConfigError(ValueError):
@@ -62,20 +66,26 @@ def parse_size(value: object, *, source: str, key: str) -> int:
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m:
-            return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()])
+            size = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]
+            if math.isfinite(size):  # '9' * 400 is a float infinity
+                return int(size)
     raise ConfigError(source, key, f"expected a size like '20GiB' or a byte count, got {value!r}")
 
 
 def parse_duration(value: object, *, source: str, key: str) -> float:
-    """`90s`, `5m`, `1h30m`, `250ms`, or a number of seconds -> seconds."""
+    """`90s`, `5m`, `1h30m`, `250ms`, or a number of seconds -> seconds (finite: an infinite
+    lease or TTL cannot be written as a timestamp)."""
+    seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    if isinstance(value, str) and value.strip():
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
         text = value.strip().replace(" ", "")
         parts = _DURATION_RE.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
-    raise ConfigError(source, key, f"expected a duration like '5m' or '90s', got {value!r}")
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds is not None and math.isfinite(seconds):
+        return seconds
+    raise ConfigError(source, key, f"expected a finite duration like '5m' or '90s', got {value!r}")
 
 
 def parse_mode(value: object, *, source: str, key: str) -> int:
@@ -93,6 +103,7 @@ class UpstreamConfig:
     kind: str  # hub | mirror-dir | mirror-http
     location: str = ""  # endpoint (hub, empty: HF_ENDPOINT or huggingface.co), directory or URL
     token_file: Path | None = None
+    require_signatures: bool = False  # mirrors: refs and manifests signed by [mirror] trusted_keys
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,10 @@ class Config:
     min_free_bytes: int = 1 << 30
     gc_min_age_s: float = 3600.0
     orphan_grace_s: float = 3600.0
+    scrub_interval_s: float = DEFAULT_SCRUB_INTERVAL_S
+    """Seconds between background re-hashes of the whole store; 0: never."""
+    scrub_rate_bytes: int = DEFAULT_SCRUB_RATE
+    """Bytes per second a scrub may read; 0: as fast as the disk goes."""
     user_socket: SocketConfig = field(
         default_factory=lambda: SocketConfig(locations.user_run_dir() / "kerneld.sock", 0o666)
     )
@@ -184,9 +199,17 @@ _KNOWN: dict[str, set[str]] = {
         "server",
         "mode",
     },
-    "store": {"path", "cap", "min_free", "gc_min_age", "orphan_grace"},
+    "store": {
+        "path",
+        "cap",
+        "min_free",
+        "gc_min_age",
+        "orphan_grace",
+        "scrub_interval",
+        "scrub_rate",
+    },
     "sockets": {"user", "admin", "user_mode", "admin_mode", "user_group", "admin_group"},
-    "upstream": {"name", "kind", "endpoint", "path", "url", "token_file"},
+    "upstream": {"name", "kind", "endpoint", "path", "url", "token_file", "require_signatures"},
     "resolve": {"ref_ttl", "negative_ttl", "lease_ttl", "lease_max"},
     "fetch": {"allow", "timeout", "attempts"},
     "prefetch": {"kernels", "torch", "interval", "on_start"},
@@ -229,7 +252,7 @@ def parse_loopback(value: object, *, source: str, key: str) -> str:
     """`127.0.0.1:9464`: metrics are only ever served on loopback (or a unix socket)."""
     text = value if isinstance(value, str) else ""
     host, _, port = text.rpartition(":")
-    if host not in LOOPBACK_HOSTS or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if host not in LOOPBACK_HOSTS or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535:
         raise ConfigError(
             source,
             key,
@@ -244,13 +267,25 @@ def _str(value: object, source: str, key: str) -> str:
     return value
 
 
+def _path(value: object, source: str, key: str) -> Path:
+    """A non-empty path without NUL bytes (no file system call can take one)."""
+    text = _str(value, source, key)
+    if "\0" in text:
+        raise ConfigError(source, key, f"a path cannot contain a NUL byte, got {text!r}")
+    return Path(text)
+
+
 def parse_prefetch_entry(text: str, *, source: str = "", key: str = "") -> PrefetchEntry:
     """`org/name` (main), `org/name:1` (version 1), `org/name@rev` (branch, tag or commit)."""
-    m = re.fullmatch(r"([^/@:\s]+/[^/@:\s]+)(?::(\d+)|@(\S+))?", text.strip())
+    m = re.fullmatch(r"([^/@:\s]+/[^/@:\s]+)(?::([0-9]{1,20})|@(\S+))?", text.strip())
     if not m:
         raise ConfigError(
             source, key, f"expected 'org/name', 'org/name:VERSION' or 'org/name@REV', got {text!r}"
         )
+    try:
+        check_repo_id(m.group(1))
+    except ValueError as exc:
+        raise ConfigError(source, key, str(exc)) from None
     return PrefetchEntry(
         m.group(1), version=int(m.group(2)) if m.group(2) else None, revision=m.group(3)
     )
@@ -269,7 +304,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
 
     store = _table(doc, "store", source)
     if "path" in store:
-        updates["store_path"] = Path(_str(store["path"], source, "store.path"))
+        updates["store_path"] = _path(store["path"], source, "store.path")
     if "cap" in store:
         updates["cap_bytes"] = parse_size(store["cap"], source=source, key="store.cap") or None
     if "min_free" in store:
@@ -284,6 +319,19 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         updates["orphan_grace_s"] = parse_duration(
             store["orphan_grace"], source=source, key="store.orphan_grace"
         )
+    if "scrub_interval" in store:
+        interval = parse_duration(
+            store["scrub_interval"], source=source, key="store.scrub_interval"
+        )
+        if 0 < interval < 1:
+            raise ConfigError(
+                source, "store.scrub_interval", f"must be 0 (off) or at least 1s, got {interval}"
+            )
+        updates["scrub_interval_s"] = interval
+    if "scrub_rate" in store:
+        updates["scrub_rate_bytes"] = parse_size(
+            store["scrub_rate"], source=source, key="store.scrub_rate"
+        )
 
     sockets = _table(doc, "sockets", source)
     for which in ("user", "admin"):
@@ -296,7 +344,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
                 source, f"sockets.{which}_group", f"expected a group name, got {group!r}"
             )
         updates[f"{which}_socket"] = SocketConfig(
-            Path(_str(path, source, f"sockets.{which}")) if path is not None else current.path,
+            _path(path, source, f"sockets.{which}") if path is not None else current.path,
             parse_mode(mode_v, source=source, key=f"sockets.{which}_mode")
             if mode_v is not None
             else current.mode,
@@ -324,6 +372,8 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             location = up.get(loc_key, "")
             if kind != "hub":
                 location = _str(location, source, f"{key}.{loc_key}")
+                if kind == "mirror-dir":
+                    location = str(_path(location, source, f"{key}.path"))
             elif not isinstance(location, str):
                 raise ConfigError(source, f"{key}.endpoint", f"expected a URL, got {location!r}")
             if kind != "mirror-dir" and location and not re.match(r"^https?://\S+$", location):
@@ -335,13 +385,26 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             name = up.get("name") or (kind if kind == "hub" else f"{kind}-{i}")
             token_file = up.get("token_file")
             if token_file is not None:
-                token_file = _str(token_file, source, f"{key}.token_file")
+                token_file = str(_path(token_file, source, f"{key}.token_file"))
+            signed = up.get("require_signatures", False)
+            if not isinstance(signed, bool):
+                raise ConfigError(
+                    source, f"{key}.require_signatures", f"expected true or false, got {signed!r}"
+                )
+            if signed and kind == "hub":
+                raise ConfigError(
+                    source,
+                    f"{key}.require_signatures",
+                    "only mirror upstreams carry signatures (kerneldctl mirror export "
+                    "--sign-key); the Hub is authenticated by HTTPS",
+                )
             ups.append(
                 UpstreamConfig(
                     _str(name, source, f"{key}.name"),
                     kind,
                     location,
                     Path(token_file) if isinstance(token_file, str) else None,
+                    signed,
                 )
             )
         names = [u.name for u in ups]
@@ -412,7 +475,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
 
     metrics = _table(doc, "metrics", source)
     if "socket" in metrics:
-        updates["metrics_socket"] = Path(_str(metrics["socket"], source, "metrics.socket"))
+        updates["metrics_socket"] = _path(metrics["socket"], source, "metrics.socket")
     if "listen" in metrics:
         updates["metrics_listen"] = parse_loopback(
             metrics["listen"], source=source, key="metrics.listen"
@@ -496,23 +559,40 @@ def load_config(
         doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(str(path), "(file)", "not valid TOML: nested too deeply") from None
     return apply_env(parse_config(doc, source=str(path), system=system), env)
 
 
+def _toml_str(text: str) -> str:
+    """A TOML basic string. Not `json.dumps`: JSON writes characters outside the BMP as
+    surrogate-pair escapes, which TOML rejects, and leaves DEL unescaped, which TOML forbids."""
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
 def _toml(value: object) -> str:
-    """A TOML literal for the few value types a Config holds (JSON strings are TOML strings)."""
+    """A TOML literal for the few value types a Config holds."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, Path):
-        return json.dumps(str(value))
+        return _toml_str(str(value))
     if isinstance(value, str):
-        return json.dumps(value)
+        return _toml_str(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_toml_str(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -536,6 +616,8 @@ def dump_config(cfg: Config) -> str:
                 "min_free": cfg.min_free_bytes,
                 "gc_min_age": cfg.gc_min_age_s,
                 "orphan_grace": cfg.orphan_grace_s,
+                "scrub_interval": cfg.scrub_interval_s,
+                "scrub_rate": cfg.scrub_rate_bytes,
             },
         ),
         (
@@ -602,4 +684,6 @@ def dump_config(cfg: Config) -> str:
             lines.append(f"{loc_key} = {_toml(up.location)}")
         if up.token_file is not None:
             lines.append(f"token_file = {_toml(up.token_file)}")
+        if up.require_signatures:
+            lines.append("require_signatures = true")
     return "\n".join(lines) + "\n"

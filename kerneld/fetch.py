@@ -27,6 +27,7 @@ from kerneld.store import (
     TreeFile,
     TreeInfo,
 )
+from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
 from kerneld.upstream.base import RemoteFile, Upstream
 from kerneld.upstream.errors import (
     EntryNotFound,
@@ -146,6 +147,7 @@ class Fetcher:
             start = time.monotonic()
             try:
                 files = upstream.list_files(repo_id, commit, variant)
+                _check_listing(files, repo_id, commit, variant)
                 downloaded, nbytes = self._ingest_all(
                     upstream, repo_id, commit, variant, files, progress
                 )
@@ -335,6 +337,17 @@ class Fetcher:
             repo_id=repo_id,
             revision=commit,
         )
+
+
+def _check_listing(files: Sequence[RemoteFile], repo_id: str, commit: str, variant: str) -> None:
+    """The checks publish_tree makes on names, made before any byte is downloaded: a hostile
+    listing (`../x`, duplicates, ...) is refused with nothing written."""
+    ctx = {"repo": repo_id, "commit": commit}
+    validate_variant(variant, **ctx)
+    ctx["variant"] = variant
+    for f in files:
+        validate_relpath(f.path, **ctx)
+    check_unique_paths((f.path for f in files), **ctx)
 
 
 def _summarise(

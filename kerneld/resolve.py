@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
-from kerneld.store import Resolved, Store
+from kerneld.store import MetadataError, Resolved, Store
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
     RepoNotFound,
@@ -184,7 +184,9 @@ class Resolver:
                 continue
             self.store.set_ref(spec.repo_id, ref, commit, fetched_at=self.clock())
             return commit, False
-        unavailable = [f for f in failures if isinstance(f, UpstreamUnavailable)]
+        # A malformed answer (a corrupted or cut body) says nothing about the ref either way:
+        # like an outage, it must neither be cached as "not found" nor hide the known commit.
+        unavailable = [f for f in failures if not isinstance(f, RevisionNotFound | RepoNotFound)]
         if row is not None and unavailable:
             log.warning(
                 "serving stale ref repo=%s ref=%s commit=%s age=%.0fs reason=%s",
@@ -329,24 +331,52 @@ class Resolver:
         return Resolution(spec, commit, stale, best, hit, decisions, fetched, deps)
 
     def dependencies_of(self, hit: Resolved) -> list[KernelSpec]:
-        """`kernel-depends` of a published tree's metadata.json."""
+        """`kernel-depends` of a published tree's metadata.json.
+
+        A malformed list is a MetadataError (the build is broken): serving the kernel without a
+        dependency it declares would only fail later, inside the user's process.
+        """
         import json
 
         try:
             meta = json.loads((hit.path / "metadata.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return []
-        specs: list[KernelSpec] = []
-        for dep in meta.get("kernel-depends", []) or []:
-            if not isinstance(dep, dict) or not isinstance(dep.get("repo-id"), str):
-                continue
-            version = dep.get("version")
-            revision = dep.get("revision")
-            specs.append(
-                KernelSpec(
-                    dep["repo-id"],
-                    version=int(version) if isinstance(version, int) else None,
-                    revision=revision if isinstance(revision, str) and version is None else None,
-                )
+        raw = meta.get("kernel-depends") if isinstance(meta, dict) else None
+        if raw is None:
+            return []
+        ctx = {"repo": hit.repo, "commit": hit.commit, "variant": hit.variant}
+        if not isinstance(raw, list):
+            raise MetadataError(
+                f"metadata.json: 'kernel-depends' must be a list, got {type(raw).__name__}; "
+                "the kernel's build is malformed, ask its author to fix it",
+                **ctx,
             )
+        specs: list[KernelSpec] = []
+        for dep in raw:
+            try:
+                specs.append(_dependency_spec(dep))
+            except ValueError as exc:
+                shown = repr(dep)
+                raise MetadataError(
+                    f"metadata.json: bad 'kernel-depends' entry "
+                    f"{shown if len(shown) <= 80 else shown[:77] + '...'}: {exc}; the kernel's "
+                    "build is malformed, ask its author to fix it",
+                    **ctx,
+                ) from None
         return specs
+
+
+def _dependency_spec(dep: object) -> KernelSpec:
+    """One `kernel-depends` entry: {"repo-id", "version": N} or {"repo-id", "revision"}
+    (a version wins over a revision); ValueError says what is wrong."""
+    if not isinstance(dep, dict) or not isinstance(dep.get("repo-id"), str):
+        raise ValueError("expected an object with a string 'repo-id'")
+    version, revision = dep.get("version"), dep.get("revision")
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"'version' must be an integer, got {version!r}")
+        return KernelSpec(dep["repo-id"], version=version)
+    if revision is not None and not (isinstance(revision, str) and revision):
+        raise ValueError(f"'revision' must be a non-empty string, got {revision!r}")
+    return KernelSpec(dep["repo-id"], revision=revision)

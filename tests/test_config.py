@@ -97,6 +97,7 @@ admin_group = "wheel"
 name = "site"
 kind = "mirror-http"
 url = "https://mirror.example/kernels"
+require_signatures = true
 [[upstream]]
 kind = "mirror-dir"
 path = "/mnt/mirror"
@@ -141,7 +142,9 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.user_socket == SocketConfig(Path("/srv/run/k.sock"), 0o666, "users")
     assert cfg.admin_socket == SocketConfig(Path("/srv/run/a.sock"), 0o640, "wheel")
     assert cfg.upstreams == (
-        UpstreamConfig("site", "mirror-http", "https://mirror.example/kernels"),
+        UpstreamConfig(
+            "site", "mirror-http", "https://mirror.example/kernels", require_signatures=True
+        ),
         UpstreamConfig("mirror-dir-1", "mirror-dir", "/mnt/mirror"),
         UpstreamConfig("hub", "hub", "http://127.0.0.1:9999", Path("/etc/kerneld/token")),
     )
@@ -210,6 +213,11 @@ INVALID = [
     ("[[upstream]]\nkind = 'hub'\nname = 5", "upstream[0].name"),
     ("[[upstream]]\nkind = 'hub'\ntoken_file = 5", "upstream[0].token_file"),
     ("[[upstream]]\nkind = 'hub'\nprio = 5", "upstream[0].prio"),
+    ("[[upstream]]\nkind = 'hub'\nrequire_signatures = true", "upstream[0].require_signatures"),
+    (
+        "[[upstream]]\nkind = 'mirror-dir'\npath = '/m'\nrequire_signatures = 'yes'",
+        "upstream[0].require_signatures",
+    ),
     ("[[upstream]]\nkind = 'hub'\n[[upstream]]\nkind = 'hub'", "upstream"),
     ("[resolve]\nref_ttl = 'soon'", "resolve.ref_ttl"),
     ("[resolve]\nnegative_ttl = -1", "resolve.negative_ttl"),
@@ -337,3 +345,13 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
         else:
             present = set(doc.get(section, {})) if section else set(doc)
         assert keys <= present, f"[{section}] undocumented keys: {sorted(keys - present)}"
+
+
+def test_required_signatures_need_trusted_keys(tmp_path: Path) -> None:
+    from kerneld.server.upstreams import build_upstreams
+
+    text = "[[upstream]]\nkind = 'mirror-dir'\npath = '/m'\nrequire_signatures = true\n"
+    cfg = load_config(write(tmp_path, text), env={})
+    with pytest.raises(ConfigError, match="no \\[mirror\\] trusted_keys") as info:
+        build_upstreams(cfg)
+    assert info.value.key == "upstream[0].require_signatures"

@@ -121,3 +121,22 @@ def test_telemetry_disabled_still_works(hub_server, monkeypatch, synthetic_hub) 
     f = hub.list_files(REPO, commit, VARIANT)[0]
     with hub.open_file(REPO, commit, VARIANT, f) as chunks:
         assert b"".join(chunks)
+
+
+def test_an_endless_tree_listing_is_cut_off(
+    hub: HubUpstream, hub_server, synthetic_hub: SyntheticHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that keeps paging (`Link: next`) is refused after MAX_TREE_ENTRIES entries,
+    without reading the rest: here one entry per page, a cap of 2."""
+    import kerneld.upstream.hub as hub_mod
+    from kerneld.upstream.errors import UpstreamProtocolError
+
+    commit = synthetic_hub.commits["v1"]
+    n = len(hub.list_files(REPO, commit, VARIANT))
+    assert n > 3
+    monkeypatch.setattr(hub_mod, "MAX_TREE_ENTRIES", 2)
+    hub_server.page_size = 1
+    before = hub_server.counts["tree"]
+    with pytest.raises(UpstreamProtocolError, match="more than 2 entries"):
+        hub.list_files(REPO, commit, VARIANT)
+    assert hub_server.counts["tree"] - before <= 3 < n  # stopped paging

@@ -17,7 +17,7 @@ from kerneld.resolve import (
     Resolver,
 )
 from kerneld.store import DeniedError, IntegrityError, Store
-from kerneld.upstream.errors import RevisionNotFound, UpstreamUnavailable
+from kerneld.upstream.errors import RevisionNotFound, UpstreamProtocolError, UpstreamUnavailable
 from kerneld.upstream.hub import HubUpstream
 from kerneld.upstream.mirror import MirrorDirUpstream, MirrorHttpUpstream
 from kerneld.upstream.retry import RetryPolicy
@@ -141,6 +141,26 @@ def test_outage_without_cache_is_unavailable(store, hub, hub_server) -> None:
     hub_server.inject(Fault("*", "error"))
     with pytest.raises(UpstreamUnavailable):
         Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+
+
+def test_malformed_ref_answer_serves_stale(store, hub, hub_server, synthetic_hub) -> None:
+    # Found by the chaos harness (chaos/): a corrupted revision answer (invalid JSON) ended
+    # resolution in StopIteration, an internal error, instead of serving the known commit.
+    clock = [1000.0]
+    resolver = Resolver(store, [hub], ref_ttl_s=10, clock=lambda: clock[0])
+    resolver.resolve(KernelSpec(REPO, version=1), CPU)
+    clock[0] += 11
+    hub_server.inject(Fault("/api/kernels/*", "corrupt"))
+    res = resolver.resolve(KernelSpec(REPO, version=1), CPU)
+    assert res.stale
+    assert res.commit == synthetic_hub.commits["v1"]
+
+
+def test_malformed_ref_answer_without_cache_is_not_a_verdict(store, hub, hub_server) -> None:
+    hub_server.inject(Fault("/api/kernels/*", "corrupt"))
+    with pytest.raises(UpstreamProtocolError):
+        Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+    assert store.get_negative(REPO, "v1") is None  # not remembered as "no such revision"
 
 
 @pytest.mark.parametrize("kind", ["error", "rate_limit", "reset", "truncate"])

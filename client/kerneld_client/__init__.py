@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "loaded_kernels": "kerneld_client.loader",
     "FallbackPolicy": "kerneld_client._config",
     "KernelFallbackWarning": "kerneld_client._config",
+    "CorruptTree": "kerneld_client.errors",
     "DaemonUnavailable": "kerneld_client.errors",
     "KernelDenied": "kerneld_client.errors",
     "KernelError": "kerneld_client.errors",
@@ -61,6 +62,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "CUDAProperties",
+    "CorruptTree",
     "DaemonUnavailable",
     "Decision",
     "Device",
@@ -107,6 +109,7 @@ if TYPE_CHECKING:
 
     from kerneld_client._config import FallbackPolicy, KernelFallbackWarning
     from kerneld_client.errors import (
+        CorruptTree,
         DaemonUnavailable,
         KernelDenied,
         KernelError,

@@ -9,6 +9,11 @@ them between calls), and the once-per-kernel fallback warning.
     KERNELD_REF_MAX_AGE     seconds after which a ref in the published index is re-checked
                             with the daemon (default: never; the daemon keeps refs fresh)
     KERNELD_HUB_CACHE       the `hub` fallback's download cache (default ~/.cache/kerneld/hub)
+    KERNELD_VERIFY=1        re-hash every store tree before importing it (against its tree
+                            digest and metadata.json's digest); a mismatch refuses the tree
+                            (CorruptTree) and the fallback policy applies. Costs one read of
+                            the kernel's files per process (default: off; the daemon verified
+                            them on ingest and its scrub re-checks them)
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
     "ENV_TIMEOUT",
+    "ENV_VERIFY",
     "FallbackPolicy",
     "KernelFallbackWarning",
     "backoff_s",
@@ -40,6 +46,7 @@ __all__ = [
     "ref_max_age_s",
     "require",
     "timeout_s",
+    "verify_trees",
     "warn_once",
 ]
 
@@ -52,6 +59,7 @@ ENV_FETCH_TIMEOUT = "KERNELD_FETCH_TIMEOUT"
 ENV_BACKOFF = "KERNELD_BACKOFF"
 ENV_REF_MAX_AGE = "KERNELD_REF_MAX_AGE"
 ENV_HUB_CACHE = "KERNELD_HUB_CACHE"
+ENV_VERIFY = "KERNELD_VERIFY"
 
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_FETCH_TIMEOUT_S = 300.0
@@ -85,9 +93,18 @@ def fallback_policy(explicit: str | FallbackPolicy | None = None) -> FallbackPol
         raise ValueError(f"unknown fallback policy {value!r}; expected one of {names}") from None
 
 
+_TRUE = ("1", "true", "yes", "on")
+
+
 def require() -> bool:
     """$KERNELD_REQUIRE set to a true value: every fallback is an error."""
-    return os.environ.get(ENV_REQUIRE, "").strip().lower() in ("1", "true", "yes", "on")
+    return os.environ.get(ENV_REQUIRE, "").strip().lower() in _TRUE
+
+
+def verify_trees() -> bool:
+    """$KERNELD_VERIFY set to a true value: re-hash a store tree before importing it, for
+    processes that must not trust the disk since the daemon last looked at it."""
+    return os.environ.get(ENV_VERIFY, "").strip().lower() in _TRUE
 
 
 def _seconds(name: str, default: float | None) -> float | None:

@@ -120,3 +120,9 @@ class KernelLoadError(KernelError, ImportError):
 
 class UntrustedPath(KernelLoadError):
     """A kernel path failed the trust checks (outside the store, writable, foreign owner, link)."""
+
+
+class CorruptTree(KernelLoadError):
+    """Under `KERNELD_VERIFY=1`: the kernel's files on disk no longer match the digests the
+    store published (a disk fault, or tampering by whoever can write the store). Nothing of it
+    was imported."""

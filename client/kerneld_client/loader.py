@@ -11,7 +11,8 @@ Warm path (no RPC, no network, grpc not imported), in `_load`:
  3. ref -> commit; denies honoured; the best accepted variant that is present, unless the upstream
     has a better accepted one that is not cached yet (then it is a miss);
  4. `LOCK_SH` on the tree's lock file, kept for the life of the process (GC keeps the tree);
- 5. trust checks on the tree (inside the store root, owner, modes, no symlink out);
+ 5. trust checks on the tree (inside the store root, owner, modes, no symlink out); with
+    `KERNELD_VERIFY=1` also a re-hash of every file against the tree digest (CorruptTree);
  6. `metadata.json` `backend.archs` against this process's devices, before any import;
  7. `kernel-depends` loaded first, then the import under the metadata id.
 On a miss the daemon is asked (`_rpc`), and what it returns goes through steps 4-7 too.
@@ -347,6 +348,8 @@ def _load_store_tree(
         raise _Miss(f"tree {digest} is being removed: {exc!r}") from exc
     try:
         real = _trust.check_tree(root, tree)
+        if _config.verify_trees():
+            _verify_before_import(real, digest, req, variant)
         return _import_tree(
             real,
             req=req,
@@ -363,6 +366,35 @@ def _load_store_tree(
         if taken:
             _release(real_guess)
         raise
+
+
+def _verify_before_import(real: Path, digest: str | None, req: KernelRequest, variant: str) -> None:
+    """`KERNELD_VERIFY=1`: re-hash the tree (its digest, else metadata.json's) before a single
+    byte of it runs; CorruptTree on any difference, and the fallback policy takes over."""
+    from kerneld_client import _verify
+
+    check = _verify.verify_tree(
+        real, digest, repo_id=req.repo_id, revision=req.ref, variant=variant
+    )
+    if check.tree_checked or check.metadata_checked:
+        _config.log.debug(
+            "verified %s@%s [%s]: %d files, %d bytes in %.2f ms",
+            req.repo_id,
+            req.ref,
+            variant,
+            check.files,
+            check.bytes,
+            check.seconds * 1e3,
+        )
+    else:
+        _config.log.warning(
+            "KERNELD_VERIFY: %s@%s [%s] at %s has no digest to verify against (no tree digest, "
+            "no metadata.json digest); loading it as it is",
+            req.repo_id,
+            req.ref,
+            variant,
+            real,
+        )
 
 
 # ------------------------------------------------------------------------------- index
@@ -452,7 +484,9 @@ def _load(
             except _Miss:
                 pass
     try:
-        return _load_via_daemon(root, req, facts, opts, stack)
+        if stale_pick is not None or not opts.allow_fetch:
+            return _load_via_daemon(root, req, facts, opts, stack)
+        return _load_cold(root, req, facts, opts, stack)
     except DaemonUnavailable:
         if stale_pick is None or root is None:
             raise
@@ -464,6 +498,32 @@ def _load(
                 repo_id=req.repo_id,
                 revision=req.ref,
             ) from None
+
+
+def _load_cold(
+    root: _trust.StoreRoot | None,
+    req: KernelRequest,
+    facts: PlatformFacts,
+    opts: _Options,
+    stack: tuple[str, ...],
+) -> LoadedKernel:
+    """Ask the daemon, unless another process of this user is asking it for the same kernel
+    right now: then wait for that answer and read the index it published (`_coalesce`)."""
+    from kerneld_client import _coalesce  # the cold path only
+
+    socket_path = locations.default_socket()
+    with _coalesce.turn(socket_path, req, _config.fetch_timeout_s()) as ask:
+        if ask:
+            return _load_via_daemon(root, req, facts, opts, stack)
+    root = root or _store_root()
+    if root is not None:
+        pick = _pick_from_index(root, req, facts)
+        if pick is not None and not pick.stale_ref:
+            try:
+                return _load_pick(root, pick, req, facts, opts, stack)
+            except _Miss:
+                pass
+    return _load_via_daemon(root, req, facts, opts, stack)
 
 
 def _load_pick(
@@ -639,6 +699,8 @@ def _load_from_hub(
     real = _trust.check_tree(cache_root, tree.path)
     if str(real) in _loaded:
         return _loaded[str(real)]
+    if _config.verify_trees():
+        _verify_before_import(real, None, req, tree.variant)
     # Dependencies: from kerneld when it can, else from the Hub as well.
     deps: dict[str, ModuleType] = {}
     for dep_req in _dependency_requests(importer.read_metadata(real), opts):
@@ -809,9 +871,15 @@ def has_kernel(
     if req.repo_id in _local_overrides():
         return True
     try:
-        decisions, archs = _variants(req, facts)
+        return _has_variant(req, facts, check_arch=check_arch)
     except KernelError:
         return False
+
+
+def _has_variant(req: KernelRequest, facts: PlatformFacts, *, check_arch: bool) -> bool:
+    """has_kernel's answer from the index or the daemon; raises the KernelError that made it
+    unknowable (the `kernels` integration tells "no" from "kerneld is unavailable")."""
+    decisions, archs = _variants(req, facts)
     best = next((d for d in decisions if d.accepted), None)
     if best is None:
         return False

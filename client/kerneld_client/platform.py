@@ -140,6 +140,10 @@ def facts_from_json(text: str) -> PlatformFacts:
         return PlatformFacts.from_dict(merged)
     except ValueError as exc:
         raise ValueError(f"{ENV_VAR} is not a valid platform facts object: {exc}") from exc
+    except RecursionError:
+        raise ValueError(
+            f"{ENV_VAR} is not a valid platform facts object: nested too deeply"
+        ) from None
 
 
 def _tvm_ffi_version() -> str:

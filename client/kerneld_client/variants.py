@@ -331,7 +331,10 @@ def parse_version(text: str | None, *, parts: int | None = None) -> tuple[int, .
     m = _VERSION_PREFIX_RE.match(text)
     if m is None:
         raise ValueError(f"not a version: {text!r}")
-    nums = tuple(int(p) for p in m.group(1).split("."))
+    try:
+        nums = tuple(int(p) for p in m.group(1).split("."))
+    except ValueError:  # more digits than int() converts
+        raise ValueError(f"not a version: {text[:20]!r}... has too many digits") from None
     if parts is not None:
         nums = (nums + (0,) * parts)[:parts]
     return nums
@@ -358,6 +361,16 @@ def _backend_from_obj(obj: Any) -> tuple[Backend, bool]:
         raise ValueError(f"unknown backend type {obj.get('type')!r}") from None
     version = _two_part(obj.get("version")) if btype in _VERSION_PREFIX else None
     return Backend(btype, version), bool(obj.get("explicit", False))
+
+
+def _is_unicode(text: str) -> bool:
+    """No lone surrogates (from `\\ud800` in JSON, or undecodable bytes in the environment):
+    such facts could not even be sent to the daemon (protobuf strings are UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _this_python() -> tuple[int, int, int]:
@@ -468,6 +481,8 @@ class PlatformFacts:
         for key in ("cpu", "os"):
             if not isinstance(data.get(key), str):
                 raise ValueError(f"platform fact {key!r} must be a string")
+            if not data[key].isascii() and not _is_unicode(data[key]):
+                raise ValueError(f"platform fact {key!r} is not valid Unicode: {data[key]!r}")
         try:
             kwargs: dict[str, Any] = {"cpu": data["cpu"], "os": data["os"]}
             if "torch_version" in data:
@@ -485,15 +500,16 @@ class PlatformFacts:
                 if not isinstance(data["free_threaded"], bool):
                     raise ValueError("free_threaded must be true or false")
                 kwargs["free_threaded"] = data["free_threaded"]
-            if data.get("python_version"):
-                py = parse_version(str(data["python_version"]), parts=3)
-                assert py is not None
+            py = parse_version(str(data.get("python_version") or ""), parts=3)
+            if py is not None:  # empty or blank: this interpreter's version (the default)
                 kwargs["python_version"] = (py[0], py[1], py[2])
             if "macos_version" in data:
                 kwargs["macos_version"] = parse_version(data["macos_version"] or None)
             caps = data.get("device_capabilities") or ()
             if isinstance(caps, str) or not all(isinstance(c, str) for c in caps):
                 raise ValueError("device_capabilities must be a list of strings")
+            if not all(_is_unicode(c) for c in caps):
+                raise ValueError(f"device_capabilities are not valid Unicode: {caps!r}")
             kwargs["device_capabilities"] = tuple(caps)
             return cls(**kwargs)
         except (TypeError, AttributeError) as exc:
@@ -687,7 +703,10 @@ def _cuda_arch_supports(arch: str, cap: tuple[int, int]) -> bool | None:
     m = _CUDA_ARCH_RE.fullmatch(arch)
     if m is None:
         return None
-    arch_cap = (int(m.group(1)), int(m.group(2)))
+    try:
+        arch_cap = (int(m.group(1)), int(m.group(2)))
+    except ValueError:  # more digits than int() converts: not an arch anyone builds for
+        return None
     suffix, ptx = m.group(3), m.group(4) is not None
     if suffix == "a":  # architecture-specific: that capability only
         return cap == arch_cap
@@ -712,9 +731,12 @@ def arch_compatible(archs: Sequence[str], capability: str) -> tuple[bool, str]:
             return True, f"ROCm arch {target} is declared by the build"
         return False, f"ROCm arch {target} is not among the build's architectures: {listed}"
     m = _CAPABILITY_RE.fullmatch(capability)
-    if m is None:
-        return True, f"device capability {capability!r} is not understood; not checked"
-    cap = (int(m.group(1)), int(m.group(2)))
+    try:
+        cap = (int(m.group(1)), int(m.group(2))) if m is not None else None
+    except ValueError:  # more digits than int() converts
+        cap = None
+    if cap is None:
+        return True, f"device capability {capability[:40]!r} is not understood; not checked"
     verdicts = [_cuda_arch_supports(a, cap) for a in archs]
     if all(v is None for v in verdicts):
         return True, f"the build's architectures are in an unknown format: {listed}"

@@ -11,10 +11,12 @@ ingest.
 
 from __future__ import annotations
 
+import lzma
 import os
 import re
 import stat
 import tarfile
+import zlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -28,6 +30,10 @@ MAX_DOC_BYTES = 16 << 20
 #: More members than this is not a mirror but an attack on memory.
 MAX_MEMBERS = 2_000_000
 _SAFE_PART = re.compile(r"^[A-Za-z0-9._+-]{1,255}$")
+#: What reading through a damaged compressed tar raises besides tarfile's own errors: gzip's
+#: BadGzipFile and bz2's "Invalid data stream" are OSErrors, zlib and lzma have their own.
+DECOMPRESSION_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError)
+_READ_ERRORS: tuple[type[Exception], ...] = (tarfile.TarError, *DECOMPRESSION_ERRORS)
 
 
 class BundleError(ValueError):
@@ -162,7 +168,7 @@ class TarBundle(Bundle):
         compressed = magic.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00"))
         try:
             self._tar = tarfile.open(path, "r:*" if compressed else "r:")  # noqa: SIM115
-        except (tarfile.TarError, OSError, EOFError) as exc:
+        except _READ_ERRORS as exc:
             raise BundleError(f"{path} is not a readable tar file: {exc}") from None
         try:
             self._scan(archive_size, compressed)
@@ -213,6 +219,8 @@ class TarBundle(Bundle):
             raise BundleError(f"the tar is corrupt or truncated: {exc}") from None
         except EOFError as exc:
             raise BundleError(f"the tar is truncated: {exc}") from None
+        except DECOMPRESSION_ERRORS as exc:
+            raise BundleError(f"the compressed tar is corrupt: {exc}") from None
         if not compressed:
             self._check_end_marker(archive_size)
 
@@ -240,7 +248,7 @@ class TarBundle(Bundle):
         with self.open_blob(rel) as fh:
             try:
                 data = fh.read(entry.size)
-            except (tarfile.TarError, EOFError, OSError) as exc:
+            except _READ_ERRORS as exc:
                 raise BundleError(f"{rel}: the tar is truncated or corrupt: {exc}") from None
         if len(data) != entry.size:
             raise BundleError(f"{rel}: the tar is truncated ({len(data)} of {entry.size} bytes)")

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import lzma
 import os
 import re
 import tarfile
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,7 +237,7 @@ def _ingest_blob(
                 store.ingest(fh, size=size, sha256=sha, **ctx)
     except IntegrityError as exc:
         return False, f"blob {sha} does not match the manifest: {exc}"
-    except (tarfile.TarError, EOFError, BundleError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, BundleError) as exc:
         return False, f"blob {sha}: the tar is truncated or corrupt: {exc}"
     except StoreError as exc:
         return False, f"blob {sha}: {exc}"

@@ -150,8 +150,10 @@ def _file(entry: Any, variant: str) -> RemoteFile:
 def _load(data: bytes, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also bad UTF-8, and numbers longer than int() converts
         raise MirrorFormatError(f"{what} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise MirrorFormatError(f"{what} is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise MirrorFormatError(f"{what} must be a JSON object")
     return doc

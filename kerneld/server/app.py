@@ -6,7 +6,7 @@ Order at start (each step can fail with a clear message and exit code, see `main
    chmod/chown'ed; health answers NOT_SERVING and RPCs UNAVAILABLE/NOT_READY from here on;
 3. the store: owner lock (one daemon per store) and crash-recovery scan;
 4. health SERVING, the advert file beside the user socket, `READY=1`;
-5. background prefetch (readiness never waits for the network).
+5. background prefetch (readiness never waits for the network) and the periodic scrub.
 On SIGTERM: NOT_SERVING, `STOPPING=1`, stop accepting RPCs, let in-flight RPCs and fetches finish
 for up to `server.drain_timeout`, flush leases, remove sockets and advert, close the store.
 """
@@ -192,6 +192,8 @@ class Daemon:
             log.info("ready in %.3fs: %s", time.monotonic() - started, summary)
             self.notifier.ready(summary)
             self.core.start_timer()
+            self.core.warm_upstreams()
+            self.core.scrubber.start()
             self._loop()
         finally:
             self._shutdown()

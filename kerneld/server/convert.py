@@ -123,11 +123,15 @@ def metadata_to_proto(path: Path) -> pb.KernelMetadata:
     depends = doc.get("python-depends")
     if isinstance(depends, list):
         meta.python_depends.extend(d for d in depends if isinstance(d, str))
-    for dep in doc.get("kernel-depends") or []:
+    depends_on = doc.get("kernel-depends")
+    for dep in depends_on if isinstance(depends_on, list) else []:
         if isinstance(dep, dict) and isinstance(dep.get("repo-id"), str):
             ref = pb.KernelRef(repo_id=dep["repo-id"])
-            if isinstance(dep.get("version"), int):
-                ref.version = dep["version"]
+            version = dep.get("version")
+            if isinstance(version, int) and not isinstance(version, bool):
+                if not 0 <= version < 2**32:
+                    continue  # not a version a KernelRef can carry (nor resolve serves)
+                ref.version = version
             elif isinstance(dep.get("revision"), str):
                 ref.revision = dep["revision"]
             meta.kernel_depends.append(ref)

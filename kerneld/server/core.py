@@ -25,6 +25,7 @@ from kerneld.server import logs
 from kerneld.server.errors import NotReady
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
+from kerneld.server.scrub import Scrubber
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
 from kerneld.store import IntegrityError, Lease, Store
 from kerneld.upstream.base import is_commit
@@ -122,6 +123,7 @@ class Core:
         self._hits_lock = threading.Lock()
         self.cancel = threading.Event()
         """Set when the daemon stops: running prefetches end between variants."""
+        self.scrubber = Scrubber(self)
 
     # ---- opening and closing -------------------------------------------------------------
 
@@ -167,6 +169,7 @@ class Core:
 
     def close(self) -> None:
         self.stop_timer()
+        self.scrubber.join(5.0)  # it ends at its next chunk; the store must outlive it
         if self._leases is not None:
             self._leases.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -459,6 +462,17 @@ class Core:
         self.metrics.prefetches.labels("failed").inc(summary.kernels_failed)
         return summary
 
+    def warm_upstreams(self) -> None:
+        """Set the upstream clients up in the background, so the first cold Resolve after a
+        start (or a reload that changed them) does not wait for it."""
+        chain = list(self.upstreams)
+
+        def warm() -> None:
+            for upstream in chain:
+                upstream.warm_up()
+
+        threading.Thread(target=warm, name="upstream-warm-up", daemon=True).start()
+
     def start_timer(self) -> None:
         """Prefetch the configured kernels now (if `on_start`) and every `interval`."""
         self._timer = threading.Thread(target=self._timer_loop, name="prefetch-timer", daemon=True)
@@ -468,11 +482,13 @@ class Core:
         self._timer_wake.set()
 
     def stop_timer(self) -> None:
-        """Stop scheduled prefetching: a run in progress ends after its current variant (it
-        is background work; it does not hold up a shutdown like a client's request does)."""
+        """Stop scheduled prefetching and scrubbing: a prefetch in progress ends after its
+        current variant, a scrub at its next chunk (background work does not hold up a
+        shutdown like a client's request does)."""
         self._timer_stop.set()
         self._timer_cancel.set()
         self._timer_wake.set()
+        self.scrubber.stop()
 
     def _timer_loop(self) -> None:
         first = True
@@ -517,6 +533,7 @@ class Core:
                 self._resolver.upstreams = list(chain)
                 self._resolver.fetcher.upstreams = list(chain)
             self.upstreams = chain
+            self.warm_upstreams()
         if self._resolver is not None:
             self._resolver.ref_ttl_s = effective.ref_ttl_s
             self._resolver.negative_ttl_s = effective.negative_ttl_s
@@ -538,6 +555,8 @@ class Core:
         self.forget_hits()
         if any(c.startswith("prefetch") for c in applied):
             self.wake_timer()
+        if any(c.startswith("scrub") for c in applied):
+            self.scrubber.wake()
         return applied, restart
 
 

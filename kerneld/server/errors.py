@@ -22,12 +22,18 @@ without parsing messages. The mapping (gRPC status, ErrorCode):
     DependencyCycle         INVALID_ARGUMENT     INVALID_ARGUMENT
     NotReady                UNAVAILABLE          NOT_READY
     Unimplemented           UNIMPLEMENTED        INTERNAL
+    store file system full  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (ENOSPC/EDQUOT, SQLite "full")
+    store read-only / EIO   INTERNAL             INTERNAL (one log line, no traceback: a disk
+                                                 fault, not a bug; cached kernels still work)
     anything else           INTERNAL             INTERNAL (logged with its traceback)
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import sqlite3
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -130,6 +136,36 @@ def _hint(exc: BaseException, repo: str) -> str:
     return ""
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_BROKEN = (errno.EROFS, errno.EIO)
+
+
+def store_fault(exc: BaseException) -> str | None:
+    """ "full" or "broken" when `exc` is the store's file system failing under us (a disk that
+    filled up behind the space reservation, or was remounted read-only after an error)."""
+    if isinstance(exc, OSError):
+        if exc.errno in _FULL:
+            return "full"
+        if exc.errno in _BROKEN:
+            return "broken"
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        if "full" in text:
+            return "full"
+        if "disk I/O error" in text or "readonly" in text:
+            return "broken"
+    return None
+
+
+_FAULT_HINTS = {
+    "full": "the store's file system is full: free space there, lower [store] cap or run "
+    "`kerneldctl gc`; kernels already cached keep working",
+    "broken": "the store's file system is read-only or failing (a disk error can remount it "
+    "read-only): check `dmesg`, repair it and restart kerneld; kernels already cached keep "
+    "working meanwhile",
+}
+
+
 def _context(exc: BaseException) -> tuple[str, str, str]:
     """(repo, revision, variant) from whichever error family `exc` belongs to."""
     if isinstance(exc, ResolveError | UpstreamError):
@@ -150,7 +186,18 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
     e_repo, e_rev, e_variant = _context(exc)
     repo = e_repo or repo
     message = str(exc) or type(exc).__name__
-    if status is grpc.StatusCode.INTERNAL:
+    hint = _hint(exc, repo)
+    fault = store_fault(exc) if status is grpc.StatusCode.INTERNAL else None
+    if fault is not None:
+        if fault == "full":
+            status, code = grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED
+        message = f"store {'full' if fault == 'full' else 'I/O fault'}: {exc}"
+        hint = _FAULT_HINTS[fault]
+        if not getattr(exc, "_kerneld_logged", False):  # classify runs twice per failed RPC
+            log.error("store fault repo=%s revision=%s: %s", repo, revision, message)
+            with contextlib.suppress(AttributeError):
+                setattr(exc, "_kerneld_logged", True)  # noqa: B010
+    elif status is grpc.StatusCode.INTERNAL:
         log.error("internal error repo=%s revision=%s: %r", repo, revision, exc, exc_info=exc)
         message = f"internal error: {type(exc).__name__}: {exc}"
     detail = pb.ErrorDetail(
@@ -159,7 +206,7 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
         repo_id=repo,
         revision=e_rev or revision,
         variant=e_variant,
-        hint=_hint(exc, repo),
+        hint=hint,
     )
     if isinstance(exc, NoCompatibleVariant):
         detail.variants.extend(decision_to_proto(d) for d in exc.decisions)

@@ -10,6 +10,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -223,7 +224,14 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
         log.error("cannot create sockets: %s", exc)
         code = EXIT_CONFIG
     except (StoreError, OSError) as exc:
-        log.error("cannot start: %s", exc)
+        if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+            log.error(
+                "cannot start: %s; the store's file system is read-only (a disk error can "
+                "remount it so): check `dmesg`, repair it, then start kerneld again",
+                exc,
+            )
+        else:
+            log.error("cannot start: %s", exc)
         code = EXIT_FAILURE
     except Exception as exc:
         log.critical("crashed: %r", exc, exc_info=exc)

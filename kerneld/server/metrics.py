@@ -104,6 +104,40 @@ class Metrics:
             "kerneld_prefetch_kernels", "Prefetched kernels by result", ["result"], registry=r
         )
         self.ready = Gauge("kerneld_ready", "1 when serving", registry=r)
+        self.scrub_runs = Counter(
+            "kerneld_scrub_runs",
+            "Background scrub passes by outcome (completed, cancelled, failed)",
+            ["result"],
+            registry=r,
+        )
+        self.scrub_bytes = Counter(
+            "kerneld_scrub_bytes", "Bytes re-hashed by the background scrub", registry=r
+        )
+        self.scrub_trees = Counter(
+            "kerneld_scrub_trees", "Trees re-hashed by the background scrub", registry=r
+        )
+        self.scrub_problems = Counter(
+            "kerneld_scrub_problems",
+            "Damage the scrub confirmed, by kind (corrupt, missing, untrusted, io)",
+            ["kind"],
+            registry=r,
+        )
+        self.scrub_invalidated = Counter(
+            "kerneld_scrub_invalidated_trees",
+            "Trees the scrub took out of service",
+            registry=r,
+        )
+        self.scrub_refetches = Counter(
+            "kerneld_scrub_refetches",
+            "Re-fetches of variants whose tree the scrub invalidated (ok, failed, skipped)",
+            ["result"],
+            registry=r,
+        )
+        self.scrub_last_completed = Gauge(
+            "kerneld_scrub_last_completed_timestamp_seconds",
+            "Unix time the last complete scrub pass ended (0: none since start)",
+            registry=r,
+        )
         self._collector: _StoreCollector | None = None
 
     def watch_store(self, read: Callable[[], StoreGauges | None]) -> None:

@@ -2,8 +2,9 @@
 
 grpcio unlinks whatever is at a unix socket path before binding, so a second server would
 silently take over a live socket (REFERENCE §7). Before binding, the daemon therefore
-1. takes an exclusive `flock` on `<socket>.lock` (held for its lifetime; a second daemon with the
-   same socket path, whatever its store, fails here and names the holder's pid);
+1. takes an exclusive `flock` on `<socket>.lock` (mode 0600, held for its lifetime; a second
+   daemon with the same socket path, whatever its store, fails here and names the holder's pid;
+   other users cannot open the file, so they cannot hold the lock to keep the daemon out);
 2. refuses a path where something still accepts connections (a server that does not use the lock);
 3. removes a stale socket file left by a crash.
 The socket is created under a restrictive umask (never briefly more open than configured), then
@@ -31,6 +32,9 @@ log = logging.getLogger("kerneld.sockets")
 
 #: sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+#: `flock` needs only a read-only descriptor: a lock file others could open would let any local
+#: user hold it and keep the daemon from (re)starting.
+LOCK_FILE_MODE = 0o600
 
 
 class SocketBusy(Exception):
@@ -47,7 +51,9 @@ class SocketLock:
     def __init__(self, sock: Path) -> None:
         self.path = sock.with_name(sock.name + ".lock")
         sock.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(
+            self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, LOCK_FILE_MODE
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -60,6 +66,7 @@ class SocketLock:
                 f"another kerneld (pid {pid}) is serving {sock}; stop it first, or give this one "
                 "another --socket/--admin-socket"
             ) from None
+        os.fchmod(fd, LOCK_FILE_MODE)  # lock files made before they became private
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from kerneld.config import Config, ConfigError, UpstreamConfig
 from kerneld.upstream.base import Refs, RemoteFile, Upstream
@@ -21,6 +21,9 @@ from kerneld.upstream.errors import (
     RevisionNotFound,
 )
 from kerneld.upstream.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 T = TypeVar("T")
 
@@ -112,6 +115,23 @@ def _token(cfg: UpstreamConfig, source: str, index: int) -> str | None:
         ) from exc
 
 
+def _keys(cfg: Config, up: UpstreamConfig, index: int) -> dict[str, Ed25519PublicKey] | None:
+    """The keys a mirror's signatures are checked against, if it requires signatures."""
+    if not up.require_signatures:
+        return None
+    from kerneld.mirror.keys import KeyFileError, trusted_key_set
+
+    where = f"upstream[{index}].require_signatures"
+    if not cfg.trusted_keys:
+        raise ConfigError(
+            cfg.source, where, "no [mirror] trusted_keys to check this mirror's signatures with"
+        )
+    try:
+        return trusted_key_set(cfg.trusted_keys)
+    except KeyFileError as exc:
+        raise ConfigError(cfg.source, "mirror.trusted_keys", str(exc)) from None
+
+
 def build_upstreams(cfg: Config) -> list[TrackedUpstream]:
     """The configured chain, in priority order (the first upstream is asked first)."""
     policy = RetryPolicy(attempts=cfg.fetch_attempts, timeout=cfg.fetch_timeout_s)
@@ -130,10 +150,14 @@ def build_upstreams(cfg: Config) -> list[TrackedUpstream]:
         elif up.kind == "mirror-dir":
             from kerneld.upstream.mirror import MirrorDirUpstream
 
-            inner = MirrorDirUpstream(Path(up.location), name=up.name, policy=policy)
+            inner = MirrorDirUpstream(
+                Path(up.location), name=up.name, policy=policy, trusted_keys=_keys(cfg, up, i)
+            )
         else:
             from kerneld.upstream.mirror import MirrorHttpUpstream
 
-            inner = MirrorHttpUpstream(up.location, name=up.name, policy=policy)
+            inner = MirrorHttpUpstream(
+                up.location, name=up.name, policy=policy, trusted_keys=_keys(cfg, up, i)
+            )
         chain.append(TrackedUpstream(inner, up, i))
     return chain

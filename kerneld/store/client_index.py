@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,10 +85,7 @@ __all__ = [
 def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> dict[str, Any]:
     commits: dict[str, dict[str, Any]] = {}
     upstream = index.all_upstream_variants(repo)
-    for v in index.variants_of(repo):
-        tree = index.get_tree(v.tree)
-        if tree is None or tree.state != "live":
-            continue
+    for v in index.live_variants_of(repo):
         entry = commits.setdefault(
             v.commit, {"upstream_variants": upstream.get(v.commit), "variants": {}}
         )
@@ -95,9 +93,9 @@ def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> 
             "tree": layout.tree_relpath(v.tree),
             "digest": f"sha256:{v.tree}",
             "lock": layout.lock_relpath(v.tree),
-            "metadata_id": tree.metadata_id,
-            "backend": tree.backend,
-            "archs": tree.archs,
+            "metadata_id": v.metadata_id,
+            "backend": v.backend,
+            "archs": v.archs,
         }
     return {
         "format": FORMAT,
@@ -149,6 +147,29 @@ def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:
     os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def unchanged(path: Path, doc: dict[str, Any]) -> bool:
+    """True if ``path`` already says what ``doc`` says (ignoring when and in which generation
+    it was written) and is a public file of ours: a restart then has nothing to rewrite."""
+    volatile = ("generation", "written_at")
+    try:
+        st = os.lstat(path)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or stat.S_IMODE(st.st_mode) != FILE_MODE_PUBLIC
+        ):
+            return False
+        existing = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(existing, dict):
+        return False
+    wanted = json.loads(json.dumps(doc))  # the types a reader sees (tuples become lists)
+    return {k: v for k, v in existing.items() if k not in volatile} == {
+        k: v for k, v in wanted.items() if k not in volatile
+    }
 
 
 def remove(path: Path) -> None:

@@ -158,6 +158,18 @@ class VariantRow:
 
 
 @dataclass(frozen=True)
+class LiveVariantRow:
+    """A published variant whose tree is live, with what the client index says about it."""
+
+    commit: str
+    variant: str
+    tree: str
+    metadata_id: str | None
+    backend: str | None
+    archs: list[str]
+
+
+@dataclass(frozen=True)
 class RefRow:
     repo: str
     ref: str
@@ -198,6 +210,12 @@ class NegativeRow:
     reason: str
     created_at: float
     expires_at: float
+
+
+_TREE_COLUMNS_NO_MANIFEST = (
+    "digest, size, files, copied_bytes, metadata_id, backend, archs, state, created_at, "
+    "last_resolved"
+)
 
 
 def _tree(row: sqlite3.Row) -> TreeRow:
@@ -292,7 +310,14 @@ class Index:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException:
+                # A COMMIT that failed (disk full, I/O error) may leave the transaction open;
+                # every later BEGIN would then fail even after the disk recovers.
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
 
     def _one(self, sql: str, args: Sequence[object] = ()) -> sqlite3.Row | None:
         with self._lock:
@@ -378,11 +403,28 @@ class Index:
         row = self._one("SELECT * FROM trees WHERE digest = ?", (digest,))
         return None if row is None else _tree(row)
 
-    def trees(self, state: str | None = None) -> list[TreeRow]:
+    def trees(self, state: str | None = None, *, manifests: bool = True) -> list[TreeRow]:
+        """Tree rows; ``manifests=False`` leaves `manifest` empty (GC of a big store needs
+        every row but none of the manifests)."""
+        columns = "*" if manifests else f"{_TREE_COLUMNS_NO_MANIFEST}, x'' AS manifest"
         if state is None:
-            return [_tree(r) for r in self._all("SELECT * FROM trees ORDER BY digest")]
-        rows = self._all("SELECT * FROM trees WHERE state = ? ORDER BY digest", (state,))
+            return [_tree(r) for r in self._all(f"SELECT {columns} FROM trees ORDER BY digest")]  # noqa: S608
+        rows = self._all(
+            f"SELECT {columns} FROM trees WHERE state = ? ORDER BY digest",  # noqa: S608
+            (state,),
+        )
         return [_tree(r) for r in rows]
+
+    def tree_digests(self, state: str) -> list[str]:
+        """Digests only (no manifests): cheap to hold for a whole store."""
+        rows = self._all("SELECT digest FROM trees WHERE state = ? ORDER BY digest", (state,))
+        return [str(r[0]) for r in rows]
+
+    def trees_of_blob(self, sha256: str) -> list[str]:
+        rows = self._all(
+            "SELECT DISTINCT tree FROM tree_files WHERE blob = ? ORDER BY tree", (sha256,)
+        )
+        return [str(r[0]) for r in rows]
 
     def all_tree_files(self) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in self._all("SELECT tree, blob FROM tree_files")]
@@ -467,6 +509,16 @@ class Index:
             )
         return [VariantRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
+    def live_variants_of(self, repo: str) -> list[LiveVariantRow]:
+        """One query for a repo's client index (no manifests: a store may hold 100,000 trees)."""
+        rows = self._all(
+            "SELECT v.commit_sha, v.variant, v.tree, t.metadata_id, t.backend, t.archs "
+            "FROM variants v JOIN trees t ON t.digest = v.tree "
+            "WHERE v.repo = ? AND t.state = 'live' ORDER BY 1, 2",
+            (repo,),
+        )
+        return [LiveVariantRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+
     def variants_of_tree(self, tree: str) -> list[VariantRow]:
         rows = self._all("SELECT * FROM variants WHERE tree = ?", (tree,))
         return [VariantRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
@@ -547,6 +599,14 @@ class Index:
     def get_ref(self, repo: str, ref: str) -> RefRow | None:
         row = self._one("SELECT * FROM refs WHERE repo = ? AND ref = ?", (repo, ref))
         return None if row is None else RefRow(row[0], row[1], row[2], row[3])
+
+    def all_refs(self) -> list[RefRow]:
+        rows = self._all("SELECT * FROM refs ORDER BY repo, ref")
+        return [RefRow(r[0], r[1], r[2], r[3]) for r in rows]
+
+    def all_variants(self) -> list[VariantRow]:
+        rows = self._all("SELECT * FROM variants ORDER BY 1, 2, 3")
+        return [VariantRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def refs_of(self, repo: str) -> list[RefRow]:
         rows = self._all("SELECT * FROM refs WHERE repo = ? ORDER BY ref", (repo,))

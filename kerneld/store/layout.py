@@ -3,7 +3,8 @@
 ::
 
     <root>/                              0755, owned by the store owner
-    ├── owner.lock                       0644  exclusive flock of the owning process; holds its pid
+    ├── owner.lock                       0600  exclusive flock of the owning process; holds its pid
+    │                                          (private: anyone who can open it could hold it)
     ├── v1/                              0755  layout version 1 (a new layout gets a new folder)
     │   ├── index.sqlite3                0600  the index (SQLite, WAL); validity lives here
     │   ├── blobs/sha256/<2 hex>/<64 hex>  0444  immutable content, addressed by sha256

@@ -37,18 +37,24 @@ __all__ = [
 ]
 
 
+#: The owner lock is private: ``flock`` needs only a read-only descriptor, so a lock file other
+#: users could open would let any of them hold it and keep the daemon from starting.
+OWNER_LOCK_MODE = 0o600
+
+
 class OwnerLock:
     """The exclusive lock that makes one process the owner of a store."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, OWNER_LOCK_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = read_owner_pid(fd)
             os.close(fd)
             raise StoreLockedError(str(path.parent), pid) from None
+        os.fchmod(fd, OWNER_LOCK_MODE)  # stores made before the lock became private
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd

@@ -20,10 +20,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# The header and the line format live in the client (KERNELD_VERIFY rebuilds manifests from the
+# files on disk): one definition for both sides.
+from kerneld_client._verify import MANIFEST_HEADER, manifest_line
+
 from .errors import MetadataDigestError, MetadataError
 from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC
 
-MANIFEST_HEADER = b"kerneld-tree-v1\n"
 METADATA_FILE = "metadata.json"
 SIGSTORE_FILE = "metadata.json.sigstore"
 MAX_METADATA_BYTES = 1 << 20
@@ -54,7 +57,7 @@ class ManifestEntry:
     sha256: str
 
     def line(self) -> bytes:
-        return f"{self.mode:04o} {self.size} {self.sha256} {self.path}\n".encode()
+        return manifest_line(self.mode, self.size, self.sha256, self.path)
 
 
 def sort_entries(entries: Iterable[ManifestEntry]) -> list[ManifestEntry]:
@@ -100,8 +103,10 @@ def parse_metadata(raw: bytes, **ctx: str | None) -> tuple[dict[str, Any], Varia
         )
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also bad UTF-8, and numbers longer than int() converts
         raise MetadataError(f"metadata.json is not valid JSON: {exc}", **ctx) from None
+    except RecursionError:
+        raise MetadataError("metadata.json is not valid JSON: nested too deeply", **ctx) from None
     if not isinstance(doc, dict):
         raise MetadataError("metadata.json is not a JSON object", **ctx)
     backend = doc.get("backend")
@@ -148,7 +153,7 @@ def check_metadata_digest(
     if not isinstance(digest, dict):
         raise MetadataDigestError(detail="'digest' is not an object", **ctx)
     algorithm = digest.get("algorithm")
-    if algorithm not in DIGEST_ALGORITHMS:
+    if not isinstance(algorithm, str) or algorithm not in DIGEST_ALGORITHMS:
         raise MetadataDigestError(
             detail=f"unsupported digest algorithm {algorithm!r} (sha256 or sha512)", **ctx
         )

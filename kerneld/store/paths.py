@@ -24,6 +24,10 @@ from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC, is_hex
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
+#: Kernel variants are a few directories deep. A deeper tree is refused: removing or walking
+#: one ~1000 levels deep overflows Python's recursion (os.walk, shutil.rmtree), so GC could
+#: never delete it.
+MAX_PATH_DEPTH = 64
 
 _REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})$")
 _REF = re.compile(r"^[A-Za-z0-9._/+-]{1,255}$")
@@ -51,7 +55,12 @@ def validate_relpath(path: object, **ctx: str | None) -> str:
         )
     if path.startswith("/"):
         raise InvalidPathError(path, "absolute path", **ctx)
-    for part in path.split("/"):
+    parts = path.split("/")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise InvalidPathError(
+            path[:64] + "...", f"more than {MAX_PATH_DEPTH} components ({len(parts)})", **ctx
+        )
+    for part in parts:
         if part == "":
             raise InvalidPathError(path, "empty path component ('//' or a trailing '/')", **ctx)
         if part in (".", ".."):

@@ -57,6 +57,8 @@ class VerifyReport:
     bytes_hashed: int = 0
     repaired: list[str] = field(default_factory=list)
     invalidated: list[tuple[str, str, str]] = field(default_factory=list)
+    log_problems: bool = True
+    """False for the scrub, which logs only what it confirmed (one line per event)."""
 
     @property
     def exit_code(self) -> int:
@@ -71,7 +73,8 @@ class VerifyReport:
 
     def add(self, kind: str, obj: str, ident: str, path: Path | str, detail: str) -> None:
         self.problems.append(Problem(kind, obj, ident, str(path), detail))
-        log.warning("verify: %s %s %s at %s: %s", kind, obj, ident, path, detail)
+        if self.log_problems:
+            log.warning("verify: %s %s %s at %s: %s", kind, obj, ident, path, detail)
 
 
 def _default_open(path: Path) -> int:
@@ -83,7 +86,12 @@ open_for_hash: Callable[[Path], int] = _default_open
 read_chunk: Callable[[int, int], bytes] = os.read
 
 
-def hash_file(path: Path) -> tuple[str, int, os.stat_result]:
+Throttle = Callable[[int], None]
+"""Called with the size of every chunk read: the periodic scrub sleeps in it to keep to its
+byte rate (and raises there to stop early); a plain ``verify`` passes none."""
+
+
+def hash_file(path: Path, throttle: Throttle | None = None) -> tuple[str, int, os.stat_result]:
     """(sha256 hex, size, fstat) of a file opened without following symlinks."""
     fd = open_for_hash(path)
     try:
@@ -96,6 +104,8 @@ def hash_file(path: Path) -> tuple[str, int, os.stat_result]:
                 break
             h.update(chunk)
             size += len(chunk)
+            if throttle is not None:
+                throttle(len(chunk))
         return h.hexdigest(), size, st
     finally:
         os.close(fd)
@@ -151,32 +161,9 @@ def verify(layout: Layout, index: Index, owner_uid: int) -> VerifyReport:
     for blob in blob_rows:
         if blob.state != "live":
             continue
-        report.blobs_checked += 1
-        path = layout.blob_path(blob.sha256)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            report.add("missing", "blob", blob.sha256, path, "blob file is missing")
-            continue
-        except OSError as exc:
-            report.add("io", "blob", blob.sha256, path, str(exc))
-            continue
-        problem = check_file_trust(st, owner_uid, FILE_MODE_BLOB)
-        if problem:
-            report.add("untrusted", "blob", blob.sha256, path, problem)
-            continue
-        try:
-            digest, size, fst = hash_file(path)
-        except OSError as exc:
-            report.add("io", "blob", blob.sha256, path, f"read failed: {exc}")
-            continue
-        report.bytes_hashed += size
-        if size != blob.size:
-            report.add("corrupt", "blob", blob.sha256, path, f"size {size}, expected {blob.size}")
-        elif digest != blob.sha256:
-            report.add("corrupt", "blob", blob.sha256, path, f"content hashes to {digest}")
-        else:
-            good_inodes[blob.sha256] = (fst.st_dev, fst.st_ino)
+        inode = verify_blob(layout, blob.sha256, blob.size, owner_uid=owner_uid, report=report)
+        if inode is not None:
+            good_inodes[blob.sha256] = inode
 
     tree_rows = index.trees()
     for tree in tree_rows:
@@ -196,6 +183,78 @@ def verify(layout: Layout, index: Index, owner_uid: int) -> VerifyReport:
     return report
 
 
+def verify_blob(
+    layout: Layout,
+    sha256: str,
+    size: int,
+    *,
+    owner_uid: int,
+    report: VerifyReport,
+    throttle: Throttle | None = None,
+    known_inode: tuple[int, int] | None = None,
+) -> tuple[int, int] | None:
+    """Check one live blob; its (st_dev, st_ino) when it is intact, else None (problems are
+    added to ``report``). ``known_inode``: an inode whose bytes were already hashed correctly
+    in this run (a tree file hard-linked to the blob), so only trust is checked."""
+    report.blobs_checked += 1
+    path = layout.blob_path(sha256)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        report.add("missing", "blob", sha256, path, "blob file is missing")
+        return None
+    except OSError as exc:
+        report.add("io", "blob", sha256, path, str(exc))
+        return None
+    problem = check_file_trust(st, owner_uid, FILE_MODE_BLOB)
+    if problem:
+        report.add("untrusted", "blob", sha256, path, problem)
+        return None
+    if known_inode is not None and known_inode == (st.st_dev, st.st_ino) and st.st_size == size:
+        return known_inode
+    try:
+        digest, got_size, fst = hash_file(path, throttle)
+    except OSError as exc:
+        report.add("io", "blob", sha256, path, f"read failed: {exc}")
+        return None
+    report.bytes_hashed += got_size
+    if got_size != size:
+        report.add("corrupt", "blob", sha256, path, f"size {got_size}, expected {size}")
+        return None
+    if digest != sha256:
+        report.add("corrupt", "blob", sha256, path, f"content hashes to {digest}")
+        return None
+    return (fst.st_dev, fst.st_ino)
+
+
+def verify_tree(
+    layout: Layout,
+    *,
+    digest: str,
+    manifest: bytes,
+    owner_uid: int,
+    report: VerifyReport,
+    throttle: Throttle | None = None,
+    hashed_inodes: dict[str, tuple[int, int]] | None = None,
+) -> None:
+    """Check one live tree against its manifest (the scrub's unit of work).
+
+    ``hashed_inodes`` collects, per blob sha256, the inode of a tree file that hashed
+    correctly, so the blob it is hard-linked to need not be read again.
+    """
+    report.trees_checked += 1
+    _verify_tree(
+        layout,
+        digest=digest,
+        manifest=manifest,
+        owner_uid=owner_uid,
+        good_inodes={},
+        report=report,
+        throttle=throttle,
+        hashed_inodes=hashed_inodes,
+    )
+
+
 def _verify_tree(
     layout: Layout,
     *,
@@ -204,6 +263,8 @@ def _verify_tree(
     owner_uid: int,
     good_inodes: dict[str, tuple[int, int]],
     report: VerifyReport,
+    throttle: Throttle | None = None,
+    hashed_inodes: dict[str, tuple[int, int]] | None = None,
 ) -> None:
     root = layout.tree_path(digest)
     entries = {e.path: e for e in parse_manifest(manifest)}
@@ -256,13 +317,15 @@ def _verify_tree(
             if good_inodes.get(entry.sha256) == (est.st_dev, est.st_ino):
                 continue
             try:
-                got, size, _ = hash_file(full)
+                got, size, fst = hash_file(full, throttle)
             except OSError as exc:
                 report.add("io", "tree", digest, full, f"read failed: {exc}")
                 continue
             report.bytes_hashed += size
             if size != entry.size or got != entry.sha256:
                 report.add("corrupt", "tree", digest, full, "content differs from the manifest")
+            elif hashed_inodes is not None:
+                hashed_inodes[entry.sha256] = (fst.st_dev, fst.st_ino)
     for rel in sorted(set(entries) - seen):
         report.add("missing", "tree", digest, root / rel, "file listed in the manifest is missing")
 

@@ -10,8 +10,9 @@ HTTP session straight into the store's verified ingest: they never pass through 
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
@@ -27,7 +28,14 @@ from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from kerneld import __version__
-from kerneld.upstream.base import Refs, RemoteFile, check_repo_id, is_commit, skipped
+from kerneld.upstream.base import (
+    SHA256_RE,
+    Refs,
+    RemoteFile,
+    check_repo_id,
+    is_commit,
+    skipped,
+)
 from kerneld.upstream.errors import (
     EntryNotFound,
     RepoNotFound,
@@ -41,7 +49,27 @@ log = logging.getLogger("kerneld.upstream.hub")
 
 REPO_TYPE = "kernel"
 CHUNK = 1 << 20
+#: A variant folder holds a handful of files; a listing this long is broken or hostile.
+MAX_TREE_ENTRIES = 10_000
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+def _size(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _remote_file(rel: str, entry: RepoFile) -> RemoteFile | None:
+    """A listing entry as a RemoteFile, or None when its size or content id is impossible."""
+    if entry.lfs is not None:
+        # An LFS file's git oid is the pointer's, not the content's: only sha256 counts.
+        size, sha256 = _size(entry.lfs.size), entry.lfs.sha256
+        if size is None or not isinstance(sha256, str) or not SHA256_RE.match(sha256):
+            return None
+        return RemoteFile(rel, size, sha256=sha256)
+    size, blob_id = _size(entry.size), entry.blob_id
+    if size is None or not isinstance(blob_id, str) or not is_commit(blob_id):
+        return None
+    return RemoteFile(rel, size, git_sha1=blob_id)
 
 
 class HubUpstream:
@@ -98,29 +126,46 @@ class HubUpstream:
     def list_variants(self, repo_id: str, commit: str) -> list[str]:
         check_repo_id(repo_id)
         entries = self._call(
-            lambda: list(
+            lambda: self._bounded(
                 self._api.list_repo_tree(
                     repo_id, "build", revision=commit, repo_type=REPO_TYPE, recursive=False
-                )
+                ),
+                f"{repo_id}@{commit}: build/",
             ),
             what="list variants",
             repo_id=repo_id,
             revision=commit,
         )
-        return sorted(e.path.split("/", 1)[1] for e in entries if isinstance(e, RepoFolder))
+        names: list[str] = []
+        for entry in entries:
+            if not isinstance(entry, RepoFolder):
+                continue
+            path = entry.path
+            folder = path if isinstance(path, str) else ""
+            name = folder[len("build/") :]
+            if not folder.startswith("build/") or name in ("", ".", "..") or "/" in name:
+                raise UpstreamProtocolError(
+                    f"tree listing of build/ returned the folder {path!r}",
+                    upstream=self.name,
+                    repo_id=repo_id,
+                    revision=commit,
+                )
+            names.append(name)
+        return sorted(names)
 
     def list_files(self, repo_id: str, commit: str, variant: str) -> list[RemoteFile]:
         check_repo_id(repo_id)
         prefix = f"build/{variant}/"
         entries = self._call(
-            lambda: list(
+            lambda: self._bounded(
                 self._api.list_repo_tree(
                     repo_id,
                     prefix.rstrip("/"),
                     revision=commit,
                     repo_type=REPO_TYPE,
                     recursive=True,
-                )
+                ),
+                f"{repo_id}@{commit}: {prefix}",
             ),
             what="list files",
             repo_id=repo_id,
@@ -130,7 +175,7 @@ class HubUpstream:
         for entry in entries:
             if not isinstance(entry, RepoFile):
                 continue
-            if not entry.path.startswith(prefix):
+            if not isinstance(entry.path, str) or not entry.path.startswith(prefix):
                 raise UpstreamProtocolError(
                     f"tree listing of {prefix} returned {entry.path!r}",
                     upstream=self.name,
@@ -140,11 +185,17 @@ class HubUpstream:
             rel = entry.path[len(prefix) :]
             if skipped(rel):
                 continue
-            if entry.lfs is not None:
-                # An LFS file's git oid is the pointer's, not the content's: only sha256 counts.
-                files.append(RemoteFile(rel, int(entry.lfs.size), sha256=entry.lfs.sha256))
-            else:
-                files.append(RemoteFile(rel, int(entry.size), git_sha1=entry.blob_id))
+            remote = _remote_file(rel, entry)
+            if remote is None:
+                shown = f"size {entry.size!r}, oid {entry.blob_id!r}, lfs {entry.lfs!r}"
+                raise UpstreamProtocolError(
+                    f"tree listing of {prefix} has an impossible size or content id for "
+                    f"{rel[:200]!r} ({shown[:300]})",
+                    upstream=self.name,
+                    repo_id=repo_id,
+                    revision=commit,
+                )
+            files.append(remote)
         return files
 
     # -- content --------------------------------------------------------------------------------
@@ -230,6 +281,18 @@ class HubUpstream:
         finally:
             cm.__exit__(None, None, None)
 
+    def _bounded(self, entries: Iterable[T], what: str) -> list[T]:
+        """A tree listing, refused past MAX_TREE_ENTRIES: a hostile or broken server could
+        otherwise page (`Link: next`) forever and hold a fetch and its memory."""
+        out = list(itertools.islice(entries, MAX_TREE_ENTRIES + 1))
+        if len(out) > MAX_TREE_ENTRIES:
+            raise UpstreamProtocolError(
+                f"tree listing of {what} has more than {MAX_TREE_ENTRIES} entries; "
+                "not a kernel build variant",
+                upstream=self.name,
+            )
+        return out
+
     def warm_up(self) -> None:
         """Pay the HTTP client's one-time set-up now rather than in the first client's fetch.
 
@@ -287,4 +350,6 @@ class HubUpstream:
             return TransientError(repr(exc))
         if isinstance(exc, ValueError | KeyError | TypeError):
             return UpstreamProtocolError(f"malformed answer: {exc!r}", **ctx)
+        if isinstance(exc, RecursionError):
+            return UpstreamProtocolError("malformed answer: JSON nested too deeply", **ctx)
         return exc

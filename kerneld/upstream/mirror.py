@@ -2,6 +2,12 @@
 
 A cluster puts one mirror between its daemons and the Hub; the directory reader serves local disks
 and NFS, the HTTP reader any web server, object store or CDN. Both read the same files.
+
+With `trusted_keys` (the upstream's `require_signatures`), every refs file and manifest must carry
+a valid Ed25519 signature (`kerneldctl mirror export --sign-key`) by one of those keys. Manifests
+name every file's sha256, which the store checks on ingest, so signed refs and manifests make
+the whole mirror tamper-evident: whoever controls the mirror's disk or the network to a plain
+`http://` mirror can then withhold kernels, but not substitute them.
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from threading import Lock
+from typing import TYPE_CHECKING
 
+from kerneld.mirror.keys import SignatureError, sig_path, verify_signature
 from kerneld.mirror.layout import (
     INFO,
     Manifest,
@@ -36,6 +44,9 @@ from kerneld.upstream.errors import (
 )
 from kerneld.upstream.retry import RetryPolicy, TransientError, parse_retry_after, with_retries
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 log = logging.getLogger("kerneld.upstream.mirror")
 CHUNK = 1 << 20
 #: Refs and manifests are small; anything bigger is refused before it is parsed.
@@ -52,9 +63,10 @@ class _MirrorBase:
     name: str
     policy: RetryPolicy
 
-    def __init__(self) -> None:
+    def __init__(self, trusted_keys: Mapping[str, Ed25519PublicKey] | None = None) -> None:
         self._info_checked = False
         self._lock = Lock()
+        self._trusted = dict(trusted_keys or {})
 
     # transport hooks
     def _read(self, rel: str) -> bytes:
@@ -76,6 +88,24 @@ class _MirrorBase:
             )
         except _Missing:
             return None
+
+    def _signed(self, rel: str, data: bytes, *, repo_id: str, revision: str = "") -> bytes:
+        """`data` if signatures are not required or it carries a trusted one; else an integrity
+        failure (the next upstream is asked; nothing is cached as "not found")."""
+        if not self._trusted:
+            return data
+        sig = self._get(sig_path(rel), repo_id=repo_id, revision=revision)
+        try:
+            verify_signature(rel, data, sig, self._trusted)
+        except SignatureError as exc:
+            raise UpstreamProtocolError(
+                f"refused {rel}: {exc} (this upstream requires signatures by "
+                f"{', '.join(sorted(self._trusted))})",
+                upstream=self.name,
+                repo_id=repo_id,
+                revision=revision,
+            ) from None
+        return data
 
     def _check_info(self) -> None:
         with self._lock:
@@ -100,6 +130,7 @@ class _MirrorBase:
         data = self._get(refs_path(repo_id), repo_id=repo_id)
         if data is None:
             raise RepoNotFound("not in this mirror", upstream=self.name, repo_id=repo_id)
+        data = self._signed(refs_path(repo_id), data, repo_id=repo_id)
         try:
             branches, tags = parse_refs(data, repo_id)
         except MirrorFormatError as exc:
@@ -138,6 +169,7 @@ class _MirrorBase:
             raise RevisionNotFound(
                 "commit not in this mirror", upstream=self.name, repo_id=repo_id, revision=commit
             )
+        data = self._signed(manifest_path(repo_id, commit), data, repo_id=repo_id, revision=commit)
         try:
             return Manifest.from_json(data, repo_id=repo_id, commit=commit)
         except MirrorFormatError as exc:
@@ -203,8 +235,15 @@ class _MirrorBase:
 class MirrorDirUpstream(_MirrorBase):
     """A mirror on a local or network file system."""
 
-    def __init__(self, root: Path, *, name: str = "", policy: RetryPolicy | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        root: Path,
+        *,
+        name: str = "",
+        policy: RetryPolicy | None = None,
+        trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    ) -> None:
+        super().__init__(trusted_keys)
         self.root = Path(root)
         self.name = name or f"mirror-dir:{self.root}"
         self.policy = policy or RetryPolicy(attempts=2)
@@ -244,8 +283,15 @@ class MirrorDirUpstream(_MirrorBase):
 class MirrorHttpUpstream(_MirrorBase):
     """A mirror served over HTTP(S) by any static file server."""
 
-    def __init__(self, base_url: str, *, name: str = "", policy: RetryPolicy | None = None) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str = "",
+        policy: RetryPolicy | None = None,
+        trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    ) -> None:
+        super().__init__(trusted_keys)
         self.base_url = base_url.rstrip("/") + "/"
         self.name = name or f"mirror-http:{self.base_url}"
         self.policy = policy or RetryPolicy()

@@ -179,6 +179,53 @@ def test_an_export_is_a_mirror_upstream(tmp_path: Path, source: Store, target: S
     assert tree_bytes(got.hit.path) == tree_bytes(want.path)
 
 
+def test_a_signed_mirror_upstream_refuses_what_its_keys_do_not_vouch_for(
+    tmp_path: Path, source: Store, target: Store, key: SigningKey
+) -> None:
+    """`require_signatures`: signed refs and manifests are served; a tampered, unsigned or
+    foreign-signed document is an integrity failure (the next upstream is asked), never a kernel
+    and never a cached "not found"."""
+    from kerneld.resolve import KernelSpec, Resolver
+    from kerneld.upstream.errors import UpstreamProtocolError
+    from kerneld.upstream.mirror import MirrorDirUpstream
+    from kerneld_client.variants import PlatformFacts
+
+    facts = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)
+    keys = {key.name: parse_public_key(key.public)}
+    signed, unsigned = tmp_path / "signed", tmp_path / "unsigned"
+    export_mirror(source, signed, everything(), sign_keys=[key])
+    export_mirror(source, unsigned, everything())
+
+    good = MirrorDirUpstream(signed, trusted_keys=keys)
+    got = Resolver(target, [good]).resolve(KernelSpec(K, version=1), facts)
+    assert got.commit == CK
+
+    with pytest.raises(UpstreamProtocolError, match="is not signed"):
+        MirrorDirUpstream(unsigned, trusted_keys=keys).list_refs(J)
+    other = generate_key("site-2", tmp_path / "keys")
+    with pytest.raises(UpstreamProtocolError, match="no signature by a trusted key|trusted"):
+        MirrorDirUpstream(
+            signed, trusted_keys={"site-2": parse_public_key(other.public)}
+        ).list_refs(J)
+
+    # Tampering with a signed manifest (serve J's commit with another variant list).
+    rel = manifest_path(J, CJ)
+    doc = json.loads((signed / rel).read_text())
+    doc["variants"]["torch-evil"] = doc["variants"]["torch-cpu"]
+    (signed / rel).write_text(json.dumps(doc))
+    tampered = MirrorDirUpstream(signed, trusted_keys=keys)
+    with pytest.raises(UpstreamProtocolError, match="does not match"):
+        tampered.list_variants(J, CJ)
+    # Without required signatures the same mirror happily serves the tampered manifest.
+    assert "torch-evil" in MirrorDirUpstream(signed).list_variants(J, CJ)
+    # Through a resolver: the integrity failure falls through to the next upstream.
+    resolved = Resolver(target, [tampered, MirrorDirUpstream(unsigned)]).resolve(
+        KernelSpec(J, version=2), facts
+    )
+    assert resolved.commit == CJ and resolved.fetched is not None
+    assert resolved.fetched.upstream == MirrorDirUpstream(unsigned).name
+
+
 def test_incremental_export_merges_and_skips(
     tmp_path: Path, source: Store, key: SigningKey
 ) -> None:

@@ -223,3 +223,27 @@ def test_client_index_rebuilt_at_open(store_root):
         assert json.loads(path.read_text())["refs"]["v1"]["commit"] == COMMIT_A
         assert not (path.parent.parent / "ghost" / "repo.json").exists()
         assert not (path.parent / ".activation.json.1.abcd.tmp").exists()
+
+
+def test_reopen_rewrites_only_client_index_files_that_differ(store_root):
+    """A restart leaves correct index files alone (no write, no fsync) and repairs the rest."""
+    with Store.open(store_root) as s:
+        publish(s)
+        s.set_ref(REPO, "v1", COMMIT_A)
+        path = s.layout.repo_index_path(REPO)
+        denies = s.layout.client_index / "denies.json"
+    before = {p: p.stat().st_ino for p in (path, denies)}
+    with Store.open(store_root):
+        pass
+    assert {p: p.stat().st_ino for p in (path, denies)} == before  # untouched
+
+    doc = json.loads(path.read_text())
+    doc["refs"]["v1"]["commit"] = COMMIT_B  # stale or tampered content
+    path.chmod(0o644)
+    path.write_text(json.dumps(doc))
+    denies.chmod(0o666)  # right content, unsafe mode
+    with Store.open(store_root):
+        pass
+    assert json.loads(path.read_text())["refs"]["v1"]["commit"] == COMMIT_A
+    assert stat.S_IMODE(denies.stat().st_mode) == 0o644
+    assert denies.stat().st_ino != before[denies]

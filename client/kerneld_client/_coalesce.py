@@ -1,0 +1,112 @@
+"""One cold resolve per kernel per user per host: the other processes wait and read the index.
+
+When the ranks of a job start together on a host whose store lacks a kernel, each would import
+grpc and ask the daemon (~80 ms of CPU per rank: on a small host 64 ranks queue for the cores).
+The daemon already downloads once; this makes the *asking* happen once too. The first process to
+miss takes an exclusive `flock` on a per-(daemon, kernel request) lock file and asks; the others
+find it taken, wait until it is released (a released or dead holder frees it: flocks die with
+their process), then read the published index, which now answers without any RPC. A waiter
+whose index still misses (another platform, a failed fetch) asks the daemon itself, without
+taking the lock again, so a failure never serialises the ranks.
+
+The lock files live in `$TMPDIR/kerneld-<uid>/resolving/` (node-local, unlike a home directory
+on NFS), in a directory that must belong to this user and be closed to others; anything odd
+about it, or `KERNELD_COALESCE=0`, turns coalescing off (every process asks, as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from kerneld_client._types import KernelRequest
+
+#: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
+ENV_COALESCE = "KERNELD_COALESCE"
+_OFF = ("0", "off", "no", "false")
+_FIRST_POLL_S = 0.002
+_MAX_POLL_S = 0.025
+
+
+def _lock_dir() -> Path | None:
+    """This user's private lock directory, created if needed; None if it is not safe."""
+    folder = Path(tempfile.gettempdir()) / f"kerneld-{os.geteuid()}" / "resolving"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in (folder.parent, folder):
+            st = os.lstat(path)
+            if (
+                not stat.S_ISDIR(st.st_mode)
+                or st.st_uid != os.geteuid()
+                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            ):
+                return None
+    except OSError:
+        return None
+    return folder
+
+
+def _key(socket: Path, req: KernelRequest) -> str:
+    raw = "\0".join((str(socket), req.repo_id, req.ref, str(req.version)))
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
+    """Yield True when this process should ask the daemon (holding the lock meanwhile), False
+    when another process just did and the index should be read first.
+
+    Waits at most `deadline_s` for the other process; never raises for lock trouble (it
+    yields True: asking is always correct, only slower).
+    """
+    if os.environ.get(ENV_COALESCE, "").strip().lower() in _OFF:
+        yield True
+        return
+    folder = _lock_dir()
+    if folder is None:
+        yield True
+        return
+    try:
+        fd = os.open(
+            folder / f"{_key(socket, req)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_free(fd, deadline_s)
+            yield False
+            return
+        except OSError:
+            yield True
+            return
+        yield True  # the lock is held until the daemon has answered
+    finally:
+        os.close(fd)  # releases the lock, if held
+
+
+def _wait_free(fd: int, deadline_s: float) -> None:
+    """Poll until the holder releases the lock (or dies), or the deadline passes."""
+    end = time.monotonic() + deadline_s
+    delay = _FIRST_POLL_S
+    while time.monotonic() < end:
+        time.sleep(delay)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            delay = min(delay * 2, _MAX_POLL_S)
+            continue
+        except OSError:
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return

@@ -1,0 +1,200 @@
+"""The daemon's background scrub: when to run it, what to log and count, and the re-fetch.
+
+The pass itself (rate-limited re-hash, confirmation, invalidation) is
+:func:`kerneld.store.scrub.scrub_pass`. This thread runs it every ``[store] scrub_interval``
+after the end of the last complete pass (the time is kept in the store, so a daemon that
+restarts daily still scrubs weekly; an interrupted pass resumes at the next start), logs one
+line per confirmed problem and per re-fetch, counts everything in ``kerneld_scrub_*`` metrics,
+and fetches every invalidated variant again from the upstreams (unless it is denied by now),
+so the host heals without an admin. Serving never waits for it: it holds no store lock while
+hashing and runs in its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from kerneld.store import DeniedError
+from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
+from kerneld.store.scrub import scrub_pass as run_pass
+
+if TYPE_CHECKING:
+    from kerneld.server.core import Core
+
+log = logging.getLogger("kerneld.scrub")
+
+#: The longest the thread sleeps before looking at the clock and the config again.
+MAX_SLEEP_S = 3600.0
+
+
+class Scrubber:
+    """The scrub thread of one daemon; `wake()` after a config change, `stop()` at shutdown."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_report: ScrubReport | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="scrub", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Ask a running pass to end at its next chunk (its cursor is saved)."""
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ---- scheduling ----------------------------------------------------------------------
+
+    def due_in(self) -> float | None:
+        """Seconds until the next pass (0: now), None when scrubbing is off."""
+        interval = self.core.config.scrub_interval_s
+        if interval <= 0:
+            return None
+        store = self.core.store
+        if store.get_meta(META_CURSOR):
+            return 0.0  # a pass was cut short: finish it
+        last = store.get_meta(META_LAST) or store.get_meta("created_at")
+        since = float(last) if last else time.time()
+        return max(0.0, since + interval - time.time())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.due_in()
+            except Exception as exc:  # the store is closing, or its index is unreadable
+                log.error("scrub: cannot read the schedule: %r", exc)
+                wait = MAX_SLEEP_S
+            if wait is None or wait > 0:
+                self._wake.wait(MAX_SLEEP_S if wait is None else min(wait, MAX_SLEEP_S))
+                self._wake.clear()
+                continue
+            try:
+                self.run_once()
+            except ScrubCancelled:
+                return
+            except Exception as exc:  # never let the thread die; try again next interval
+                self.core.metrics.scrub_runs.labels("failed").inc()
+                log.error("scrub: pass failed: %r", exc, exc_info=exc)
+                self._wake.wait(min(self.core.config.scrub_interval_s or MAX_SLEEP_S, 600.0))
+                self._wake.clear()
+
+    # ---- one pass ------------------------------------------------------------------------
+
+    def run_once(self) -> ScrubReport:
+        """Scrub the store now, then re-fetch what it invalidated; returns the report."""
+        store = self.core.store
+        metrics = self.core.metrics
+        rate = self.core.config.scrub_rate_bytes
+        log.info(
+            "scrub: pass started rate=%s",
+            f"{rate / (1 << 20):.1f}MiB/s" if rate else "unlimited",
+        )
+        try:
+            report = run_pass(store, rate=rate, stop=self._stop, on_damage=self._damage)
+        except ScrubCancelled:
+            metrics.scrub_runs.labels("cancelled").inc()
+            log.info("scrub: pass cancelled (the daemon is stopping); it resumes at the next start")
+            raise
+        metrics.scrub_runs.labels("completed").inc()
+        metrics.scrub_bytes.inc(report.bytes_hashed)
+        metrics.scrub_trees.inc(report.trees_checked)
+        metrics.scrub_invalidated.inc(len(report.dead_trees))
+        metrics.scrub_last_completed.set(time.time())
+        refetched = self._refetch(report)
+        log.info(
+            "scrub: pass completed trees=%d blobs=%d bytes=%d seconds=%.2f rate=%.1fMiB/s "
+            "damaged=%d invalidated_trees=%d refetched=%d/%d%s",
+            report.trees_checked,
+            report.blobs_checked,
+            report.bytes_hashed,
+            report.seconds,
+            report.rate_bytes_s / (1 << 20),
+            len(report.damage),
+            len(report.dead_trees),
+            refetched,
+            len(report.invalidated),
+            f" resumed_after={report.resumed_after}" if report.resumed_after else "",
+        )
+        self.last_report = report
+        return report
+
+    def _damage(self, damage: Damage) -> None:
+        p = damage.problem
+        self.core.metrics.scrub_problems.labels(p.kind).inc()
+        used_by = " ".join(f"repo={r} commit={c} variant={v}" for r, c, v in damage.variants)
+        log.error(
+            "scrub: %s %s %s at %s: %s; %s",
+            p.kind,
+            p.object,
+            p.id,
+            p.path,
+            p.detail,
+            used_by or "used by no variant",
+        )
+
+    def _refetch(self, report: ScrubReport) -> int:
+        """Fetch every invalidated variant again; how many came back."""
+        ok = 0
+        metrics = self.core.metrics
+        for repo, commit, variant in dict.fromkeys(report.invalidated):
+            try:
+                self._check_denied(repo, commit)
+            except DeniedError as exc:
+                metrics.scrub_refetches.labels("skipped").inc()
+                log.warning(
+                    "scrub: not re-fetching repo=%s commit=%s variant=%s: denied (%s)",
+                    repo,
+                    commit,
+                    variant,
+                    exc,
+                )
+                continue
+            try:
+                with self.core.work():
+                    result = self.core.resolver.fetcher.fetch_variant(repo, commit, variant)
+            except Exception as exc:
+                metrics.scrub_refetches.labels("failed").inc()
+                self.core.record_fetch(repo, commit, variant, None, exc)
+                log.warning(
+                    "scrub: re-fetch failed repo=%s commit=%s variant=%s error=%s; clients fall "
+                    "back until it is fetched again",
+                    repo,
+                    commit,
+                    variant,
+                    exc,
+                )
+                continue
+            ok += 1
+            metrics.scrub_refetches.labels("ok").inc()
+            self.core.record_fetch(repo, commit, variant, result, None)
+            log.info(
+                "scrub: re-fetched repo=%s commit=%s variant=%s upstream=%s bytes=%d tree=%s",
+                repo,
+                commit,
+                variant,
+                result.upstream,
+                result.bytes_downloaded,
+                result.tree.digest,
+            )
+        return ok
+
+    def _check_denied(self, repo: str, commit: str) -> None:
+        """A deny of the commit or of any ref that points at it stops the re-fetch."""
+        store = self.core.store
+        store.check_denied(repo, commit, commit)
+        for ref in store.index.refs_of(repo):
+            if ref.commit == commit:
+                store.check_denied(repo, ref.ref, commit)

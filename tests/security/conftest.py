@@ -1,0 +1,42 @@
+"""Fixtures of the security tests: a store holding the compiled example kernels."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from examples.kernels.build import BuiltExamples
+from kerneld.store import Store, TreeFile
+
+COMMIT = "7" * 40
+
+
+@pytest.fixture(scope="session")
+def example_store(built_examples: BuiltExamples, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every variant of activation v1 (the C++ `.so` build and the pure-Python ones), ingested
+    and published by the real store code. Read-only: tests copy it (`example_copy`). (The
+    daemon's fetch path is covered elsewhere; here only the published trees matter.)"""
+    root = tmp_path_factory.mktemp("security-examples") / "store"
+    kernel = built_examples.kernel("activation", 1)
+    with Store.open(root, min_age_s=0) as store:
+        for built in kernel.variants:
+            files = []
+            for rel in built.files:
+                path = built.path / rel
+                data = path.read_bytes()
+                sha = hashlib.sha256(data).hexdigest()
+                store.ingest(data, size=len(data), sha256=sha)
+                mode = 0o100755 if path.stat().st_mode & 0o111 else 0o100644
+                files.append(TreeFile(rel, sha, len(data), mode=mode))
+            store.publish_tree(kernel.repo_id, COMMIT, built.variant, files)
+    return root
+
+
+@pytest.fixture
+def example_copy(example_store: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(example_store, root, symlinks=True)
+    return root

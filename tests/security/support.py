@@ -1,0 +1,126 @@
+"""Helpers of the security tests: run code as another user, public directories, small and
+failing file systems.
+
+Switching users needs root (CI runs as root); tests that need it are marked `needs_root` and
+skip with the reason otherwise. The test interpreter usually lives where `nobody` cannot read it
+(under /root), so code "as nobody" is never a fresh interpreter: `as_user` forks this process
+and drops privileges in the child (pure `os` calls, no gRPC), and the gRPC probe in
+test_admin_socket imports everything as root and drops privileges before its first connect.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+
+#: Client processes get their platform from here instead of importing torch (seconds each).
+CPU_FACTS = '{"torch_version": "2.13", "cxx11_abi": true, "backend": "cpu"}'
+
+NOBODY = pwd.getpwnam("nobody")
+
+
+def as_user(uid: int, gid: int, fn: Callable[[], Any], *, timeout: float = 60.0) -> Any:
+    """Run `fn` in a forked child as uid/gid (no supplementary groups); its JSON-able result.
+
+    The child reports through a pipe; an exception in it is re-raised here as AssertionError.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            doc: dict[str, Any] = {"ok": fn()}
+        except BaseException as exc:
+            doc = {"error": repr(exc)}
+        with os.fdopen(w, "w") as out:
+            out.write(json.dumps(doc))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as inp:
+        text = inp.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"child exited with {status}"
+    doc = json.loads(text)
+    if "error" in doc:
+        raise AssertionError(f"as uid {uid}: {doc['error']}")
+    return doc["ok"]
+
+
+def as_nobody(fn: Callable[[], Any]) -> Any:
+    return as_user(NOBODY.pw_uid, NOBODY.pw_gid, fn)
+
+
+@contextmanager
+def public_dir(prefix: str = "kd-sec-") -> Iterator[Path]:
+    """A directory every user may traverse (pytest's tmp dirs are 0700)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)]
+    return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def mount_ext4(where: Path, image: Path, size: int) -> str | None:
+    """Loop-mount a fresh ext4 of `size` bytes with errors=remount-ro; its device name."""
+    where.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size)
+    if subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True).returncode != 0:
+        return None
+    mount = ["mount", "-o", "loop,errors=remount-ro", str(image), str(where)]
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        return None
+    where.chmod(0o755)
+    found = subprocess.run(
+        ["findmnt", "-no", "SOURCE", str(where)], capture_output=True, text=True
+    ).stdout.strip()
+    return os.path.basename(found) or None
+
+
+def ext4_error(device: str) -> None:
+    """Make ext4 report an error on `device`: with errors=remount-ro the kernel remounts it
+    read-only at once, open writers or not, exactly as after a real disk error."""
+    Path(f"/sys/fs/ext4/{device}/trigger_fs_error").write_text("kerneld security test\n")
+
+
+def umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(path: Path) -> int:
+    """Write zeros to `path` until the file system is full; the bytes written."""
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                written += f.write(b"\0" * 65536)
+        except OSError:
+            pass
+        try:
+            while True:
+                written += f.write(b"\0" * 512)
+        except OSError:
+            pass
+    return written
