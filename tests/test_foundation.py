@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,13 +12,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-HEAVY = ("grpc", "google.protobuf", "huggingface_hub", "torch", "kerneld")
+HEAVY = ("grpc", "google.protobuf", "huggingface_hub", "torch", "kerneld", "kernels")
 
 
-def _modules_after(code: str) -> set[str]:
+def _modules_after(code: str, env: dict[str, str] | None = None) -> set[str]:
     probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
     out = subprocess.run(
-        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-c", probe],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "KERNELD_HOOK_KERNELS": "0", **(env or {})},
     )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
@@ -36,12 +42,24 @@ def _modules_after(code: str) -> set[str]:
         "import kerneld_client._rpc",
         "import kerneld_client._hub",
         "from kerneld_client import get_kernel, load_kernel, KernelError, loaded_kernels",
+        "import kerneld_client.integrations",
+        "import kerneld_client.integrations.kernels",
+        "import kerneld_client.integrations._autohook",
     ],
 )
 def test_client_import_graph_is_light(statement: str) -> None:
     loaded = _modules_after(statement)
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert heavy == [], f"{statement!r} pulled in {heavy}"
+
+
+def test_kernels_hook_at_start_is_light() -> None:
+    """KERNELD_HOOK_KERNELS=1 runs the start-up hook (the .pth file) but imports neither
+    `kernels` nor anything heavy until the program imports `kernels` itself."""
+    loaded = _modules_after("pass", {"KERNELD_HOOK_KERNELS": "1"})
+    assert "kerneld_client.integrations._autohook" in loaded  # the hook did run
+    heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    assert heavy == [], heavy
 
 
 def test_import_graph_probe_can_fail() -> None:

@@ -1,0 +1,108 @@
+"""The start-up half of the `kernels` hook, run by `kerneld_client_hook.pth` when
+KERNELD_HOOK_KERNELS is on.
+
+It must cost next to nothing and never break the interpreter: it imports neither `kernels` nor
+torch (most processes never load a kernel), only puts a finder on `sys.meta_path` that waits for
+`import kernels`, lets that import finish, then calls `kerneld_client.integrations.kernels
+.install()`. Every failure becomes one warning and the process goes on with plain `kernels`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Not `from typing import ...`: this runs at every start with the hook on; typing costs ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+ENV = "KERNELD_HOOK_KERNELS"
+TARGET = "kernels"
+_ON = ("1", "true", "yes", "on")
+
+
+def enabled(value: str | None) -> bool:
+    """Whether a KERNELD_HOOK_KERNELS value turns the hook on (the .pth line uses the same set)."""
+    return (value or "").strip().lower() in _ON
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _hook_now() -> None:
+    """`kernels` is imported: route it through kerneld (install() warns about what it refuses)."""
+    try:
+        from kerneld_client.integrations import kernels as hook
+
+        hook.install()
+    except Exception as exc:
+        _warn(f"kerneld: could not hook the kernels package ({exc!r}); it works as usual")
+
+
+class _Loader:
+    """The real loader of `kernels`, plus the hook once its module has run."""
+
+    def __init__(self, inner: Any, finder: KernelsFinder) -> None:
+        self._inner = inner
+        self._finder = finder
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self._inner, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)  # a failed import keeps the finder for a retry
+        self._finder.remove()
+        _hook_now()
+
+    def __getattr__(self, name: str) -> Any:
+        # get_resource_reader, get_source, is_package...: the real loader's
+        return getattr(self._inner, name)
+
+
+class KernelsFinder:
+    """A meta-path finder that only ever answers for `kernels`, with a wrapped loader."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != TARGET:
+            return None
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            spec.loader = _Loader(spec.loader, self)  # type: ignore[assignment]
+            return spec
+        except Exception as exc:
+            _warn(f"kerneld: the kernels hook could not wrap `import kernels` ({exc!r})")
+            self.remove()
+            return None
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def activate() -> None:
+    """Hook `kernels` now if it is already imported, else when it is."""
+    try:
+        if TARGET in sys.modules:
+            _hook_now()
+        elif not any(isinstance(f, KernelsFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, KernelsFinder())
+    except Exception as exc:
+        _warn(f"kerneld: {ENV} is set, but the kernels hook could not start ({exc!r})")

@@ -1,0 +1,59 @@
+"""Helpers of the integration tests: the environment of a hooked client process, and running
+one. The children run as `python -m tests.integrations.<child> '<json>'` with the project's
+interpreter, so the `kerneld_client_hook.pth` installed in its site-packages is what turns the
+hook on (KERNELD_HOOK_KERNELS=1), exactly as in `KERNELD_HOOK_KERNELS=1 python train.py`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from examples.kernels.build import ORG
+from tests.client.support import client_env
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import HubServer
+
+ROOT = Path(__file__).resolve().parents[2]
+ACTIVATION = f"{ORG}/activation"
+
+
+def hook_env(tmp: Path, hub: HubServer, daemon: DaemonProcess, **extra: str) -> dict[str, str]:
+    """A client process: the hook on, huggingface_hub (and so `kernels`) pointed at the test
+    server with a private cache, the daemon's socket (the store is found from its advert)."""
+    settings = {
+        "KERNELD_SOCKET": str(daemon.user_socket),
+        "KERNELD_HOOK_KERNELS": "1",
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp / "hf-home"),
+        **extra,
+    }
+    return client_env(None, tmp, **settings)
+
+
+def run_child(
+    module: str, args: Mapping[str, Any], env: Mapping[str, str], *, timeout: float = 120
+) -> dict[str, Any]:
+    """Run `python -m tests.integrations.<module> <json>`; its last stdout line is JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-m", f"tests.integrations.{module}", json.dumps(dict(args))],
+        cwd=ROOT,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{module} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr
+    return out
+
+
+def count_warnings(stderr: str, category: str) -> int:
+    """How many warnings of `category` a child printed (the `file:line: Category: msg` lines)."""
+    return sum(1 for line in stderr.splitlines() if f": {category}: " in line)

@@ -1,0 +1,99 @@
+"""Plain `kernels` code served by kerneld through the start-up hook (KERNELD_HOOK_KERNELS=1):
+one daemon download, then warm process starts that send nothing to the Hub; the lock-file
+loaders; an administrator's deny that `kernels` cannot bypass; and the fallbacks when the
+daemon is gone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kerneld_client._proto import kerneld_pb2 as pb
+from tests.integrations.support import ACTIVATION, count_warnings, hook_env, run_child
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import HubServer
+
+GET_V1 = {"op": "get", "version": 1}
+
+
+def test_get_kernel_is_served_from_the_store(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    env = hook_env(tmp_path, hub, hub_daemon)
+    cold = run_child("_kernels_child", {"steps": [GET_V1]}, env)
+    assert cold["hooked"] is True
+    (got,) = cold["steps"]
+    assert got["ops_ok"] is True, got
+    assert got["kerneld_source"] == "daemon"  # the index missed; the daemon fetched it
+    store = hub_daemon.store_root.resolve()
+    assert Path(got["file"]).is_relative_to(store)
+    commit = got["registry"][0][1]
+    assert got["registry"] == [[ACTIVATION, commit]]  # kernels.get_loaded_kernels() knows it
+    assert hub.counts["resolve_get"] > 0  # the daemon's one download for this host
+
+    # A second process start: the published index answers every loader, grpc is not even
+    # imported, and the Hub hears nothing (plain `kernels` sends >= 3 requests here; see
+    # test_daemon_down_falls_back_to_kernels for that control).
+    lockfile = tmp_path / "kernels.lock"
+    lock = [{"dependency": {"repo-id": ACTIVATION, "version": 1}, "lock": {"commit": commit}}]
+    lockfile.write_text(json.dumps(lock))
+    hub.reset_counts()
+    steps = [
+        GET_V1,
+        {"op": "has", "version": 1},
+        {"op": "load", "lockfile": str(lockfile)},
+        {"op": "locked", "lockfile": str(lockfile)},
+    ]
+    warm = run_child("_kernels_child", {"steps": steps}, env)
+    got, has, *locked = warm["steps"]
+    assert has["value"] is True
+    for loaded in (got, *locked):
+        assert loaded["kerneld_source"] == "index" and loaded["ops_ok"] is True, loaded
+        assert loaded["file"] == cold["steps"][0]["file"]
+        assert loaded["registry"] == [[ACTIVATION, commit]]
+    assert warm["grpc"] is False
+    assert hub.total() == 0, dict(hub.counts)
+    assert "Warning" not in warm["stderr"], warm["stderr"]
+
+
+def test_a_denied_kernel_is_not_fetched_by_kernels(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    env = hook_env(tmp_path, hub, hub_daemon)
+    with hub_daemon.admin() as admin:
+        admin.Deny(pb.DenyRequest(repo_id=ACTIVATION, reason="advisory 7"), timeout=5)
+    out = run_child("_kernels_child", {"steps": [GET_V1, {"op": "has", "version": 1}]}, env)
+    got, has = out["steps"]
+    assert got["error"] == "KernelDenied" and got["file_not_found"] is True
+    assert "advisory 7" in got["message"]
+    assert has["value"] is False
+    assert hub.total() == 0, dict(hub.counts)  # kernels did not go around the deny
+    assert count_warnings(out["stderr"], "KernelFallbackWarning") == 1
+
+
+def test_daemon_down_falls_back_to_kernels(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    env = hook_env(tmp_path, hub, hub_daemon)
+    assert hub_daemon.stop() == 0
+    out = run_child("_kernels_child", {"steps": [GET_V1, GET_V1]}, env)
+    assert out["hooked"] is True
+    for got in out["steps"]:
+        assert got["ops_ok"] is True and got["kerneld_source"] is None
+        assert "hf-home" in got["file"]  # kernels' own download
+    assert hub.counts["resolve_get"] > 0
+    assert count_warnings(out["stderr"], "KernelFallbackWarning") == 1, out["stderr"]
+
+    # The control: with the hook off, a warm start of plain `kernels` asks the Hub again.
+    hub.reset_counts()
+    plain = run_child("_kernels_child", {"steps": [GET_V1]}, {**env, "KERNELD_HOOK_KERNELS": "0"})
+    assert plain["hooked"] is False and plain["steps"][0]["ops_ok"] is True
+    assert hub.total() >= 3, dict(hub.counts)
+
+    # KERNELD_FALLBACK=torch: no Hub at all; a FileNotFoundError, so layers keep PyTorch.
+    hub.reset_counts()
+    out = run_child("_kernels_child", {"steps": [GET_V1]}, {**env, "KERNELD_FALLBACK": "torch"})
+    (got,) = out["steps"]
+    assert got["error"] == "KernelUnavailable" and got["file_not_found"] is True
+    assert hub.total() == 0, dict(hub.counts)
+    assert count_warnings(out["stderr"], "KernelFallbackWarning") == 1
