@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run    the main job (builds the example kernels, loads them through kerneld_client)
+#   make run    the main job: example kernels -> mirror -> a real kerneld (user mode) -> a
+#               training script, cold, warm, and with the daemon stopped (examples/main_job.py)
 #   make test   lint, type checks and the whole test suite
 # Both create or reuse .venv and install what they need (scripts/bootstrap).
 
@@ -31,8 +32,23 @@ proto-check: bootstrap
 test: lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# BENCH_ARGS adds flags, e.g. BENCH_ARGS=--quick (python -m bench.run --help lists them).
+BENCH_ARGS ?=
+
 bench: bootstrap
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+# Chaos/soak harness (issue 10, chaos/): DURATION seconds of CLIENTS client processes loading
+# kernels while the daemon is killed and restarted, the test Hub injects faults and kerneldctl
+# prefetches, collects, pins and denies; fails if an invariant breaks. CHAOS_ARGS adds flags,
+# e.g. CHAOS_ARGS="--report RELIABILITY.md" (python -m chaos --help lists them).
+DURATION ?= 300
+CLIENTS ?= 64
+CHAOS_ARGS ?=
+
+.PHONY: chaos
+chaos: bootstrap
+	$(PY) -m chaos --duration $(DURATION) --clients $(CLIENTS) $(CHAOS_ARGS)
 
 clean:
 	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
