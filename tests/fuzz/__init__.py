@@ -1,0 +1,1 @@
+"""Fuzz tests: every parser of untrusted input, bounded for CI (see tests/fuzz/strategies.py)."""

@@ -1,0 +1,887 @@
+"""The invariants every fuzzed parser must keep, written once.
+
+Both the bounded hypothesis tests (`tests/fuzz/test_*.py`) and the long atheris runs (`fuzz/*.py`)
+call the `check_*` functions and harnesses below, so "what counts as a bug" is defined in one
+place:
+
+- **typed errors only**: a parser either succeeds or raises one of its documented error classes
+  with a non-empty message; anything else (KeyError, TypeError, a bare ValueError,
+  RecursionError, OverflowError, ...) is an `InvariantViolation`;
+- **sane results**: what a parser accepts is usable downstream (round trips, valid ids, finite
+  durations, paths inside the store, ...);
+- **no write outside the target**: harnesses that touch the disk run inside a `Sandbox`, whose
+  every file outside the target directory (a sentinel directory, the inputs) must be unchanged
+  afterwards. Hostile absolute paths point into the sentinel directory (`OUTSIDE` is replaced by
+  its real path), so an escape is seen instead of scribbling over the machine;
+- **no hang**: enforced by the callers (hypothesis deadlines, pytest-timeout, atheris -timeout).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from pathlib import Path
+from types import FrameType
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+#: Hostile absolute paths contain this; harnesses replace it with the sandbox's sentinel dir.
+OUTSIDE = "@OUTSIDE@"
+
+REPO = "fuzz-org/fuzz-kernel"
+COMMIT = "c0" * 20
+HEX40 = re.compile(r"[0-9a-f]{40}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class InvariantViolation(AssertionError):
+    """A parser broke one of the invariants above: a bug to fix, not a test problem."""
+
+
+def expect(condition: object, message: str) -> None:
+    """Like `assert`, but kept under `python -O` and raising InvariantViolation."""
+    if not condition:
+        raise InvariantViolation(message)
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """What a call under test did: returned `value`, or raised the typed `error`."""
+
+    value: T | None
+    error: BaseException | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def typed(fn: Callable[[], T], allowed: tuple[type[BaseException], ...], what: str) -> Outcome[T]:
+    """Call `fn`; an exception must be one of `allowed` and carry a message."""
+    try:
+        return Outcome(fn(), None)
+    except InvariantViolation:
+        raise
+    except allowed as exc:
+        if not str(exc).strip():
+            raise InvariantViolation(f"{what}: {type(exc).__name__} without a message") from exc
+        return Outcome(None, exc)
+    except Exception as exc:
+        detail = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc!r}"
+        raise InvariantViolation(f"{what}: untyped error {detail[:1500]}") from exc
+
+
+# ---- the file system around the target -------------------------------------------------------
+
+
+class Sandbox:
+    """`root/target` may change; everything else under `root` (the `outside` sentinel directory
+    with a canary file, and the inputs) must not, whatever the input."""
+
+    def __init__(self, root: Path, target: str = "store") -> None:
+        self.root = root
+        self.target = root / target
+        self.outside = root / "outside"
+        self.inputs = root / "inputs"
+        for d in (self.outside, self.inputs):
+            d.mkdir(parents=True, exist_ok=True)
+        canary = self.outside / "canary"
+        if not canary.exists():
+            canary.write_bytes(b"canary\n")
+            canary.chmod(0o644)
+
+    def hostile(self, text: str) -> str:
+        """Point the `OUTSIDE` placeholder of a generated path at the sentinel directory."""
+        return text.replace(OUTSIDE, str(self.outside))
+
+    def snapshot(self) -> dict[str, tuple[int, int, str]]:
+        """(mode, size, content hash or link target) of everything outside the target."""
+        out: dict[str, tuple[int, int, str]] = {}
+        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=False):
+            base = Path(dirpath)
+            if base == self.root:
+                dirnames[:] = [d for d in dirnames if base / d != self.target]
+            for name in (*dirnames, *filenames):
+                path = base / name
+                st = path.lstat()
+                key = str(path.relative_to(self.root))
+                if stat.S_ISLNK(st.st_mode):
+                    out[key] = (st.st_mode, 0, os.readlink(path))
+                elif stat.S_ISREG(st.st_mode):
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    out[key] = (st.st_mode, st.st_size, digest)
+                else:
+                    out[key] = (st.st_mode, 0, "")
+        return out
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Fail if the body changed anything outside the target (even when it raised)."""
+        before = self.snapshot()
+        try:
+            yield
+        finally:
+            after = self.snapshot()
+            if after != before:
+                added = sorted(set(after) - set(before))
+                removed = sorted(set(before) - set(after))
+                changed = sorted(k for k in set(after) & set(before) if after[k] != before[k])
+                raise InvariantViolation(
+                    f"wrote outside the target {self.target.name}/: added {added[:5]}, "
+                    f"removed {removed[:5]}, changed {changed[:5]}"
+                )
+
+    def check_target_contained(self) -> None:
+        """No symlink inside the target may lead out of it."""
+        root = self.target.resolve()
+        if not self.target.exists():
+            return
+        for dirpath, dirnames, filenames in os.walk(self.target, followlinks=False):
+            for name in (*dirnames, *filenames):
+                path = Path(dirpath) / name
+                if path.is_symlink():
+                    real = path.resolve()
+                    expect(
+                        real == root or root in real.parents,
+                        f"symlink {path} in the target points outside it ({real})",
+                    )
+
+
+@contextlib.contextmanager
+def default_recursion_limit(headroom: int = 950) -> Iterator[None]:
+    """Run the body with `headroom` frames left, as under Python's default limit (1000) in a
+    shallow daemon thread: test runners (hypothesis) raise the limit and would hide overflows."""
+    depth = 0
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + headroom)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def inside(path: Path, root: Path) -> bool:
+    real, base = path.resolve(), root.resolve()
+    return real == base or base in real.parents
+
+
+# ---- lock files (kerneld_client.lockfile) -----------------------------------------------------
+
+
+def check_lockfile(data: bytes | str) -> None:
+    """`parse_lockfile`: a LockFile whose entries are valid and round-trip, or LockfileError."""
+    from kerneld.upstream.base import REPO_ID_RE
+    from kerneld_client.lockfile import LockfileError, dumps_locks, parse_lockfile
+
+    out = typed(lambda: parse_lockfile(data, source="fuzz.lock"), (LockfileError,), "lockfile")
+    if out.error is not None:
+        expect(str(out.error).startswith("fuzz.lock"), f"error does not name the file: {out.error}")
+        return
+    lock = out.value
+    assert lock is not None
+    expect(lock.format in ("0.17", "old"), f"unknown format {lock.format!r}")
+    for repo_id, commit, _ref in lock.pinned():
+        expect(REPO_ID_RE.match(repo_id) and ".." not in repo_id, f"bad repo id {repo_id!r}")
+        expect(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit), f"bad commit {commit!r}")
+    for old in lock.old:
+        for name, vh in old.variants.items():
+            expect(isinstance(name, str) and "/" not in name, f"bad variant name {name!r}")
+            expect(re.fullmatch(r"sha256-[0-9a-f]{64}", vh.hash), f"bad variant hash {vh.hash!r}")
+    if lock.format == "0.17":
+        again = parse_lockfile(dumps_locks(lock.locks))
+        expect(
+            sorted(again.locks, key=str) == sorted(lock.locks, key=str),
+            "0.17 lock file does not round-trip through dumps_locks",
+        )
+
+
+def check_pyproject(data: bytes, workdir: Path) -> None:
+    """`read_pyproject_dependencies`: valid dependencies, or LockfileError."""
+    from kerneld.upstream.base import REPO_ID_RE
+    from kerneld_client.lockfile import MAX_VERSION, LockfileError, read_pyproject_dependencies
+
+    path = workdir / "pyproject.toml"
+    path.write_bytes(data)
+    out = typed(lambda: read_pyproject_dependencies(path), (LockfileError,), "pyproject")
+    for dep in out.value or []:
+        expect(REPO_ID_RE.match(dep.repo_id), f"bad repo id {dep.repo_id!r}")
+        expect(dep.version is not None and 0 <= dep.version <= MAX_VERSION, f"bad {dep}")
+
+
+# ---- kerneld.toml + KERNELD_* (kerneld.config) ------------------------------------------------
+
+
+def check_config(data: bytes, env: Mapping[str, str], workdir: Path) -> None:
+    """`load_config`: a Config that is usable and that `dump_config` writes back exactly, or
+    ConfigError naming the file or variable."""
+    from kerneld.config import Config, ConfigError, dump_config, load_config
+    from kerneld.resolve import KernelSpec
+
+    path = workdir / "kerneld.toml"
+    path.write_bytes(data)
+    out = typed(lambda: load_config(path, env=env, system=False), (ConfigError,), "config")
+    if out.error is not None:
+        assert isinstance(out.error, ConfigError)
+        expect(out.error.key and out.error.reason, f"ConfigError without key/reason: {out.error}")
+        return
+    cfg = out.value
+    assert isinstance(cfg, Config)
+    for f in fields(Config):
+        value = getattr(cfg, f.name)
+        if f.name.endswith("_s"):
+            expect(
+                isinstance(value, float) and math.isfinite(value) and value >= 0,
+                f"{f.name} = {value!r}: durations must be finite and >= 0",
+            )
+        if isinstance(value, Path):
+            expect("\0" not in str(value), f"{f.name} = {value!r}: a path with a NUL byte")
+    for sock in (cfg.user_socket, cfg.admin_socket):
+        expect("\0" not in str(sock.path), f"socket path with a NUL byte: {sock.path!r}")
+        expect(0 <= sock.mode <= 0o7777, f"socket mode {sock.mode!r}")
+    for up in cfg.upstreams:
+        expect(
+            up.token_file is None or "\0" not in str(up.token_file), "token_file with a NUL byte"
+        )
+    expect(cfg.cap_bytes is None or cfg.cap_bytes > 0, f"cap_bytes {cfg.cap_bytes!r}")
+    expect(cfg.min_free_bytes >= 0, f"min_free_bytes {cfg.min_free_bytes!r}")
+    expect(0 < cfg.lease_ttl_s <= cfg.lease_max_s, "lease_ttl must be in (0, lease_max]")
+    expect(1 <= cfg.threads <= 256 and 1 <= cfg.fetch_attempts <= 20, "threads/attempts range")
+    names = [u.name for u in cfg.upstreams]
+    expect(len(set(names)) == len(names), f"duplicate upstream names {names}")
+    for entry in cfg.prefetch:
+        typed(
+            partial(KernelSpec, entry.repo_id, version=entry.version, revision=entry.revision),
+            (),
+            f"prefetch entry {entry} accepted by the config but not usable",
+        )
+    # `kerneld --check-config` promises TOML that load_config reads back to the same values.
+    dumped = workdir / "dumped.toml"
+    text = typed(lambda: dump_config(cfg), (), "dump_config").value
+    assert text is not None
+    dumped.write_text(text, encoding="utf-8")
+    back = typed(
+        lambda: load_config(dumped, env={}, system=cfg.system), (), "reloading dump_config output"
+    ).value
+    assert back is not None
+    expect(
+        replace(back, source=cfg.source) == cfg,
+        "dump_config output does not load back to the same configuration",
+    )
+
+
+# ---- variant names and platform facts (kerneld_client.variants) -------------------------------
+
+#: A spread of platforms for decide(); fuzzed facts are added to these.
+_BASE_FACTS: list[dict[str, Any]] = [
+    {"cpu": "x86_64", "os": "linux", "torch_version": "2.13", "cxx11_abi": True},
+    {
+        "cpu": "x86_64",
+        "os": "linux",
+        "torch_version": "2.13",
+        "backend": {"type": "cuda", "version": "13.0"},
+        "device_capabilities": ["9.0"],
+    },
+    {"cpu": "aarch64", "os": "darwin", "backend": "metal", "macos_version": "26.1"},
+    {"cpu": "x86_64", "os": "linux", "free_threaded": True, "python_version": "3.13.1"},
+]
+
+
+def _same_variant(a: Any, b: Any) -> bool:
+    keys = ("kind", "backend", "torch_version", "tvm_ffi_version", "abi", "cpu", "os")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def check_variant_names(names: Sequence[str], extra_facts: Sequence[Any] = ()) -> None:
+    """`parse_variant` is total and its canonical names parse back; `decide` never raises and
+    ranks accepted variants 0..n-1 before every rejected one."""
+    from kerneld_client.variants import PlatformFacts, Variant, decide, parse_variant, summarize
+
+    for name in names:
+        parsed = typed(partial(parse_variant, name), (), f"parse_variant({name!r})").value
+        if isinstance(parsed, Variant):
+            canonical = parsed.canonical_name
+            again = parse_variant(canonical)
+            expect(
+                isinstance(again, Variant) and _same_variant(parsed, again),
+                f"{name!r}: canonical name {canonical!r} parses differently",
+            )
+    facts = [PlatformFacts.from_dict(d) for d in _BASE_FACTS] + list(extra_facts)
+    for f in facts:
+        decisions = typed(partial(decide, names, f), (), "decide").value
+        assert decisions is not None
+        expect(len(decisions) == len(set(names)), "decide() lost or duplicated a variant")
+        accepted = [d for d in decisions if d.accepted]
+        expect(
+            [d.rank for d in accepted] == list(range(len(accepted))),
+            "accepted ranks are not 0..n-1",
+        )
+        expect(decisions[: len(accepted)] == accepted, "an accepted variant after a rejected one")
+        expect(all(d.reason for d in decisions if not d.accepted), "a rejection without reason")
+        typed(partial(summarize, decisions, f), (), "summarize")
+
+
+def check_platform_json(text: str, names: Sequence[str] = ()) -> None:
+    """`facts_from_json` (KERNELD_PLATFORM_JSON): facts that round-trip through dict and
+    protobuf, or ValueError naming the variable (its documented error)."""
+    from kerneld_client.platform import ENV_VAR, facts_from_json
+
+    out = typed(lambda: facts_from_json(text), (ValueError,), "facts_from_json")
+    if out.error is not None:
+        expect(ENV_VAR in str(out.error), f"error does not name {ENV_VAR}: {out.error}")
+    if out.value is not None:
+        check_facts_object(out.value, names)
+
+
+def check_facts_proto(data: bytes, names: Sequence[str] = ()) -> None:
+    """The daemon's path: wire bytes -> PlatformFacts (ValueError is INVALID_ARGUMENT)."""
+    from google.protobuf.message import DecodeError
+
+    from kerneld_client._convert import facts_from_proto
+    from kerneld_client._proto import kerneld_pb2 as pb
+
+    try:
+        message = pb.PlatformFacts.FromString(data)
+    except DecodeError:
+        return
+    out = typed(lambda: facts_from_proto(message), (ValueError,), "facts_from_proto")
+    if out.value is not None:
+        check_facts_object(out.value, names)
+
+
+def check_facts_object(facts: Any, names: Sequence[str] = ()) -> None:
+    from kerneld_client.variants import PlatformFacts, device_compatible
+
+    what = f"facts {facts!r}"
+    d = typed(facts.to_dict, (), what).value
+    assert d is not None
+    json.dumps(d)
+    expect(PlatformFacts.from_dict(d) == facts, f"{what}: to_dict/from_dict do not round-trip")
+    expect(
+        PlatformFacts.from_proto(facts.to_proto()) == facts,
+        f"{what}: protobuf form does not round-trip",
+    )
+    typed(facts.describe, (), what)
+    for backend in ("cuda", "rocm", "cpu"):
+        typed(partial(device_compatible, backend, list(names), facts), (), what)
+    if names:
+        check_variant_names(names, [facts])
+
+
+def check_arch(archs: Sequence[str], capability: str) -> None:
+    """`arch_compatible` reads backend.archs from metadata.json: it must never raise."""
+    from kerneld_client.variants import arch_compatible
+
+    result = typed(lambda: arch_compatible(archs, capability), (), "arch_compatible").value
+    assert result is not None
+    ok, why = result
+    expect(isinstance(ok, bool) and isinstance(why, str) and why, f"bad verdict {result!r}")
+
+
+# ---- metadata.json parsing and digest check (kerneld.store.manifest) --------------------------
+
+
+def metadata_digest(files: Mapping[str, bytes], algorithm: str = "sha256") -> dict[str, str]:
+    return {
+        p: base64.b64encode(hashlib.new(algorithm, d).digest()).decode()
+        for p, d in files.items()
+        if p not in ("metadata.json", "metadata.json.sigstore")
+    }
+
+
+def check_metadata(raw: bytes, files: Mapping[str, bytes], *, require: bool = False) -> None:
+    """`parse_metadata` + `check_metadata_digest` on their own: MetadataError /
+    MetadataDigestError only, and a passed digest check must really match the files."""
+    from kerneld.store import MetadataDigestError, MetadataError
+    from kerneld.store.manifest import ManifestEntry, check_metadata_digest, parse_metadata
+
+    parsed = typed(lambda: parse_metadata(raw, variant="v"), (MetadataError,), "parse_metadata")
+    if parsed.value is None:
+        return
+    doc, meta = parsed.value
+    expect(isinstance(doc, dict), "parse_metadata returned a non-object")
+    expect(meta.version is None or type(meta.version) is int, "metadata version not an int")
+    expect(all(isinstance(a, str) for a in meta.archs), "non-string archs")
+    all_files = {**files, "metadata.json": raw}
+    entries = {
+        p: ManifestEntry(p, 0o444, len(d), hashlib.sha256(d).hexdigest())
+        for p, d in all_files.items()
+    }
+
+    def hash_file(algorithm: str, path: str) -> bytes:
+        return hashlib.new(algorithm, all_files[path]).digest()
+
+    checked = typed(
+        lambda: check_metadata_digest(doc, entries, hash_file, require=require),
+        (MetadataDigestError,),
+        "check_metadata_digest",
+    )
+    if checked.value:
+        digest = doc["digest"]
+        want = metadata_digest(files, digest["algorithm"])
+        expect(
+            digest["files"] == want,
+            "digest check passed but the digest does not describe the files",
+        )
+    if checked.value is False:
+        expect(not require and "digest" not in doc, "digest check skipped a present digest")
+
+
+class StoreHarness:
+    """A real store in a sandbox; publishes fuzzed variants through the store's full path."""
+
+    def __init__(self, root: Path) -> None:
+        from kerneld.store import Store
+
+        self.sandbox = Sandbox(root)
+        self.store = Store.open(self.sandbox.target, min_free_bytes=0, auto_gc=False)
+        self._empty_mirror = root / "empty-mirror"
+        self._empty_mirror.mkdir(exist_ok=True)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def publish(self, files: Mapping[str, bytes], variant: str = "torch-universal") -> None:
+        """Ingest `files` and publish them as one variant: typed StoreError or a sane tree,
+        whose metadata the daemon then reads (metadata_to_proto, kernel-depends)."""
+        from kerneld.resolve import KernelSpec, Resolver
+        from kerneld.server.convert import metadata_to_proto
+        from kerneld.store import StoreError, TreeFile
+        from kerneld.upstream.mirror import MirrorDirUpstream
+
+        files = {self.sandbox.hostile(p): d for p, d in files.items()}
+        seed = hashlib.sha1(usedforsecurity=False)
+        for path, data in sorted(files.items()):
+            seed.update(path.encode("utf-8", "surrogatepass") + b"\0" + data)
+        commit = seed.hexdigest()
+        with self.sandbox.guard():
+            tree_files = []
+            for path, data in files.items():
+                info = self.store.ingest(
+                    data, size=len(data), sha256=hashlib.sha256(data).hexdigest()
+                )
+                tree_files.append(TreeFile(path=path, sha256=info.sha256, size=len(data)))
+            out = typed(
+                lambda: self.store.publish_tree(REPO, commit, variant, tree_files),
+                (StoreError,),
+                "publish_tree",
+            )
+            self.sandbox.check_target_contained()
+            tree = out.value
+            if tree is None:
+                return
+            expect(inside(tree.path, self.sandbox.target), f"tree {tree.path} outside the store")
+            # The store's own maintenance (GC's remove_tree, verify) walks trees recursively, in a
+            # daemon thread with Python's default recursion limit.
+            with default_recursion_limit():
+                typed(lambda: list(os.walk(tree.path)), (), "walking the published tree")
+            for path, data in files.items():
+                real = tree.path / path
+                expect(inside(real, tree.path), f"{path!r} left its tree")
+                expect(real.read_bytes() == data, f"{path!r} differs from what was published")
+                expect(not os.access(real, os.W_OK) or os.geteuid() == 0, f"{path!r} writable")
+            typed(lambda: metadata_to_proto(tree.path / "metadata.json"), (), "metadata_to_proto")
+            hit = self.store.lookup(REPO, commit, variant)
+            expect(hit is not None and hit.path == tree.path, "published tree not found by lookup")
+            assert hit is not None
+            resolver = Resolver(self.store, [MirrorDirUpstream(self._empty_mirror)])
+            deps = typed(
+                lambda: resolver.dependencies_of(hit), (StoreError,), "dependencies_of"
+            ).value
+            expect(all(isinstance(d, KernelSpec) for d in deps or []), "bad dependency specs")
+
+
+# ---- mirror documents (kerneld.mirror.layout) ------------------------------------------------
+
+
+def check_mirror_documents(data: bytes, repo_id: str = REPO, commit: str = COMMIT) -> None:
+    """Manifests, refs and mirror-info: MirrorFormatError only; accepted manifests are safe to
+    hand to the store and round-trip."""
+    from kerneld.mirror.layout import (
+        Manifest,
+        MirrorFormatError,
+        parse_info,
+        parse_refs,
+        parse_refs_exported_at,
+    )
+
+    allowed = (MirrorFormatError,)
+    m = typed(lambda: Manifest.from_json(data, repo_id=repo_id, commit=commit), allowed, "manifest")
+    if m.value is not None:
+        manifest = m.value
+        for name, files in manifest.variants.items():
+            expect(
+                isinstance(name, str) and "/" not in name and name not in ("", ".", ".."),
+                f"variant name {name!r}",
+            )
+            for f in files:
+                expect(isinstance(f.path, str), f"file path {f.path!r}")
+                expect(type(f.size) is int and f.size >= 0, f"file size {f.size!r}")
+                expect(f.sha256 is not None and HEX64.fullmatch(f.sha256), f"sha256 {f.sha256!r}")
+                expect(f.git_sha1 is None or HEX40.fullmatch(f.git_sha1), "git_sha1")
+            expect(manifest.executables.get(name, frozenset()) <= {f.path for f in files}, "mode")
+        again = Manifest.from_json(manifest.to_json(), repo_id=repo_id, commit=commit)
+
+        def by_path(m: Manifest) -> dict[str, list[Any]]:  # to_json sorts files by path
+            return {v: sorted(fs, key=lambda f: f.path) for v, fs in m.variants.items()}
+
+        expect(
+            by_path(again) == by_path(manifest) and again.executables == manifest.executables,
+            "manifest does not round-trip through to_json",
+        )
+    typed(lambda: parse_info(data), allowed, "mirror-info")
+    refs = typed(lambda: parse_refs(data, repo_id), allowed, "refs").value
+    if refs is not None:
+        for table in refs:
+            for name, target in table.items():
+                expect(isinstance(name, str) and HEX40.fullmatch(target), f"ref {name!r}")
+        when = typed(lambda: parse_refs_exported_at(data), allowed, "refs exported_at").value
+        expect(when is None or (isinstance(when, float) and when >= 0), f"exported_at {when!r}")
+
+
+# ---- mirror bundles (kerneld.mirror.bundle + import_) -----------------------------------------
+
+
+class BundleHarness:
+    """Imports fuzzed bundles (tar bytes or directories) into a real store in a sandbox."""
+
+    def __init__(self, root: Path) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        from kerneld.store import Store
+
+        self.sandbox = Sandbox(root)
+        self.store = Store.open(self.sandbox.target, min_free_bytes=0, auto_gc=False)
+        self.key = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+        self.trusted = {"fuzz-key": self.key.public_key()}
+
+    def close(self) -> None:
+        self.store.close()
+
+    def check_tar(self, data: bytes, *, check_sigs: bool = False) -> None:
+        path = self.sandbox.inputs / "bundle.tar"
+        path.write_bytes(data)
+        self.check_path(path, check_sigs=check_sigs)
+
+    def check_path(self, source: Path, *, check_sigs: bool = False) -> None:
+        """`import_mirror`: MirrorImportRefused or a report; nothing outside the store changes
+        (the bundle itself included); whatever was imported is in the store and intact."""
+        from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
+
+        with self.sandbox.guard():
+            out = typed(
+                lambda: import_mirror(
+                    self.store, source, self.trusted, no_check_sigs=not check_sigs
+                ),
+                (MirrorImportRefused,),
+                "import_mirror",
+            )
+            self.sandbox.check_target_contained()
+        report = out.value
+        if report is None:
+            return
+        json.dumps(report.to_dict())
+        for refused in report.refused:
+            expect(refused.get("reason"), f"a refusal without a reason: {refused}")
+        for kernel in report.imported:
+            for v in kernel["variants"]:
+                tree = Path(v["path"])
+                expect(inside(tree, self.sandbox.target), f"imported tree {tree} outside the store")
+                hit = self.store.lookup(kernel["repo_id"], kernel["commit"], v["variant"])
+                expect(hit is not None and hit.path == tree, "imported variant not in the store")
+                for file in tree.rglob("*"):
+                    expect(not file.is_symlink(), f"symlink {file} in an imported tree")
+
+    def sign(self, rel: str, data: bytes) -> bytes:
+        """The detached signature file of a mirror document (to build valid signed seeds)."""
+        from kerneld.mirror.keys import SigningKey, make_signature_file
+
+        return make_signature_file(rel, data, [SigningKey("fuzz-key", self.key)])
+
+
+# ---- Hub API responses (kerneld.upstream.hub) ---------------------------------------------------
+
+
+class CraftedHub:
+    """A Hub-compatible endpoint on 127.0.0.1 that answers with whatever the fuzzer crafted:
+    tree listings (`trees[path]`), the revision answer, and file bytes (`files[path]`)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import unquote, urlsplit
+
+        hub = self
+        self.trees: dict[str, bytes] = {}
+        self.files: dict[str, bytes] = {}
+        self.revision = json.dumps({"id": REPO, "sha": COMMIT}).encode()
+        self.requests = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes: without this, Nagle's algorithm and the
+            # client's delayed ACK add 40 ms to every answer.
+            disable_nagle_algorithm = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                hub.requests += 1
+                path = unquote(urlsplit(self.path).path)
+                tree = f"/api/kernels/{REPO}/tree/{COMMIT}/"
+                resolve = f"/kernels/{REPO}/resolve/{COMMIT}/"
+                body: bytes | None = None
+                if path.startswith(tree):
+                    body = hub.trees.get(path[len(tree) :])
+                elif path.startswith(f"/api/kernels/{REPO}/revision/"):
+                    body = hub.revision
+                elif path.startswith(resolve):
+                    body = hub.files.get(path[len(resolve) :])
+                if body is None:
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def tree_entry(path: str, data: bytes, *, lfs: bool = False) -> dict[str, Any]:
+    """A tree-listing entry as the Hub writes it (what huggingface_hub parses)."""
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+    entry: dict[str, Any] = {"type": "file", "oid": blob, "size": len(data), "path": path}
+    if lfs:
+        entry["lfs"] = {
+            "oid": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+            "pointerSize": 130,
+        }
+    return entry
+
+
+class HubHarness:
+    """HubUpstream (the real huggingface_hub client underneath) and a real fetch into a store,
+    against crafted Hub answers."""
+
+    def __init__(self, root: Path) -> None:
+        from kerneld.store import Store
+
+        self.sandbox = Sandbox(root)
+        self.store = Store.open(self.sandbox.target, min_free_bytes=0, auto_gc=False)
+        self.hub = CraftedHub()
+
+    def close(self) -> None:
+        self.hub.close()
+        self.store.close()
+
+    def check(
+        self,
+        variant: str,
+        listing: bytes,
+        files: Mapping[str, bytes],
+        variants_listing: bytes | None = None,
+    ) -> None:
+        """list_variants / list_files: UpstreamError only and sane entries; a fetch of what
+        they list: UpstreamError or StoreError only, nothing written outside the store."""
+        from kerneld.fetch import Fetcher
+        from kerneld.store import InvalidInputError, StoreError
+        from kerneld.upstream.errors import UpstreamError
+        from kerneld.upstream.hub import HubUpstream
+        from kerneld.upstream.retry import RetryPolicy
+
+        hub, outside = self.hub, str(self.sandbox.outside).encode()
+        listing = listing.replace(OUTSIDE.encode(), outside)
+        variants_listing = variants_listing and variants_listing.replace(OUTSIDE.encode(), outside)
+        files = {self.sandbox.hostile(p): d for p, d in files.items()}
+        hub.trees = {f"build/{variant}": listing}
+        if variants_listing is not None:
+            hub.trees["build"] = variants_listing
+        hub.files = {f"build/{variant}/{p}": d for p, d in files.items()}
+        up = HubUpstream(endpoint=hub.url, policy=RetryPolicy(attempts=1, timeout=5.0))
+        allowed = (UpstreamError,)
+        with self.sandbox.guard():
+            if variants_listing is not None:
+                names = typed(lambda: up.list_variants(REPO, COMMIT), allowed, "list_variants")
+                for name in names.value or []:
+                    expect(
+                        isinstance(name, str) and name and "/" not in name,
+                        f"list_variants returned {name!r}",
+                    )
+            listed = typed(lambda: up.list_files(REPO, COMMIT, variant), allowed, "list_files")
+            for f in listed.value or []:
+                expect(isinstance(f.path, str), f"path {f.path!r}")
+                expect(type(f.size) is int and f.size >= 0, f"{f.path!r}: size {f.size!r}")
+                expect(
+                    (f.sha256 is not None and HEX64.fullmatch(f.sha256))
+                    or (f.git_sha1 is not None and HEX40.fullmatch(f.git_sha1)),
+                    f"{f.path!r}: no valid content id ({f.sha256!r}, {f.git_sha1!r})",
+                )
+            fetcher = Fetcher(self.store, [up], attempts_per_file=1)
+            blobs_before = self.store.usage().blobs
+            fetched = typed(
+                lambda: fetcher.fetch_variant(REPO, COMMIT, variant),
+                (UpstreamError, StoreError),
+                "fetch_variant",
+            )
+            self.sandbox.check_target_contained()
+        if isinstance(fetched.error, InvalidInputError):
+            # "rejected ...: the upstream manifest is malformed or hostile, nothing was written"
+            expect(
+                self.store.usage().blobs == blobs_before,
+                f"a hostile listing was refused ({fetched.error}) after downloading its files",
+            )
+        if fetched.value is not None:
+            tree = fetched.value.tree
+            expect(inside(tree.path, self.sandbox.target), f"tree {tree.path} outside the store")
+            for file in tree.path.rglob("*"):
+                if file.is_file():
+                    rel = file.relative_to(tree.path).as_posix()
+                    expect(files.get(rel) == file.read_bytes(), f"{rel!r} is not what was served")
+
+
+# ---- Resolve / ResolveMany request handling (kerneld.server) -----------------------------------
+
+
+class Aborted(Exception):
+    """What `context.abort` raises in the in-process servicer calls (grpc raises its own)."""
+
+
+class ServicerContext:
+    """The two calls the Kernels servicer makes on a grpc.ServicerContext."""
+
+    def __init__(self) -> None:
+        self.code: Any = None
+        self.details = ""
+        self.trailers: tuple[tuple[str, bytes], ...] = ()
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, bytes], ...]) -> None:
+        self.trailers = metadata
+
+    def abort(self, code: Any, details: str) -> None:
+        self.code, self.details = code, details
+        raise Aborted(details)
+
+
+def check_error_detail(detail: Any, what: str) -> None:
+    """An ErrorDetail a client will see: typed (not INTERNAL) and explained."""
+    from kerneld_client._proto import kerneld_pb2 as pb
+
+    code = pb.ErrorCode.Name(detail.code)
+    expect(
+        detail.code != pb.ErrorCode.INTERNAL,
+        f"{what}: internal error (an untyped exception in the daemon): {detail.message}",
+    )
+    expect(detail.message.strip(), f"{what}: {code} without a message")
+
+
+class ResolveHarness:
+    """The daemon's Kernels servicer in-process, over a real Core: a store in a sandbox and a
+    mirror-dir upstream with real kernels (tests/fixtures_daemon.py)."""
+
+    def __init__(self, root: Path, mirror: Path) -> None:
+        from kerneld.config import UpstreamConfig, default_config
+        from kerneld.server.core import Core
+        from kerneld.server.kernels_service import KernelsService
+        from kerneld.server.metrics import Metrics
+
+        self.sandbox = Sandbox(root)
+        cfg = replace(
+            default_config(system=False),
+            source="fuzz",
+            store_path=self.sandbox.target,
+            upstreams=(UpstreamConfig("mirror", "mirror-dir", str(mirror)),),
+            min_free_bytes=0,
+            fetch_attempts=1,
+        )
+        (root / "no-hardware").mkdir(exist_ok=True)
+        self.core = Core(cfg, metrics=Metrics(), hardware_root=root / "no-hardware")
+        self.core.open()
+        self.core.ready = True
+        self.service = KernelsService(self.core)
+
+    def close(self) -> None:
+        self.core.close()
+
+    def check_resolve(self, request: Any) -> None:
+        """Resolve: a ResolvedKernel inside the store, or an abort with a typed ErrorDetail."""
+        from kerneld.server.errors import detail_from_trailers
+        from kerneld_client._proto import kerneld_pb2 as pb
+
+        context = ServicerContext()
+        with self.sandbox.guard():
+            try:
+                response = self.service.Resolve(request, context)  # type: ignore[arg-type]
+            except Aborted:
+                response = None
+            except Exception as exc:
+                raise InvariantViolation(f"Resolve raised {exc!r} instead of aborting") from exc
+        if response is None:
+            detail = detail_from_trailers(context.trailers)
+            if detail is None:
+                raise InvariantViolation("Resolve aborted without an ErrorDetail trailer")
+            check_error_detail(detail, "Resolve")
+            expect(context.details == detail.message, "status message != ErrorDetail message")
+            return
+        expect(isinstance(response, pb.ResolveResponse), f"Resolve returned {response!r}")
+        self._check_kernel(response.kernel, request)
+
+    def check_resolve_many(self, request: Any) -> None:
+        """ResolveMany: one result per request, each a kernel or a typed error."""
+        from kerneld_client._proto import kerneld_pb2 as pb
+
+        with self.sandbox.guard():
+            response = typed(
+                lambda: self.service.ResolveMany(request, ServicerContext()),  # type: ignore[arg-type]
+                (),
+                "ResolveMany",
+            ).value
+        assert isinstance(response, pb.ResolveManyResponse)
+        expect(len(response.results) == len(request.requests), "ResolveMany lost results")
+        for result, req in zip(response.results, request.requests, strict=True):
+            if result.WhichOneof("result") == "error":
+                check_error_detail(result.error, "ResolveMany")
+            else:
+                expect(result.HasField("kernel"), "ResolveMany result with neither field")
+                self._check_kernel(result.kernel, req)
+
+    def _check_kernel(self, kernel: Any, request: Any) -> None:
+        expect(kernel.repo_id == request.kernel.repo_id, "answer for another repo")
+        expect(HEX40.fullmatch(kernel.commit), f"commit {kernel.commit!r}")
+        path = Path(kernel.path)
+        expect(path.is_dir() and inside(path, self.sandbox.target), f"path {path} not in store")
+        accepted = [v.variant for v in kernel.variants if v.accepted]
+        expect(
+            kernel.variant == request.variant if request.variant else kernel.variant in accepted,
+            f"served variant {kernel.variant!r} was not asked for or accepted ({accepted})",
+        )
+        expect(kernel.lease.id, "a served kernel without a lease")
+        for dep in kernel.dependencies:
+            expect(Path(dep.path).is_dir() and inside(Path(dep.path), self.sandbox.target), "dep")
