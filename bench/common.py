@@ -478,6 +478,46 @@ class JobResult:
         return [r.dur for r in self.ranks if r.dur is not None]
 
 
+FRESH = r"""
+import json, os, sys, time
+job = json.loads(sys.argv[1])
+g = {"__name__": "bench_job"}
+p0 = time.perf_counter()
+exec(job["setup"], g)
+setup_s = time.perf_counter() - p0
+out = {"rank": 0, "start": time.time()}
+p0 = time.perf_counter()
+mods = [g["load"](repo) for repo in job["repos"]]
+out["dur"] = time.perf_counter() - p0
+out["end"] = time.time()
+out["ok"] = all(m is not None for m in mods)
+out["extra"] = eval(job["extra"], g)
+print(json.dumps({"setup_s": setup_s, "setup_extra": g.get("SETUP_EXTRA"), "rank": out}))
+"""
+
+
+def fresh_job(*, env: Mapping[str, str], setup: str, repos: Sequence[str], extra: str) -> JobResult:
+    """One load in a brand-new interpreter (what a training process is), not a fork: a forked
+    child pays copy-on-write faults for every object of its parent it touches (3-5x slower
+    Python code on the 2-core machine), which says nothing about a real process start."""
+    job = {"setup": textwrap.dedent(setup), "repos": list(repos), "extra": extra}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, json.dumps(job)],
+        cwd=ROOT,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"a fresh load process failed:\n{proc.stderr[-3000:]}")
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = doc["rank"]
+    rank = RankResult(0, bool(r["ok"]), r["start"], r["end"], r["dur"], None, r["extra"])
+    return JobResult(r["start"], doc["setup_s"], doc["setup_extra"], [rank])
+
+
 class Zygote:
     """The ZYGOTE process; `job()` runs N ranks released together. With a server, its request
     and byte counters are reset at the release and read when the job ends."""

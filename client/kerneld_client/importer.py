@@ -173,7 +173,8 @@ def _register_root(folder: Path, *, cache_bytecode: bool = False) -> None:
         if root not in _roots:
             _roots.add(root)
             # A finder cached for this folder before registration would bypass the hook.
-            for cached in [p for p in sys.path_importer_cache if _under_registered_root(p)]:
+            prefix = root + "/"
+            for cached in [p for p in sys.path_importer_cache if p == root or p.startswith(prefix)]:
                 del sys.path_importer_cache[cached]
 
 
