@@ -155,6 +155,9 @@ class Config:
     prefetch_on_start: bool = True
     trusted_keys: Mapping[str, str] = field(default_factory=dict)
     metrics_socket: Path | None = None
+    metrics_socket_mode: int = 0o660
+    metrics_socket_group: str = ""
+    """Who may scrape the metrics socket; empty: the daemon's own group."""
     metrics_listen: str = ""
     log_level: str = "info"
     drain_timeout_s: float = 20.0
@@ -174,6 +177,8 @@ def default_config(*, system: bool) -> Config:
             store_path=locations.SYSTEM_STORE,
             user_socket=SocketConfig(run / locations.SOCKET_NAME, 0o660, "kerneld-users"),
             admin_socket=SocketConfig(run / locations.ADMIN_SOCKET_NAME, 0o660, "kerneld-admin"),
+            # The admins who run kerneldctl may also scrape (`curl --unix-socket ...`).
+            metrics_socket_group="kerneld-admin",
         )
     run = locations.user_run_dir()
     return Config(
@@ -214,7 +219,7 @@ _KNOWN: dict[str, set[str]] = {
     "fetch": {"allow", "timeout", "attempts"},
     "prefetch": {"kernels", "torch", "interval", "on_start"},
     "mirror": {"trusted_keys"},
-    "metrics": {"socket", "listen"},
+    "metrics": {"socket", "socket_mode", "socket_group", "listen"},
     "log": {"level"},
     "server": {"drain_timeout", "threads"},
 }
@@ -476,6 +481,17 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
     metrics = _table(doc, "metrics", source)
     if "socket" in metrics:
         updates["metrics_socket"] = _path(metrics["socket"], source, "metrics.socket")
+    if "socket_mode" in metrics:
+        updates["metrics_socket_mode"] = parse_mode(
+            metrics["socket_mode"], source=source, key="metrics.socket_mode"
+        )
+    if "socket_group" in metrics:
+        group = metrics["socket_group"]
+        if not isinstance(group, str):
+            raise ConfigError(
+                source, "metrics.socket_group", f"expected a group name, got {group!r}"
+            )
+        updates["metrics_socket_group"] = group
     if "listen" in metrics:
         updates["metrics_listen"] = parse_loopback(
             metrics["listen"], source=source, key="metrics.listen"
@@ -604,6 +620,78 @@ def _prefetch_text(entry: PrefetchEntry) -> str:
     return entry.repo_id
 
 
+def format_duration(seconds: float) -> str | float:
+    """Seconds as the config writes them (`1h`, `1h30m`, `250ms`, `7d`); a value no unit sum
+    reproduces exactly stays a number, so `parse_duration` always reads back the same float."""
+    if seconds == 0:
+        return "0s"
+    millis = round(seconds * 1000)
+    if millis <= 0 or abs(millis / 1000 - seconds) > 1e-9:
+        return seconds
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, millis = divmod(millis, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if millis:
+        parts.append(f"{millis}ms")
+    text = "".join(parts)
+    if parse_duration(text, source="", key="") != seconds:
+        return seconds
+    return text
+
+
+def format_size(size: int) -> str | int:
+    """Bytes as the config writes them: `20GiB` where a binary unit is exact, else the count."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        step = _SIZE_UNITS[unit.lower()]
+        if size and size % step == 0:
+            return f"{size // step}{unit}"
+    return size
+
+
+#: Config field -> the kerneld.toml key that sets it: what log lines and `ReloadConfig` answers
+#: name, since an admin knows `[resolve] ref_ttl`, not `ref_ttl_s`.
+FIELD_KEYS: dict[str, str] = {
+    "source": "(config file)",
+    "system": "mode",
+    "store_path": "[store] path",
+    "cap_bytes": "[store] cap",
+    "min_free_bytes": "[store] min_free",
+    "gc_min_age_s": "[store] gc_min_age",
+    "orphan_grace_s": "[store] orphan_grace",
+    "scrub_interval_s": "[store] scrub_interval",
+    "scrub_rate_bytes": "[store] scrub_rate",
+    "user_socket": "[sockets] user/user_mode/user_group",
+    "admin_socket": "[sockets] admin/admin_mode/admin_group",
+    "upstreams": "[[upstream]]",
+    "ref_ttl_s": "[resolve] ref_ttl",
+    "negative_ttl_s": "[resolve] negative_ttl",
+    "lease_ttl_s": "[resolve] lease_ttl",
+    "lease_max_s": "[resolve] lease_max",
+    "fetch_allow": "[fetch] allow",
+    "fetch_timeout_s": "[fetch] timeout",
+    "fetch_attempts": "[fetch] attempts",
+    "prefetch": "[prefetch] kernels",
+    "prefetch_torch": "[prefetch] torch",
+    "prefetch_interval_s": "[prefetch] interval",
+    "prefetch_on_start": "[prefetch] on_start",
+    "trusted_keys": "[mirror] trusted_keys",
+    "metrics_socket": "[metrics] socket",
+    "metrics_listen": "[metrics] listen",
+    "metrics_socket_mode": "[metrics] socket_mode",
+    "metrics_socket_group": "[metrics] socket_group",
+    "log_level": "[log] level",
+    "drain_timeout_s": "[server] drain_timeout",
+    "threads": "[server] threads",
+}
+
+
+def config_key(field_name: str) -> str:
+    """The kerneld.toml key of a Config field (the field's name if it has none)."""
+    return FIELD_KEYS.get(field_name, field_name)
+
+
 def dump_config(cfg: Config) -> str:
     """The resolved config as TOML that `load_config` reads back to the same values
     (`kerneld --check-config`): what the daemon will actually use, defaults included."""
@@ -612,12 +700,12 @@ def dump_config(cfg: Config) -> str:
             "store",
             {
                 "path": cfg.store_path,
-                "cap": cfg.cap_bytes or 0,
-                "min_free": cfg.min_free_bytes,
-                "gc_min_age": cfg.gc_min_age_s,
-                "orphan_grace": cfg.orphan_grace_s,
-                "scrub_interval": cfg.scrub_interval_s,
-                "scrub_rate": cfg.scrub_rate_bytes,
+                "cap": format_size(cfg.cap_bytes or 0),
+                "min_free": format_size(cfg.min_free_bytes),
+                "gc_min_age": format_duration(cfg.gc_min_age_s),
+                "orphan_grace": format_duration(cfg.orphan_grace_s),
+                "scrub_interval": format_duration(cfg.scrub_interval_s),
+                "scrub_rate": format_size(cfg.scrub_rate_bytes),
             },
         ),
         (
@@ -634,17 +722,17 @@ def dump_config(cfg: Config) -> str:
         (
             "resolve",
             {
-                "ref_ttl": cfg.ref_ttl_s,
-                "negative_ttl": cfg.negative_ttl_s,
-                "lease_ttl": cfg.lease_ttl_s,
-                "lease_max": cfg.lease_max_s,
+                "ref_ttl": format_duration(cfg.ref_ttl_s),
+                "negative_ttl": format_duration(cfg.negative_ttl_s),
+                "lease_ttl": format_duration(cfg.lease_ttl_s),
+                "lease_max": format_duration(cfg.lease_max_s),
             },
         ),
         (
             "fetch",
             {
                 "allow": list(cfg.fetch_allow),
-                "timeout": cfg.fetch_timeout_s,
+                "timeout": format_duration(cfg.fetch_timeout_s),
                 "attempts": cfg.fetch_attempts,
             },
         ),
@@ -653,7 +741,7 @@ def dump_config(cfg: Config) -> str:
             {
                 "kernels": [_prefetch_text(p) for p in cfg.prefetch],
                 "torch": list(cfg.prefetch_torch),
-                "interval": cfg.prefetch_interval_s,
+                "interval": format_duration(cfg.prefetch_interval_s),
                 "on_start": cfg.prefetch_on_start,
             },
         ),
@@ -661,13 +749,20 @@ def dump_config(cfg: Config) -> str:
         (
             "metrics",
             {
-                k: v
-                for k, v in (("socket", cfg.metrics_socket), ("listen", cfg.metrics_listen))
-                if v
+                **{
+                    k: v
+                    for k, v in (("socket", cfg.metrics_socket), ("listen", cfg.metrics_listen))
+                    if v
+                },
+                "socket_mode": f"{cfg.metrics_socket_mode:04o}",
+                "socket_group": cfg.metrics_socket_group,
             },
         ),
         ("log", {"level": cfg.log_level}),
-        ("server", {"drain_timeout": cfg.drain_timeout_s, "threads": cfg.threads}),
+        (
+            "server",
+            {"drain_timeout": format_duration(cfg.drain_timeout_s), "threads": cfg.threads},
+        ),
     ]
     lines = [
         f"# kerneld configuration as resolved from {cfg.source}",

@@ -36,6 +36,7 @@ from kerneld.upstream.errors import (
     UpstreamError,
     UpstreamProtocolError,
     UpstreamUnavailable,
+    every_upstream,
 )
 from kerneld.upstream.retry import TransientError
 
@@ -353,13 +354,16 @@ def _check_listing(files: Sequence[RemoteFile], repo_id: str, commit: str, varia
 def _summarise(
     failures: list[UpstreamError | IntegrityError], repo_id: str, commit: str, variant: str
 ) -> Exception:
-    """The most useful error across upstreams: integrity > unavailable > not found."""
-    for kind in (IntegrityError, UpstreamProtocolError, UpstreamUnavailable):
-        for exc in failures:
-            if isinstance(exc, kind):
-                return exc
-    if failures:
-        return failures[0]
+    """The most useful error across upstreams (integrity > unavailable > not found); its
+    message names every upstream tried and what each said."""
+    for exc in failures:
+        if isinstance(exc, IntegrityError):
+            return exc
+    answers = [f for f in failures if isinstance(f, UpstreamError)]
+    for kind in (UpstreamProtocolError, UpstreamUnavailable, UpstreamError):
+        for chosen in answers:
+            if isinstance(chosen, kind):
+                return every_upstream(answers, chosen, repo_id=repo_id, revision=commit)
     return EntryNotFound(
         f"variant {variant} not found in any upstream", repo_id=repo_id, revision=commit
     )

@@ -21,6 +21,7 @@ from kerneld.upstream.errors import (
     RevisionNotFound,
     UpstreamError,
     UpstreamUnavailable,
+    every_upstream,
 )
 from kerneld_client.variants import Decision, PlatformFacts, decide
 
@@ -197,22 +198,19 @@ class Resolver:
                 unavailable[0],
             )
             return row.commit, True
-        if unavailable or not failures:
-            raise (
-                unavailable[0]
-                if unavailable
-                else UpstreamUnavailable(
-                    "no upstream configured", repo_id=spec.repo_id, revision=ref
-                )
-            )
+        if not failures:
+            raise UpstreamUnavailable("no upstream configured", repo_id=spec.repo_id, revision=ref)
+        ctx = {"repo_id": spec.repo_id, "revision": ref}
+        if unavailable:
+            raise every_upstream(failures, unavailable[0], **ctx)
         if all(isinstance(f, RepoNotFound) for f in failures):
             self.store.put_negative(
                 spec.repo_id, ref, "", "repo:" + str(failures[0]), self.negative_ttl_s
             )
-            raise failures[0]
+            raise every_upstream(failures, failures[0], **ctx)
         not_found = next(f for f in failures if isinstance(f, RevisionNotFound | RepoNotFound))
         self.store.put_negative(spec.repo_id, ref, "", "rev:" + str(not_found), self.negative_ttl_s)
-        raise not_found
+        raise every_upstream(failures, not_found, **ctx)
 
     # -- variants ------------------------------------------------------------------------------
 
@@ -251,7 +249,9 @@ class Resolver:
             return names
         if published:
             return published
-        raise failures[0] if failures else UpstreamUnavailable("no upstream configured")
+        if not failures:
+            raise UpstreamUnavailable("no upstream configured", repo_id=repo_id, revision=commit)
+        raise every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
 
     # -- resolve -------------------------------------------------------------------------------
 

@@ -8,13 +8,17 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import REPO_ROOT, DaemonProcess, default_user
 from tests.support.mirrors import variant, write_mirror
 
 ACT = "kerneld-test/act"
@@ -96,6 +100,41 @@ MIRROR_BRANCHES = {
 def build_kernel_mirror(root: Path) -> Path:
     write_mirror(root, mirror_kernels(), branches=MIRROR_BRANCHES)
     return root
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Root runs: a private base temp directory per session, outside /tmp/pytest-of-root.
+
+    Test daemons run as another user, so the directories above their work dirs get the search
+    bit (`grant_traversal`); pytest resets /tmp/pytest-of-root to 0700 whenever a session starts,
+    so a second pytest run on the machine would lock the first one's daemons out mid-run.
+    """
+    if default_user() is None or config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    base = Path(tempfile.mkdtemp(prefix="kerneld-tests-"))
+    config.option.basetemp = str(base / "t")
+    config.add_cleanup(lambda: shutil.rmtree(base, ignore_errors=True))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Test daemons run as an unprivileged user: it must be able to run this interpreter and
+    import this checkout, or hundreds of tests fail for one reason. Say that reason once."""
+    user = default_user()
+    if user is None:
+        return
+    probe = [sys.executable, "-c", "import kerneld.server.main, kerneld_client"]
+    try:
+        subprocess.run(probe, user=user, cwd=REPO_ROOT, check=True, capture_output=True, timeout=60)
+    except (OSError, KeyError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", b"") or b""
+        pytest.exit(
+            f"test daemons run as the unprivileged user {user!r}, which cannot run "
+            f"{sys.executable} or import this checkout ({exc!r}; {detail.decode()[-300:]}). "
+            "Run scripts/bootstrap as root (it creates the user and a venv from the "
+            "distribution's python3), and keep the checkout where other users can traverse "
+            "(.ci/run grants that to its parent directories).",
+            returncode=3,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,10 @@ them between calls), and the once-per-kernel fallback warning.
                             (CorruptTree) and the fallback policy applies. Costs one read of
                             the kernel's files per process (default: off; the daemon verified
                             them on ingest and its scrub re-checks them)
+    KERNELD_STORE_OWNER     the user (name or uid) a store root, the published index and the
+                            daemon's advert may belong to besides root and this process's own
+                            user (default: the system user `kerneld`, if it exists); anything
+                            owned by another user is refused (UntrustedPath)
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "ENV_HUB_CACHE",
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
+    "ENV_STORE_OWNER",
     "ENV_TIMEOUT",
     "ENV_VERIFY",
     "FallbackPolicy",
@@ -45,6 +50,7 @@ __all__ = [
     "hub_cache_dir",
     "ref_max_age_s",
     "require",
+    "store_owner_uid",
     "timeout_s",
     "verify_trees",
     "warn_once",
@@ -60,6 +66,9 @@ ENV_BACKOFF = "KERNELD_BACKOFF"
 ENV_REF_MAX_AGE = "KERNELD_REF_MAX_AGE"
 ENV_HUB_CACHE = "KERNELD_HUB_CACHE"
 ENV_VERIFY = "KERNELD_VERIFY"
+ENV_STORE_OWNER = "KERNELD_STORE_OWNER"
+#: The system user of the packaged daemon (systemd `User=kerneld`, sysusers.d).
+DEFAULT_STORE_OWNER = "kerneld"
 
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_FETCH_TIMEOUT_S = 300.0
@@ -137,6 +146,36 @@ def backoff_s() -> float:
 
 def ref_max_age_s() -> float | None:
     return _seconds(ENV_REF_MAX_AGE, None)
+
+
+_owner_memo: tuple[str, int | None] | None = None
+
+
+def store_owner_uid() -> int | None:
+    """The uid of the daemon's user that the client trusts besides root and itself, or None.
+
+    $KERNELD_STORE_OWNER (a user name or a uid) when set, else the system user `kerneld` if it
+    exists. Memoized per value: a passwd lookup can cost more than the rest of a warm load.
+    """
+    global _owner_memo
+    raw = os.environ.get(ENV_STORE_OWNER, "").strip()
+    memo = _owner_memo
+    if memo is not None and memo[0] == raw:
+        return memo[1]
+    import pwd  # not needed on a cached warm path
+
+    uid: int | None
+    if raw.isdigit():
+        uid = int(raw)
+    else:
+        try:
+            uid = pwd.getpwnam(raw or DEFAULT_STORE_OWNER).pw_uid
+        except KeyError:
+            uid = None
+            if raw:
+                log.warning("ignoring %s=%r: no such user", ENV_STORE_OWNER, raw)
+    _owner_memo = (raw, uid)
+    return uid
 
 
 def hub_cache_dir() -> Path:

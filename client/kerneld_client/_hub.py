@@ -251,13 +251,22 @@ def _check_metadata_digest(folder: Path, files: list[_RemoteFile], ctx: dict[str
 
 
 def _seal(folder: Path) -> None:
-    """Make the verified folder read-only, and private to its user (its owner included)."""
+    """Make the verified folder's contents read-only, and private to its user.
+
+    The top stays writable by its owner until it has been renamed into place (then
+    `_seal_top`): renaming a directory rewrites its ``..`` entry, which needs write permission
+    on it, and a process that is not root has no way around that.
+    """
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in filenames:
             p = os.path.join(dirpath, name)
             os.chmod(p, 0o500 if os.stat(p).st_mode & 0o100 else 0o400)
         for name in dirnames:
             os.chmod(os.path.join(dirpath, name), 0o500)
+    os.chmod(folder, 0o700)
+
+
+def _seal_top(folder: Path) -> None:
     os.chmod(folder, 0o500)
 
 
@@ -310,6 +319,7 @@ def fetch(
             _seal(tmp)
             try:
                 os.rename(tmp, final)
+                _seal_top(final)
             except OSError:
                 if not (final / "metadata.json").is_file():
                     raise

@@ -132,7 +132,9 @@ def _probe(path: Path, timeout: float) -> None:
         ) from None
     except PermissionError as exc:
         raise DaemonUnavailable(
-            f"no permission to connect to {path}", hint="is this user in the kerneld group?"
+            f"no permission to connect to {path}",
+            hint="loading kernels needs membership in the kerneld-users group (`id -nG` shows "
+            "yours; an admin runs `usermod -aG kerneld-users USER`, then log in again)",
         ) from exc
     except OSError as exc:
         raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc

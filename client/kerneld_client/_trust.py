@@ -7,6 +7,13 @@ the store owner (the uid that owns the root) and not be writable by group or oth
 symlink may lead out of the tree. The daemon verified every byte when it published the tree;
 these checks make sure what is there now is still what it published.
 
+Whose store it is matters as much: the owner of the root is trusted only if it is root, this
+process's own user (user mode) or the daemon's user (`kerneld`, or $KERNELD_STORE_OWNER), and no
+directory above the root may be writable by anyone else, unless it is sticky (like /tmp) and the
+entry below it belongs to a trusted user. Otherwise whoever could create or rename the root (a
+pre-created store in /tmp) would decide what is imported. The daemon's advert gets the same
+rule (`check_advert`): it names the store, so a planted one would be as good as a planted store.
+
 A few `lstat` calls for a typical tree (tens of microseconds): cheap enough for every load.
 """
 
@@ -16,11 +23,118 @@ import os
 import stat
 from pathlib import Path
 
+from kerneld_client import _config
 from kerneld_client.errors import UntrustedPath
 
-__all__ = ["StoreRoot", "check_tree", "store_root"]
+__all__ = [
+    "StoreRoot",
+    "check_advert",
+    "check_ancestors",
+    "check_tree",
+    "store_root",
+    "trusted_uids",
+]
 
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+_FIX_OWNER = (
+    "a store, its index and the daemon's advert must belong to root, to you or to the daemon's "
+    "user (the system user kerneld, or the user named by KERNELD_STORE_OWNER); if the daemon "
+    "really runs as that user set KERNELD_STORE_OWNER, otherwise someone else created the path: "
+    "remove it and let the daemon create it"
+)
+_FIX_PARENT = (
+    "keep the store and the daemon's sockets in a directory only root or the daemon's user can "
+    "write (the defaults /var/lib/kerneld and /run/kerneld, or your own home), or make the "
+    "world-writable directory sticky and the entry in it owned by root or the daemon's user"
+)
+
+
+def trusted_uids() -> frozenset[int]:
+    """Who may own a store root or an advert: root, this process's user, the daemon's user."""
+    owner = _config.store_owner_uid()
+    base = {0, os.geteuid()}
+    if owner is not None:
+        base.add(owner)
+    return frozenset(base)
+
+
+def _who(uids: frozenset[int]) -> str:
+    return "uid " + ", ".join(str(u) for u in sorted(uids))
+
+
+def check_ancestors(real: str, child_uid: int, what: str, trusted: frozenset[int]) -> None:
+    """Every directory above `real` (a resolved path, up to /): owned by a trusted uid, and not
+    writable by group or others unless it is sticky and the entry below it is trusted-owned.
+
+    A directory someone else can write lets them rename the entry below it away and put their
+    own in its place; the sticky bit forbids that only for entries they do not own.
+    """
+    child = real
+    while True:
+        parent = os.path.dirname(child)
+        if parent == child:
+            return
+        st = os.lstat(parent)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UntrustedPath(f"{what}: {parent} is not a directory", hint=_FIX_PARENT)
+        if st.st_uid not in trusted:
+            raise UntrustedPath(
+                f"{what}: the directory {parent} above it is owned by uid {st.st_uid}, not by "
+                f"a trusted user ({_who(trusted)}), who could replace it",
+                hint=_FIX_PARENT,
+            )
+        if st.st_mode & _WRITABLE_BY_OTHERS and not (
+            st.st_mode & stat.S_ISVTX and child_uid in trusted
+        ):
+            if st.st_mode & stat.S_ISVTX:
+                detail = f"sticky, but the entry in it belongs to uid {child_uid}"
+            else:
+                detail = "not sticky"
+            raise UntrustedPath(
+                f"{what}: the directory {parent} above it is writable by group or others "
+                f"(mode {st.st_mode & 0o7777:o}, {detail}), so another user could replace it",
+                hint=_FIX_PARENT,
+            )
+        child = parent
+        child_uid = st.st_uid
+
+
+def check_advert(path: Path) -> tuple[int, os.stat_result] | None:
+    """Open the daemon's advert for reading if it can be trusted: a regular file owned by a
+    trusted uid, not writable by group or others, in a directory chain that passes
+    `check_ancestors`. Returns (fd, stat) or None when there is no advert; UntrustedPath else."""
+    real = os.path.join(os.path.realpath(path.parent), path.name)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if os.path.islink(real):
+            raise UntrustedPath(
+                f"the daemon's advert {path} is a symlink; kerneld never writes one",
+                hint=_FIX_OWNER,
+            ) from exc
+        # Absent, or not readable by this user: no advert can mislead us (the defaults apply).
+        return None
+    try:
+        st = os.fstat(fd)
+        trusted = trusted_uids()
+        what = f"the daemon's advert {path}"
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedPath(f"{what} is not a regular file", hint=_FIX_OWNER)
+        if st.st_uid not in trusted:
+            raise UntrustedPath(
+                f"{what} is owned by uid {st.st_uid}, not by a trusted user ({_who(trusted)})",
+                hint=_FIX_OWNER,
+            )
+        if st.st_mode & _WRITABLE_BY_OTHERS:
+            raise UntrustedPath(
+                f"{what} is writable by group or others (mode {st.st_mode & 0o7777:o})",
+                hint=_FIX_OWNER,
+            )
+        check_ancestors(real, st.st_uid, what, trusted)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 class StoreRoot:
@@ -35,15 +149,25 @@ class StoreRoot:
 
 
 def store_root(path: Path) -> StoreRoot:
-    """Resolve a store root and check it; FileNotFoundError if there is none."""
+    """Resolve a store root and check who owns it and who can replace it (the owner becomes the
+    owner every tree must have); FileNotFoundError if there is none."""
     real = os.path.realpath(path)
-    st = os.stat(real)
+    st = os.lstat(real)
     if not stat.S_ISDIR(st.st_mode):
         raise UntrustedPath(f"store root {path} is not a directory")
+    trusted = trusted_uids()
+    if st.st_uid not in trusted:
+        raise UntrustedPath(
+            f"store root {path} is owned by uid {st.st_uid}, not by a trusted user "
+            f"({_who(trusted)}: root, you, the daemon's user)",
+            hint=_FIX_OWNER,
+        )
     if st.st_mode & _WRITABLE_BY_OTHERS:
         raise UntrustedPath(
-            f"store root {path} is writable by group or others (mode {st.st_mode & 0o7777:o})"
+            f"store root {path} is writable by group or others (mode {st.st_mode & 0o7777:o})",
+            hint="chmod go-w it; only the daemon may write its store",
         )
+    check_ancestors(real, st.st_uid, f"store root {path}", trusted)
     return StoreRoot(path, real, st.st_uid)
 
 

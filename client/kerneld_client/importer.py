@@ -29,6 +29,7 @@ import json
 import keyword
 import marshal
 import os
+import re
 import stat
 import sys
 import threading
@@ -204,15 +205,55 @@ def module_name_for(variant_dir: Path, metadata: dict[str, object]) -> str:
     return name
 
 
-def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
-    """Where the package's `__init__.py` is: flattened layout, or `<python_name>/`."""
-    if (variant_dir / "__init__.py").is_file():
-        return variant_dir
+#: What `metadata.json` `name` may become after dashes turn into underscores: one plain ASCII
+#: identifier, hence one path component that can never be absolute, `..` or contain a slash.
+_PYTHON_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def python_name(variant_dir: Path, metadata: dict[str, object]) -> str | None:
+    """`name` with dashes as underscores, or None when there is no `name`; KernelLoadError when
+    it is anything but a plain identifier (the name becomes a folder to import from)."""
     name = metadata.get("name")
-    if isinstance(name, str):
-        nested = variant_dir / name.replace("-", "_")
-        if (nested / "__init__.py").is_file():
-            return nested
+    if name is None:
+        return None
+    pyname = name.replace("-", "_") if isinstance(name, str) else None
+    if pyname is None or not _PYTHON_NAME.fullmatch(pyname) or keyword.iskeyword(pyname):
+        raise KernelLoadError(
+            f"{variant_dir / 'metadata.json'}: 'name' must be a Kernel Hub name "
+            f"(lowercase letters, digits and dashes), got {name!r}; refusing to import from it",
+            hint="the build is malformed or hostile; remove it and report it to its publisher",
+        )
+    return pyname
+
+
+def _inside(path: Path, folder: Path) -> Path | None:
+    """`path` resolved, if it lies inside `folder` (a resolved path), else None."""
+    try:
+        real = path.resolve()
+    except OSError:
+        return None
+    return real if real.is_relative_to(folder) else None
+
+
+def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
+    """Where the package's `__init__.py` is: flattened layout, or `<python_name>/`.
+
+    Always a folder inside `variant_dir` (resolved): code from anywhere else is never imported,
+    even if a symlink or a hostile `name` points there.
+    """
+    folder = variant_dir.resolve()
+    pyname = python_name(variant_dir, metadata)
+    candidates = [folder] if pyname is None else [folder, folder / pyname]
+    for candidate in candidates:
+        init = candidate / "__init__.py"
+        if not init.is_file():
+            continue
+        real = _inside(candidate, folder)
+        if real is None or _inside(init, real) is None:
+            raise KernelLoadError(
+                f"{init} leads out of the variant folder {folder}; refusing to import it"
+            )
+        return real
     raise KernelLoadError(
         f"{variant_dir} has neither __init__.py nor <python name>/__init__.py; "
         "not a Kernel Hub build variant"

@@ -106,11 +106,30 @@ class Advert:
         )
 
 
+#: An advert is a few hundred bytes; a larger file is not one.
+MAX_ADVERT_BYTES = 64 << 10
+
+
 def read_advert(socket: Path | None = None) -> Advert | None:
-    """The advert of the daemon behind `socket` (default: `default_socket()`), or None."""
+    """The advert of the daemon behind `socket` (default: `default_socket()`), or None.
+
+    The advert names the store a process imports from, so one that another user could have
+    written (foreign owner, writable, or in a directory someone else can write) is refused with
+    UntrustedPath instead of being ignored: falling back to a default store would hide the attack.
+    """
+    from kerneld_client import _trust  # imports _config, which imports this module
+
     path = advert_path(socket or default_socket())
+    opened = _trust.check_advert(path)
+    if opened is None:
+        return None
+    fd, _ = opened
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_ADVERT_BYTES + 1)
+        if len(data) > MAX_ADVERT_BYTES:
+            return None
+        doc = json.loads(data.decode("utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != ADVERT_FORMAT or doc.get("version") != 1:
@@ -129,7 +148,9 @@ def read_advert(socket: Path | None = None) -> Advert | None:
 
 
 def default_store() -> Path:
-    """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults."""
+    """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
+
+    UntrustedPath when the daemon's advert could have been written by another user."""
     env = os.environ.get(ENV_STORE)
     if env:
         return Path(env)

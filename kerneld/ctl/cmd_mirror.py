@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld.ctl.common import (
     EXIT_FAILURE,
@@ -18,6 +19,9 @@ from kerneld.ctl.common import (
 from kerneld.ctl.progress import MirrorView
 from kerneld.ctl.rpc import Admin
 from kerneld.ctl.specs import parse_spec
+
+if TYPE_CHECKING:
+    from kerneld.mirror.keys import SigningKey
 
 
 def _key_dir(ctx: Ctx) -> Path | None:
@@ -67,44 +71,79 @@ def cmd_mirror_export(ctx: Ctx) -> int:
                 raise CtlError(str(exc)) from None
         doc = report.to_dict()
     else:
-        if len(keys) > 1:
-            raise CtlError(
-                "the daemon signs with one key per export; run the export again with the "
-                "second key (signatures accumulate), or use --store",
-                code=EXIT_USAGE,
-            )
-        if _key_dir(ctx) is not None:
-            # The daemon reads its keys itself, as its own user: a directory of the caller's
-            # would be ignored, and an export signed with another key than asked is worse
-            # than none.
-            raise CtlError(
-                "--key-dir applies to exports from a store (--store); through the daemon, "
-                "signing keys come from the daemon's own key directory ($KERNELD_KEY_DIR of "
-                "the daemon, else /etc/kerneld/keys on a system install)",
-                hint="create the key as the daemon's user (sudo -u kerneld kerneldctl key "
-                "generate NAME), or export with --store DIR --key-dir DIR",
-                code=EXIT_USAGE,
-            )
-        from kerneld_client._proto import kerneld_pb2
-
-        lock_text = ""
-        if ctx.args.lock:
-            try:
-                lock_text = Path(ctx.args.lock).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise CtlError(f"{ctx.args.lock}: {exc.strerror or exc}") from None
-        request = kerneld_pb2.MirrorExportRequest(
-            destination=dest,
-            kernels=[_export_ref(t) for t in ctx.args.kernels or []],
-            lockfile_json=lock_text,
-            variants=variants,
-            sign_key=keys[0] if keys else "",
-        )
-        doc = _stream_mirror(ctx, "exported", lambda a: a.stub.MirrorExport, request)
-        doc["destination"] = dest
+        # Signed here, with the admin's own keys: the daemon cannot (and must not) read them.
+        try:
+            signers = [load_signing_key(k, _key_dir(ctx)) for k in keys]
+        except KeyFileError as exc:
+            raise CtlError(str(exc)) from None
+        doc = _export_through_daemon(ctx, Path(dest), variants, signers)
     if ctx.json:
         ctx.emit_json(doc)
     return EXIT_FAILURE if doc.get("refused") else EXIT_OK
+
+
+#: The request carries the destination's documents; the daemon takes at most 4 MiB.
+_MAX_REQUEST_BYTES = 3 << 20
+
+
+def _export_through_daemon(
+    ctx: Ctx, dest: Path, variants: list[str], signers: list[SigningKey]
+) -> dict[str, Any]:
+    """The daemon streams the export's files; this process (the admin) writes them.
+
+    The daemon runs as its own user in a sandbox (read-only /srv, a private /tmp): a path it
+    wrote would be the wrong file, or none. Here the destination is written with the admin's
+    own permissions, a .tar atomically (staged beside it, renamed at the end, removed on
+    failure), a directory file by file."""
+    from kerneld.mirror.export import ExportError
+    from kerneld.mirror.receive import ExportReceiver
+    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.lockfile import LockfileError, parse_lockfile
+
+    lock_text = ""
+    repos = {parse_spec(t).repo_id for t in ctx.args.kernels or []}
+    if ctx.args.lock:
+        try:
+            lock_text = Path(ctx.args.lock).read_text(encoding="utf-8")
+            repos |= {
+                repo for repo, _c, _r in parse_lockfile(lock_text, source=ctx.args.lock).pinned()
+            }
+        except OSError as exc:
+            raise CtlError(f"{ctx.args.lock}: {exc.strerror or exc}") from None
+        except LockfileError as exc:
+            raise CtlError(str(exc)) from None
+    try:
+        with ExportReceiver(dest) as receiver:
+            receiver.sign_with(signers)
+            existing, present = receiver.existing(repos)
+            request = kerneld_pb2.MirrorExportRequest(
+                destination=str(dest),
+                kernels=[_export_ref(t) for t in ctx.args.kernels or []],
+                lockfile_json=lock_text,
+                variants=variants,
+                existing=[kerneld_pb2.MirrorFile(path=k, data=v) for k, v in existing.items()],
+                present_blobs=present,
+            )
+            if request.ByteSize() > _MAX_REQUEST_BYTES:
+                raise CtlError(
+                    f"{dest} already holds {request.ByteSize()} bytes of manifests and refs for "
+                    "these kernels, more than one request to the daemon may carry",
+                    hint="export into a new directory or .tar, or use --store DIR",
+                )
+            doc = _stream_mirror(
+                ctx, "exported", lambda a: a.stub.MirrorExport, request, on_file=receiver.handle
+            )
+            receiver.commit()
+    except ExportError as exc:
+        raise CtlError(str(exc)) from None
+    except OSError as exc:
+        raise CtlError(
+            f"cannot write {dest}: {exc.strerror or exc}",
+            hint="kerneldctl writes the export itself, as you: choose a destination you may write",
+        ) from None
+    doc["destination"] = str(dest)
+    doc["signed_by"] = [k.name for k in signers]
+    return doc
 
 
 def _export_ref(text: str) -> Any:
@@ -112,13 +151,25 @@ def _export_ref(text: str) -> Any:
     return parse_spec(text).to_proto()
 
 
-def _stream_mirror(ctx: Ctx, verb: str, method: Any, request: Any) -> dict[str, Any]:
+def _stream_mirror(
+    ctx: Ctx,
+    verb: str,
+    method: Any,
+    request: Any,
+    *,
+    on_file: Callable[[str, str, int, bytes], None] | None = None,
+) -> dict[str, Any]:
     doc: dict[str, Any] = {"ok": True, "refused": [], "manifests": 0, "blobs": 0, "bytes": 0}
     kernels: list[dict[str, str]] = []
     refused: set[tuple[str, str]] = set()
     with Admin(ctx) as admin, MirrorView(ctx, verb) as view:
         for event in admin.stream(method(admin), request):
             kind = _event_kind(event)
+            if kind in ("file", "data", "delete"):
+                if on_file is None:
+                    raise CtlError(f"the daemon sent export file data to a {verb!r} request")
+                on_file(kind, event.path, event.bytes_total, event.data)
+                continue
             view.handle(kind, event)
             if kind == "manifest":
                 kernels.append({"repo_id": event.repo_id, "commit": event.commit})
@@ -199,44 +250,3 @@ def cmd_mirror_import(ctx: Ctx) -> int:
     if ctx.json:
         ctx.emit_json(doc)
     return EXIT_FAILURE if doc.get("refused") else EXIT_OK
-
-
-# ---- keys -------------------------------------------------------------------------------------
-
-
-def cmd_key_generate(ctx: Ctx) -> int:
-    from kerneld.mirror.keys import KeyFileError, default_key_dir, generate_key
-
-    key_dir = _key_dir(ctx) or default_key_dir()
-    try:
-        key = generate_key(ctx.args.name, key_dir, overwrite=bool(ctx.args.force))
-    except KeyFileError as exc:
-        raise CtlError(str(exc)) from None
-    doc = {
-        "name": key.name,
-        "public_key": key.public,
-        "private_key_file": str(key_dir / f"{key.name}.key"),
-        "public_key_file": str(key_dir / f"{key.name}.pub"),
-        "trusted_keys_line": f'{key.name} = "{key.public}"',
-    }
-    if ctx.json:
-        ctx.emit_json(doc)
-    else:
-        ctx.say(f"created {doc['private_key_file']} (keep it secret) and {doc['public_key_file']}")
-        ctx.say("add this line under [mirror.trusted_keys] in kerneld.toml on importing hosts:")
-        ctx.say(f"  {doc['trusted_keys_line']}")
-    return EXIT_OK
-
-
-def cmd_key_public(ctx: Ctx) -> int:
-    from kerneld.mirror.keys import KeyFileError, load_public_key
-
-    try:
-        public = load_public_key(ctx.args.name, _key_dir(ctx))
-    except KeyFileError as exc:
-        raise CtlError(str(exc)) from None
-    if ctx.json:
-        ctx.emit_json({"name": ctx.args.name, "public_key": public})
-    else:
-        ctx.out.write(public + "\n")
-    return EXIT_OK

@@ -12,17 +12,20 @@ from typing import Any
 
 from kerneld.ctl.common import (
     EXIT_FAILURE,
+    EXIT_GC_TARGET_MISSED,
     EXIT_OK,
     EXIT_USAGE,
     EXIT_VERIFY_NOT_RUN,
     CtlError,
     Ctx,
+    DaemonUnavailable,
+    PermissionDenied,
     human_bytes,
     offline,
     open_store,
 )
 from kerneld.ctl.listing import proto_to_dict, read_metadata, store_listing
-from kerneld.ctl.rpc import Admin
+from kerneld.ctl.rpc import Admin, UserChannel
 from kerneld.ctl.specs import Spec, parse_spec
 
 # ---- status -----------------------------------------------------------------------------------
@@ -55,13 +58,11 @@ def cmd_status(ctx: Ctx) -> int:
                 "refs": now_refs,
             }
     else:
-        from kerneld_client._proto import kerneld_pb2
-
-        with Admin(ctx) as admin:
-            answer = admin.unary(admin.stub.GetAdminStatus, kerneld_pb2.GetStatusRequest())
-        full = proto_to_dict(answer)
-        status = full.pop("status") or {}
-        doc = {"source": "daemon", "admin_socket": str(admin.path), **status, **full}
+        doc = _daemon_status(ctx)
+    for up in doc.get("upstreams") or []:
+        up["state"] = _upstream_state(up)
+        if up["state"] == "not yet contacted":
+            up["reachable"] = None  # unknown: the daemon has not asked it anything yet
     if ctx.json:
         ctx.emit_json(doc)
         return EXIT_OK
@@ -82,14 +83,66 @@ def cmd_status(ctx: Ctx) -> int:
         + (f" of {human_bytes(int(cap))}" if cap else "")
         + f" in {doc.get('trees', 0)} trees, {doc.get('blobs', 0)} blobs"
     )
-    ctx.say(
-        f"pins: {doc.get('pins', 0)}  denies: {doc.get('denies', 0)}  "
-        f"active leases: {doc.get('active_leases', 0)}"
-    )
+    if doc.get("admin", True):
+        ctx.say(
+            f"pins: {doc.get('pins', 0)}  denies: {doc.get('denies', 0)}  "
+            f"active leases: {doc.get('active_leases', 0)}"
+        )
     for up in doc.get("upstreams") or []:
-        state = "reachable" if up.get("reachable") else f"UNREACHABLE {up.get('last_error', '')}"
+        state = up["state"]
+        if state == "unreachable":
+            state = f"UNREACHABLE {up.get('last_error', '')}".rstrip()
+        elif state == "reachable" and up.get("last_success"):
+            state += f" (last answer {str(up['last_success'])[:19].replace('T', ' ')} UTC)"
         ctx.say(f"upstream {up.get('name')} ({up.get('kind')} {up.get('location')}): {state}")
+    if not doc.get("admin", True):
+        ctx.say(f"pins, denies, leases and refs: {doc['admin_detail']}")
     return EXIT_OK
+
+
+def _upstream_state(up: dict[str, Any]) -> str:
+    """The daemon starts every upstream as reachable; only an answer (last_success) or an
+    error says which it is, so neither yet means "not yet contacted", never "reachable"."""
+    if not up.get("reachable"):
+        return "unreachable"
+    if up.get("last_success"):
+        return "reachable"
+    return "not yet contacted"
+
+
+def _daemon_status(ctx: Ctx) -> dict[str, Any]:
+    """GetAdminStatus on the admin socket; where this user may not use it, GetStatus on the
+    user socket (what every kerneld-users member may ask), marked as lacking the admin part."""
+    from kerneld_client._proto import kerneld_pb2
+
+    try:
+        with Admin(ctx) as admin:
+            answer = admin.unary(admin.stub.GetAdminStatus, kerneld_pb2.GetStatusRequest())
+    except PermissionDenied as denied:
+        try:
+            with UserChannel(ctx) as user:
+                status = user.unary(user.kernels().GetStatus, kerneld_pb2.GetStatusRequest())
+        except DaemonUnavailable:
+            raise denied from None
+        reason = f"need the admin socket ({denied.message}; {denied.hint})"
+        if not ctx.json:
+            ctx.note(f"kerneldctl: note: {denied.message}: showing what the user socket tells")
+        return {
+            "source": "daemon",
+            "socket": str(user.path),
+            "admin": False,
+            "admin_detail": reason,
+            **proto_to_dict(status),
+        }
+    full = proto_to_dict(answer)
+    status_doc = full.pop("status") or {}
+    return {
+        "source": "daemon",
+        "admin_socket": str(admin.path),
+        "admin": True,
+        **status_doc,
+        **full,
+    }
 
 
 # ---- ls / info --------------------------------------------------------------------------------
@@ -376,15 +429,36 @@ def _gc_item(t: Any) -> dict[str, Any]:
         "repo_id": repo,
         "commit": commit,
         "variant": variant,
-        "size_bytes": t.bytes_freed,
+        # removed: the bytes deleting it freed; kept: its size (as the daemon reports them)
+        "size_bytes": t.bytes_freed if t.action == "delete" else t.size_bytes,
         "reason": t.reason,
     }
 
 
+def _kept_by_reason(kept: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Kept trees grouped by why (pinned, leased, in use, recent, not needed): count, bytes."""
+    out: dict[str, dict[str, int]] = {}
+    for item in kept:
+        why = str(item["reason"]).split(" (")[0] or "kept"
+        entry = out.setdefault(why, {"trees": 0, "size_bytes": 0})
+        entry["trees"] += 1
+        entry["size_bytes"] += int(item["size_bytes"])
+    return out
+
+
 def cmd_gc(ctx: Ctx) -> int:
     dry = bool(ctx.args.dry_run)
+    target = int(ctx.args.target_free or 0)
+    if target < 0:
+        raise CtlError("--target-free must be a number of bytes >= 0", code=EXIT_USAGE)
     if offline(ctx):
         with open_store(ctx, writable=not dry) as store:
+            if target:
+                # as the daemon does: free until `target` more bytes are free than now
+                from dataclasses import replace
+
+                free = store.usage().free_bytes
+                store.policy = replace(store.policy, free_target_bytes=free + target)
             report = store.gc(dry_run=dry)
         doc: dict[str, Any] = {
             "dry_run": dry,
@@ -396,15 +470,35 @@ def cmd_gc(ctx: Ctx) -> int:
     else:
         from kerneld_client._proto import kerneld_pb2
 
-        request = kerneld_pb2.GcRequest(
-            dry_run=dry, target_free_bytes=int(ctx.args.target_free or 0)
-        )
+        request = kerneld_pb2.GcRequest(dry_run=dry, target_free_bytes=target)
         with Admin(ctx) as admin:
             answer = admin.unary(admin.stub.GarbageCollect, request, long=True)
         doc = proto_to_dict(answer)
+    kept_by = _kept_by_reason(doc["kept"])
+    missed = bool(target) and int(doc["freed_bytes"]) < target
+    if target:
+        doc["target_free_bytes"] = target
+        doc["target_reached"] = not missed
+    doc["kept_by_reason"] = kept_by
+    why = ", ".join(
+        f"{v['trees']} {k} ({human_bytes(v['size_bytes'])})"
+        for k, v in sorted(kept_by.items())
+        if k != "not needed"
+    )
+    if missed:
+        ctx.note(
+            f"kerneldctl: gc: target not reached: {'would free' if dry else 'freed'} "
+            f"{human_bytes(int(doc['freed_bytes']))} of the {human_bytes(target)} asked; "
+            f"the rest is held: {why or 'nothing else is collectable'}"
+        )
+        ctx.note(
+            "kerneldctl: hint: `kerneldctl gc --dry-run -v` lists each kept tree and why; unpin "
+            "what is no longer needed (kerneldctl unpin), leases end when their jobs do, "
+            "recently used trees become collectable after [store] gc_min_age"
+        )
     if ctx.json:
         ctx.emit_json(doc)
-        return EXIT_OK
+        return EXIT_GC_TARGET_MISSED if missed else EXIT_OK
     verb = "would remove" if dry else "removed"
     for item in doc["removed"]:
         ctx.say(
@@ -412,66 +506,88 @@ def cmd_gc(ctx: Ctx) -> int:
             f"{item['variant']} ({human_bytes(int(item['size_bytes']))}, {item['reason']})"
         )
     for item in doc["kept"] if ctx.args.verbose else []:
-        ctx.say(f"kept {item['tree_digest'][:19]} {item['repo_id']} ({item['reason']})")
+        ctx.say(
+            f"kept {item['tree_digest'][:19]} {item['repo_id']} "
+            f"({human_bytes(int(item['size_bytes']))}, {item['reason']})"
+        )
     ctx.say(
         f"{'would free' if dry else 'freed'} {human_bytes(int(doc['freed_bytes']))}: "
         f"{len(doc['removed'])} tree(s), {doc['orphan_blobs_removed']} orphan blob(s); "
-        f"{len(doc['kept'])} tree(s) kept"
+        f"{len(doc['kept'])} tree(s) kept" + (f": {why}" if why else "")
     )
-    return EXIT_OK
+    return EXIT_GC_TARGET_MISSED if missed else EXIT_OK
 
 
 # ---- verify -----------------------------------------------------------------------------------
 
 
-def cmd_verify(ctx: Ctx) -> int:
-    repair = bool(ctx.args.repair)
+_Pass = tuple[list[dict[str, Any]], list[str], int, dict[str, int]]
+
+
+def _report_pass(report: Any) -> _Pass:
+    problems = [
+        {"problem": p.kind, "object": p.object, "path": p.path, "detail": p.detail}
+        for p in report.problems
+    ]
+    checked = {"blobs_checked": report.blobs_checked, "trees_checked": report.trees_checked}
+    return problems, list(report.repaired), int(report.exit_code), checked
+
+
+def _daemon_pass(admin: Admin, repair: bool) -> _Pass:
+    from kerneld_client._proto import kerneld_pb2
+
     problems: list[dict[str, Any]] = []
     repaired: list[str] = []
     mask = 0
+    checked: dict[str, int] | None = None
+    for ev in admin.stream(admin.stub.Verify, kerneld_pb2.VerifyRequest(repair=repair)):
+        kind = kerneld_pb2.VerifyEvent.Problem.Name(ev.problem)
+        if kind == "SUMMARY":
+            mask = int(ev.exit_mask)
+            checked = {"blobs_checked": ev.blobs_checked, "trees_checked": ev.trees_checked}
+        elif kind == "REPAIRED":
+            repaired.append(ev.path or ev.detail)
+        else:
+            problems.append(
+                {"problem": kind.lower(), "object": "", "path": ev.path, "detail": ev.detail}
+            )
+    if checked is None:
+        raise CtlError("the daemon ended the verification without a summary")
+    return problems, repaired, mask, checked
+
+
+def cmd_verify(ctx: Ctx) -> int:
+    """Exit with what is still wrong: after `--repair`, a second (read-only) pass decides, so
+    a store whose every problem was repaired exits 0 and one with leftovers says which."""
+    repair = bool(ctx.args.repair)
+    if getattr(ctx.args, "restore", None) or getattr(ctx.args, "drop", None):
+        return _quarantine_action(ctx)
+    remaining: list[dict[str, Any]] | None = None
     try:
         if offline(ctx):
             with open_store(ctx, writable=repair) as store:
-                report = store.verify(repair=repair)
-            problems = [
-                {"problem": p.kind, "object": p.object, "path": p.path, "detail": p.detail}
-                for p in report.problems
-            ]
-            repaired = list(report.repaired)
-            mask = int(report.exit_code)
-            checked = {"blobs_checked": report.blobs_checked, "trees_checked": report.trees_checked}
+                problems, repaired, found, checked = _report_pass(store.verify(repair=repair))
+                mask = found
+                if repair and problems:
+                    remaining, _, mask, _ = _report_pass(store.verify(repair=False))
         else:
-            from kerneld_client._proto import kerneld_pb2
-
-            checked = {"blobs_checked": 0, "trees_checked": 0}
-            summary = False
             with Admin(ctx) as admin:
-                for ev in admin.stream(admin.stub.Verify, kerneld_pb2.VerifyRequest(repair=repair)):
-                    kind = kerneld_pb2.VerifyEvent.Problem.Name(ev.problem)
-                    if kind == "SUMMARY":
-                        mask = int(ev.exit_mask)
-                        checked = {
-                            "blobs_checked": ev.blobs_checked,
-                            "trees_checked": ev.trees_checked,
-                        }
-                        summary = True
-                    elif kind == "REPAIRED":
-                        repaired.append(ev.path or ev.detail)
-                    else:
-                        problems.append(
-                            {
-                                "problem": kind.lower(),
-                                "object": "",
-                                "path": ev.path,
-                                "detail": ev.detail,
-                            }
-                        )
-            if not summary:
-                raise CtlError("the daemon ended the verification without a summary")
+                problems, repaired, found, checked = _daemon_pass(admin, repair)
+                mask = found
+                if repair and problems:
+                    remaining, _, mask, _ = _daemon_pass(admin, False)
     except CtlError as exc:
         exc.code = EXIT_VERIFY_NOT_RUN
         raise
-    doc = {"exit_mask": mask, "problems": problems, "repaired": repaired, **checked}
+    doc: dict[str, Any] = {
+        "exit_mask": mask,
+        "found_mask": found,
+        "problems": problems,
+        "repaired": repaired,
+        **checked,
+    }
+    if remaining is not None:
+        doc["remaining"] = remaining
     if ctx.json:
         ctx.emit_json(doc)
         return mask
@@ -479,11 +595,65 @@ def cmd_verify(ctx: Ctx) -> int:
         ctx.say(f"{p['problem'].upper()}: {p['path']}: {p['detail']}")
     for r in repaired:
         ctx.say(f"repaired: {r}")
-    state = "clean" if not problems else f"{len(problems)} problem(s), exit mask {mask}"
+    kept = sum(1 for r in repaired if "quarantined, not deleted" in r)
+    if kept:
+        ctx.say(
+            f"nothing was deleted: {kept} object(s) moved to the store's quarantine "
+            "(v1/quarantine); "
+            "the daemon re-fetches their variants where an upstream has them and then drops the "
+            "copies, the rest stay until restored (--restore) or dropped (--drop)"
+        )
+    state = "clean" if not problems else f"{len(problems)} problem(s), exit mask {found}"
     ctx.say(
         f"verified {checked['blobs_checked']} blobs and {checked['trees_checked']} trees: {state}"
     )
+    if remaining is not None:
+        for p in remaining:
+            ctx.say(f"REMAINING {p['problem'].upper()}: {p['path']}: {p['detail']}")
+        ctx.say(
+            "after repair: clean"
+            if not remaining
+            else f"after repair: {len(remaining)} problem(s) remain, exit mask {mask}"
+        )
     return mask
+
+
+def _quarantine_action(ctx: Ctx) -> int:
+    """`verify --restore NAME` / `--drop NAME`: act on one quarantine entry (offline: the
+    daemon owns its store, so it must be stopped)."""
+    name = str(ctx.args.restore or ctx.args.drop)
+    flag = "--restore" if ctx.args.restore else "--drop"
+    if not offline(ctx):
+        raise CtlError(
+            "--restore and --drop work on the store directly",
+            code=EXIT_USAGE,
+            hint="stop the daemon, then run as the store's owner: runuser -u kerneld -- "
+            f"kerneldctl verify --store /var/lib/kerneld/store {flag} {name}",
+        )
+    from kerneld.store import StoreError
+
+    with open_store(ctx, writable=True) as store:
+        try:
+            if ctx.args.restore:
+                trees = store.restore_quarantined(name)
+                done = [f"{t.repo}@{t.commit}/{t.variant} ({t.digest})" for t in trees]
+                doc: dict[str, Any] = {"restored": name, "variants": done}
+            else:
+                store.drop_quarantined(name)
+                doc = {"dropped": name}
+        except StoreError as exc:
+            raise CtlError(
+                f"cannot {flag.lstrip('-')} {name}: {exc}",
+                hint="`kerneldctl verify --store ... --repair` lists what it quarantined; a "
+                "restore re-hashes every file, so damaged bytes never come back",
+            ) from None
+    if ctx.json:
+        ctx.emit_json(doc)
+    elif ctx.args.restore:
+        ctx.say(f"restored {name}: " + (", ".join(doc["variants"]) or "its blob"))
+    else:
+        ctx.say(f"dropped {name}")
+    return EXIT_OK
 
 
 # ---- env --------------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_STORE_BUSY = 4
+#: The daemon runs but this user may not use the socket (or read the key, the store): a fix of
+#: group membership, not of the daemon, so scripts must be able to tell it from 3.
+EXIT_PERMISSION = 5
+#: `gc --target-free N` ran but could not free N bytes (the rest is pinned, leased or in use).
+EXIT_GC_TARGET_MISSED = 6
 #: `verify` only: its findings are a bitmask (1 corrupt, 2 untrusted, 4 I/O); 8 = could not run.
 EXIT_VERIFY_NOT_RUN = 8
 
@@ -29,9 +34,12 @@ exit codes:
   0  success
   1  failure (some kernel failed, a bundle was refused, a check did not match)
   2  usage error (bad arguments)
-  3  the daemon is not running, or its admin socket refused the connection or permission
+  3  the daemon is not running or does not answer
   4  --store names a store that a running daemon owns (drop --store to go through it)
-  verify: a bitmask of findings, 1 corrupt | 2 untrusted | 4 I/O error; 8 = could not verify
+  5  permission denied (the socket, store or key file; join kerneld-admin or run as its owner)
+  6  gc --target-free: the target could not be reached (the rest is pinned, leased or in use)
+  verify: a bitmask of what remains unrepaired, 1 corrupt | 2 untrusted | 4 I/O error;
+          8 = could not verify
 """
 
 
@@ -48,6 +56,13 @@ class CtlError(Exception):
 class DaemonUnavailable(CtlError):
     def __init__(self, message: str, *, hint: str = "") -> None:
         super().__init__(message, code=EXIT_UNAVAILABLE, hint=hint)
+
+
+class PermissionDenied(CtlError):
+    """The daemon (or file) is there but this user may not use it."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message, code=EXIT_PERMISSION, hint=hint)
 
 
 @dataclass
@@ -110,8 +125,15 @@ def store_path(ctx: Ctx) -> Path:
     if explicit:
         return Path(os.path.abspath(explicit))
     from kerneld_client import locations
+    from kerneld_client.errors import UntrustedPath
 
-    return locations.default_store()
+    try:
+        return locations.default_store()
+    except UntrustedPath as exc:
+        raise CtlError(
+            f"refusing the store named by an untrusted advert: {exc}",
+            hint="remove the advert if you did not plant it, or name the store with --store",
+        ) from exc
 
 
 @contextmanager
@@ -139,9 +161,9 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[An
     except StoreError as exc:
         raise CtlError(f"cannot open the store at {root}: {exc}") from None
     except PermissionError as exc:
-        raise CtlError(
+        raise PermissionDenied(
             f"cannot open the store at {root}: {exc.strerror}",
-            hint="run as the store's owner (e.g. sudo -u kerneld)",
+            hint="run as the store's owner (e.g. runuser -u kerneld -- kerneldctl ...)",
         ) from None
     try:
         yield store

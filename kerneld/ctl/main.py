@@ -36,8 +36,9 @@ def _common(*, store: bool = True, socket: bool = True) -> argparse.ArgumentPars
         p.add_argument(
             "--admin-socket",
             metavar="PATH",
-            help="the daemon's admin socket (default: $KERNELD_ADMIN_SOCKET, /run/kerneld/"
-            "admin.sock, or the user socket under $XDG_RUNTIME_DIR/kerneld)",
+            help="the daemon's admin socket (default: $KERNELD_ADMIN_SOCKET, else the one that "
+            "exists, else /run/kerneld/admin.sock as root or on a system install, else "
+            "$XDG_RUNTIME_DIR/kerneld/admin.sock)",
         )
         p.add_argument(
             "--timeout", type=float, metavar="SECONDS", help="deadline of a daemon call (30)"
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "status",
         "cmd_store:cmd_status",
-        "Daemon readiness, store usage, upstreams, pins, denies, leases.",
+        "Daemon readiness, store usage, upstreams, pins, denies, leases (without access to "
+        "the admin socket: what the user socket tells, for kerneld-users members).",
         "  kerneldctl status\n  kerneldctl status --json\n  kerneldctl status --store PATH\n",
     )
     p = add(
@@ -182,19 +184,42 @@ def build_parser() -> argparse.ArgumentParser:
         "  kerneldctl gc --dry-run\n  kerneldctl gc --json\n",
     )
     p.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
-    p.add_argument("--target-free", type=int, metavar="BYTES", help="free at least this much")
+    p.add_argument(
+        "--target-free",
+        type=int,
+        metavar="BYTES",
+        help="free at least this much (exit 6 when what is pinned, leased or in use prevents it)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is kept and why")
 
     p = add(
         "verify",
         "cmd_store:cmd_verify",
-        "Re-hash every blob and tree. Exit status is a bitmask: 1 corrupt, 2 untrusted (owner, "
-        "mode, links), 4 I/O error; 8 if verification could not run.",
+        "Re-hash every blob and tree. Exit status is a bitmask of what is wrong: 1 corrupt, "
+        "2 untrusted (owner, mode, links), 4 I/O error; 8 if verification could not run. With "
+        "--repair, of what remains after the repair (0: everything was repaired).",
         "  kerneldctl verify\n"
         "  kerneldctl verify --repair\n"
         "  kerneldctl verify --store /var/lib/kerneld/store   (daemon stopped)\n",
     )
-    p.add_argument("--repair", action="store_true", help="drop what is broken (refetched later)")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="take what is broken out of service: quarantined (kept, never deleted) and "
+        "re-fetched where an upstream has it",
+    )
+    p.add_argument("--restore", metavar="NAME", help="put a quarantine entry back (re-hashed)")
+    p.add_argument("--drop", metavar="NAME", help="delete a quarantine entry for good")
+
+    add(
+        "reload",
+        "cmd_reload:cmd_reload",
+        "Make the daemon re-read its configuration file; exit 1 with the daemon's reason if it "
+        "rejects the file (it then keeps running with the old one). `systemctl reload kerneld` "
+        "runs this.",
+        "  kerneldctl reload\n  kerneldctl reload --json\n",
+        _common(store=False),
+    )
 
     p = add(
         "lock",
@@ -300,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_epilog("  kerneldctl key generate site-2\n"),
         formatter_class=_F,
     )
-    p.set_defaults(handler="cmd_mirror:cmd_key_generate")
+    p.set_defaults(handler="cmd_key:cmd_key_generate")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--force", action="store_true", help="replace an existing key")
     p = ksub.add_parser(
@@ -310,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_epilog("  kerneldctl key public site-1\n"),
         formatter_class=_F,
     )
-    p.set_defaults(handler="cmd_mirror:cmd_key_public")
+    p.set_defaults(handler="cmd_key:cmd_key_public")
     p.add_argument("name", metavar="NAME")
 
     p = add(

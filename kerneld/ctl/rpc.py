@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kerneld.ctl.common import EXIT_FAILURE, CtlError, Ctx, DaemonUnavailable
+from kerneld.ctl.common import (
+    EXIT_FAILURE,
+    CtlError,
+    Ctx,
+    DaemonUnavailable,
+    PermissionDenied,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -24,6 +30,47 @@ if TYPE_CHECKING:
 ERROR_TRAILER = "kerneld-error-bin"
 DEFAULT_TIMEOUT_S = 30.0
 _OFFLINE_HINT = "start kerneld, or work on a stopped store with --store PATH"
+_SYSTEM_OFFLINE_HINT = (
+    "start it: systemctl start kerneld (journalctl -u kerneld says why it stopped)"
+)
+_ADMIN_HINT = (
+    "join the kerneld-admin group (usermod -aG kerneld-admin USER, then log in again), or run "
+    "as root"
+)
+_USER_HINT = (
+    "join the kerneld-users group (usermod -aG kerneld-users USER, then log in again), or run "
+    "as root"
+)
+
+
+def system_install() -> bool:
+    """Whether this host has the system service installed (its config file or its store).
+
+    /run/kerneld is a RuntimeDirectory: it vanishes when the service stops, so the sockets'
+    absence says nothing about which daemon an admin means.
+    """
+    from kerneld_client import locations
+
+    return locations.SYSTEM_CONFIG_FILE.exists() or locations.SYSTEM_STORE.exists()
+
+
+def _default_socket(env: str, name: str) -> Path:
+    """A socket the admin means: $ENV, else whichever daemon listens (system first), else the
+    system one when run as root or where the system install exists, else the user's."""
+    from kerneld_client import locations
+
+    explicit = os.environ.get(env)
+    if explicit:
+        return Path(explicit)
+    system = locations.SYSTEM_RUN_DIR / name
+    user = locations.user_run_dir() / name
+    if system.exists():
+        return system
+    if user.exists():
+        return user
+    if os.geteuid() == 0 or system_install():
+        return system
+    return user
 
 
 def admin_socket(ctx: Ctx) -> Path:
@@ -32,22 +79,44 @@ def admin_socket(ctx: Ctx) -> Path:
         return Path(explicit)
     from kerneld_client import locations
 
-    return locations.default_admin_socket()
+    return _default_socket(locations.ENV_ADMIN_SOCKET, locations.ADMIN_SOCKET_NAME)
 
 
-def probe(path: Path) -> None:
-    """Raise DaemonUnavailable with a precise reason if nothing usable listens at `path`."""
+def user_socket(ctx: Ctx) -> Path:
+    """The daemon's user socket, for what any `kerneld-users` member may ask (status):
+    $KERNELD_SOCKET, else beside an explicit --admin-socket, else the defaults."""
+    from kerneld_client import locations
+
+    env = os.environ.get(locations.ENV_SOCKET)
+    if env:
+        return Path(env)
+    explicit = getattr(ctx.args, "admin_socket", None)
+    if explicit:
+        return Path(explicit).with_name(locations.SOCKET_NAME)
+    return _default_socket(locations.ENV_SOCKET, locations.SOCKET_NAME)
+
+
+def _offline_hint(path: Path) -> str:
+    from kerneld_client import locations
+
+    if path.parent == locations.SYSTEM_RUN_DIR:
+        return _SYSTEM_OFFLINE_HINT + "; or work on the stopped store with --store PATH"
+    return _OFFLINE_HINT
+
+
+def probe(path: Path, *, admin: bool = True) -> None:
+    """Raise DaemonUnavailable (not running) or PermissionDenied (not allowed) with a precise
+    reason if nothing usable listens at `path`."""
+    kind = "admin socket" if admin else "socket"
+    hint = _ADMIN_HINT if admin else _USER_HINT
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise DaemonUnavailable(
-            f"kerneld is not running (no admin socket at {path})", hint=_OFFLINE_HINT
+            f"kerneld is not running (no {kind} at {path})", hint=_offline_hint(path)
         ) from None
     except PermissionError:
-        raise DaemonUnavailable(
-            f"permission denied reaching the admin socket {path}",
-            hint="join the kerneld admin group (kerneld-admin), or run as root",
-        ) from None
+        raise PermissionDenied(f"permission denied reaching the {kind} {path}", hint=hint) from None
     import stat
 
     if not stat.S_ISSOCK(st.st_mode):
@@ -57,14 +126,11 @@ def probe(path: Path) -> None:
     try:
         sock.connect(os.fspath(path))
     except PermissionError:
-        raise DaemonUnavailable(
-            f"permission denied on the admin socket {path}",
-            hint="join the kerneld admin group (kerneld-admin), or run as root",
-        ) from None
+        raise PermissionDenied(f"permission denied on the {kind} {path}", hint=hint) from None
     except OSError as exc:
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
             raise DaemonUnavailable(
-                f"kerneld is not running (stale admin socket {path})", hint=_OFFLINE_HINT
+                f"kerneld is not running (stale {kind} {path})", hint=_offline_hint(path)
             ) from None
         raise DaemonUnavailable(f"cannot connect to {path}: {exc.strerror or exc}") from None
     finally:
@@ -81,6 +147,9 @@ class Admin:
     def __init__(self, ctx: Ctx) -> None:
         self.path = admin_socket(ctx)
         probe(self.path)
+        self._connect(ctx)
+
+    def _connect(self, ctx: Ctx) -> None:
         import grpc
 
         from kerneld_client._proto import kerneld_pb2_grpc
@@ -99,6 +168,12 @@ class Admin:
     def __enter__(self) -> Admin:
         return self
 
+    def kernels(self) -> kerneld_pb2_grpc.KernelsStub:
+        """The Kernels service on the same channel (the user socket's RPCs)."""
+        from kerneld_client._proto import kerneld_pb2_grpc
+
+        return kerneld_pb2_grpc.KernelsStub(self.channel)
+
     def __exit__(self, *exc: object) -> None:
         self.channel.close()
 
@@ -116,6 +191,16 @@ class Admin:
             yield from method(request)
         except self._grpc.RpcError as exc:
             raise translate(exc, self.path) from None
+
+
+class UserChannel(Admin):
+    """The user socket (what every `kerneld-users` member may call): `kernels()` is its stub;
+    `stub` (Admin) is not served there."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.path = user_socket(ctx)
+        probe(self.path, admin=False)
+        self._connect(ctx)
 
 
 def error_detail(exc: grpc.RpcError) -> Any | None:
@@ -156,11 +241,10 @@ def translate(exc: grpc.RpcError, path: Path) -> CtlError:
         return CtlError(detail_message(detail), code=EXIT_FAILURE, hint=detail.hint)
     if code == grpc.StatusCode.UNAVAILABLE:
         if "ermission denied" in (details or ""):
-            return DaemonUnavailable(
-                f"permission denied on the admin socket {path}",
-                hint="join the kerneld admin group (kerneld-admin), or run as root",
-            )
-        return DaemonUnavailable(f"kerneld is unavailable at {path}: {details}", hint=_OFFLINE_HINT)
+            return PermissionDenied(f"permission denied on {path}", hint=_ADMIN_HINT)
+        return DaemonUnavailable(
+            f"kerneld is unavailable at {path}: {details}", hint=_offline_hint(path)
+        )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DaemonUnavailable(f"kerneld did not answer in time ({details})")
     if code == grpc.StatusCode.UNIMPLEMENTED:

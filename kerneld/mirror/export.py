@@ -21,10 +21,11 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kerneld.mirror.bundle import BundleError, open_bundle
 from kerneld.mirror.keys import (
@@ -40,9 +41,11 @@ from kerneld.mirror.layout import (
     MirrorFormatError,
     MirrorWriter,
     blob_path,
+    info_json,
     manifest_path,
     parse_info,
     parse_refs,
+    parse_refs_exported_at,
     refs_json,
     refs_path,
 )
@@ -278,101 +281,117 @@ def _manifest_for(kernel: _Kernel) -> Manifest:
     return Manifest(kernel.repo_id, kernel.commit, variants, execs)
 
 
-def _read(root: Path, rel: str) -> bytes | None:
-    try:
-        return (root / rel).read_bytes()
-    except FileNotFoundError:
-        return None
+class _Target:
+    """Where an export's files go: a directory this process writes (DirTarget), or a stream to
+    the caller who writes them (StreamTarget: the daemon never writes a caller-chosen path)."""
+
+    def read(self, rel: str) -> bytes | None:
+        """A document already at the destination (written earlier in this export included)."""
+        raise NotImplementedError
+
+    def write(self, rel: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def delete(self, rel: str) -> None:
+        """Remove `rel` if present (a signature of bytes that are gone)."""
+        raise NotImplementedError
+
+    def has_blob(self, sha256: str, size: int) -> bool:
+        raise NotImplementedError
+
+    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+        """Copy one blob out of the store, re-hashing it; returns its size."""
+        raise NotImplementedError
 
 
-def _merge_manifest(root: Path, new: Manifest) -> Manifest:
-    """Union with the manifest already at the destination (new variants win)."""
-    old_raw = _read(root, manifest_path(new.repo_id, new.commit))
-    if old_raw is None:
-        return new
-    try:
-        old = Manifest.from_json(old_raw, repo_id=new.repo_id, commit=new.commit)
-    except MirrorFormatError:
-        return new  # replaced: a broken manifest is worth nothing
-    variants = {**old.variants, **new.variants}
-    execs = {k: v for k, v in old.executables.items() if k not in new.variants}
-    execs.update(new.executables)
-    return Manifest(new.repo_id, new.commit, variants, execs)
+class DirTarget(_Target):
+    def __init__(self, root: Path, name: str = "") -> None:
+        check_mirror_dir(root)
+        self.root = root
+        self.writer = MirrorWriter(root, name=name)
 
-
-def _write_signed(writer: MirrorWriter, rel: str, data: bytes, keys: Sequence[SigningKey]) -> bool:
-    """Write `rel` unless identical; keep, extend or drop its signatures. True if rel changed."""
-    root = writer.root
-    old = _read(root, rel)
-    changed = old != data
-    if changed:
-        writer.write_file(rel, data)
-    sig_rel = sig_path(rel)
-    if not keys:
-        if changed and (root / sig_rel).exists():
-            (root / sig_rel).unlink()  # it signed bytes that are gone
-        return changed
-    old_sigs: dict[str, bytes] = {}
-    old_sig = None if changed else _read(root, sig_rel)
-    if old_sig is not None:
+    def read(self, rel: str) -> bytes | None:
         try:
-            old_sigs = parse_signature_file(old_sig, rel=rel)
-        except SignatureError:
-            old_sigs = {}
-    # Ed25519 signatures are deterministic: an equal signature means nothing to add.
-    fresh = {k.name: k.sign(rel, data) for k in keys}
-    if old_sig is not None and all(old_sigs.get(n) == v for n, v in fresh.items()):
-        return changed
-    writer.write_file(sig_rel, signature_file({**old_sigs, **fresh}))
-    return changed
+            return (self.root / rel).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.writer.write_file(rel, data)
+
+    def delete(self, rel: str) -> None:
+        (self.root / rel).unlink(missing_ok=True)
+
+    def has_blob(self, sha256: str, size: int) -> bool:
+        return self.writer.has_blob(sha256, size)
+
+    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+        return _copy_blob(store, self.root, entry)
 
 
-def _copy_blob(store: Store, root: Path, f: ManifestEntry) -> int:
-    """Copy one blob out of the store, re-hashing it; returns its size."""
-    src = store.layout.blob_path(f.sha256)
-    dest = root / blob_path(f.sha256)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-    h = hashlib.sha256()
-    n = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                src_fh = src.open("rb")
-            except FileNotFoundError:
-                raise ExportError(
-                    f"blob {f.sha256} ({f.path}) vanished from the store during export"
-                ) from None
-            with src_fh:
-                while chunk := src_fh.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    n += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if h.hexdigest() != f.sha256 or n != f.size:
-            raise ExportError(
-                f"the store's copy of {f.path} (blob {f.sha256}) is corrupt; run "
-                "`kerneldctl verify --repair` and prefetch again"
-            )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return n
+@dataclass(frozen=True)
+class FileOp:
+    """One step of a streamed export: `file` starts `path` (`size` bytes; `data` its first
+    bytes), `data` continues it, `delete` removes `path` at the destination."""
+
+    kind: str
+    path: str
+    size: int = 0
+    data: bytes = b""
 
 
-def _export_dir(
-    store: Store,
-    root: Path,
-    kernels: dict[tuple[str, str], _Kernel],
-    refs: dict[str, dict[str, str]],
-    keys: Sequence[SigningKey],
-    name: str,
-    report: ExportReport,
-    progress: ProgressFn | None,
-) -> None:
+class StreamTarget(_Target):
+    """Sends the export's files to `send` in chunks of at most CHUNK bytes.
+
+    `existing`: the documents the caller's destination holds (so manifests, refs and signatures
+    merge as they would on disk); `present`: sha256 of the blobs it already has.
+    """
+
+    def __init__(
+        self,
+        existing: dict[str, bytes],
+        present: Iterable[str],
+        send: Callable[[FileOp], None],
+    ) -> None:
+        self.docs = dict(existing)
+        self.present = set(present)
+        self.send = send
+
+    def read(self, rel: str) -> bytes | None:
+        return self.docs.get(rel)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.docs[rel] = data
+        self.send(FileOp("file", rel, len(data), data[:CHUNK]))
+        for at in range(CHUNK, len(data), CHUNK):
+            self.send(FileOp("data", rel, len(data), data[at : at + CHUNK]))
+
+    def delete(self, rel: str) -> None:
+        if self.docs.pop(rel, None) is not None:
+            self.send(FileOp("delete", rel))
+
+    def has_blob(self, sha256: str, size: int) -> bool:
+        return sha256 in self.present
+
+    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+        rel = blob_path(entry.sha256)
+        h = hashlib.sha256()
+        n = 0
+        self.send(FileOp("file", rel, entry.size))
+        with _open_store_blob(store, entry) as src:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                n += len(chunk)
+                if n > entry.size:
+                    break
+                self.send(FileOp("data", rel, entry.size, chunk))
+        _check_copied(entry, h.hexdigest(), n)
+        self.present.add(entry.sha256)
+        return n
+
+
+def check_mirror_dir(root: Path) -> None:
+    """ExportError unless `root` is absent, empty, or a kerneld mirror directory."""
     if root.exists() and not root.is_dir():
         raise ExportError(f"{root} exists and is not a directory")
     info = root / INFO
@@ -386,9 +405,118 @@ def _export_dir(
             f"{root} is not empty and is not a kerneld mirror (no {INFO}); choose an empty or "
             "new directory"
         )
-    writer = MirrorWriter(root, name=name)
-    if not info.is_file():
-        writer.write_info()
+
+
+def _merge_manifest(target: _Target, new: Manifest) -> Manifest:
+    """Union with the manifest already at the destination (new variants win)."""
+    old_raw = target.read(manifest_path(new.repo_id, new.commit))
+    if old_raw is None:
+        return new
+    try:
+        old = Manifest.from_json(old_raw, repo_id=new.repo_id, commit=new.commit)
+    except MirrorFormatError:
+        return new  # replaced: a broken manifest is worth nothing
+    variants = {**old.variants, **new.variants}
+    execs = {k: v for k, v in old.executables.items() if k not in new.variants}
+    execs.update(new.executables)
+    return Manifest(new.repo_id, new.commit, variants, execs)
+
+
+def _write_signed(target: _Target, rel: str, data: bytes, keys: Sequence[SigningKey]) -> bool:
+    """Write `rel` unless identical; keep, extend or drop its signatures. True if rel changed."""
+    old = target.read(rel)
+    changed = old != data
+    if changed:
+        target.write(rel, data)
+    sig_rel = sig_path(rel)
+    if not keys:
+        if changed:
+            target.delete(sig_rel)  # it signed bytes that are gone
+        return changed
+    sig = merged_signatures(rel, data, None if changed else target.read(sig_rel), keys)
+    if sig is not None:
+        target.write(sig_rel, sig)
+    return changed
+
+
+def merged_signatures(
+    rel: str, data: bytes, old_sig: bytes | None, keys: Sequence[SigningKey]
+) -> bytes | None:
+    """The `.sig` file of `data` with each key's signature added to those of `old_sig` (which
+    must sign these same bytes); None when it already holds them all."""
+    old_sigs: dict[str, bytes] = {}
+    if old_sig is not None:
+        try:
+            old_sigs = parse_signature_file(old_sig, rel=rel)
+        except SignatureError:
+            old_sigs = {}
+    # Ed25519 signatures are deterministic: an equal signature means nothing to add.
+    fresh = {k.name: k.sign(rel, data) for k in keys}
+    if old_sig is not None and all(old_sigs.get(n) == v for n, v in fresh.items()):
+        return None
+    return signature_file({**old_sigs, **fresh})
+
+
+def _open_store_blob(store: Store, f: ManifestEntry) -> IO[bytes]:
+    try:
+        return store.layout.blob_path(f.sha256).open("rb")
+    except FileNotFoundError:
+        raise ExportError(
+            f"blob {f.sha256} ({f.path}) vanished from the store during export"
+        ) from None
+
+
+def _check_copied(f: ManifestEntry, digest: str, size: int) -> None:
+    if digest != f.sha256 or size != f.size:
+        raise ExportError(
+            f"the store's copy of {f.path} (blob {f.sha256}) is corrupt; run "
+            "`kerneldctl verify --repair` and prefetch again"
+        )
+
+
+def _copy_blob(store: Store, root: Path, f: ManifestEntry) -> int:
+    """Copy one blob out of the store, re-hashing it; returns its size."""
+    dest = root / blob_path(f.sha256)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            with _open_store_blob(store, f) as src_fh:
+                while chunk := src_fh.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        _check_copied(f, h.hexdigest(), n)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n
+
+
+def _export_files(
+    store: Store,
+    target: _Target,
+    kernels: dict[tuple[str, str], _Kernel],
+    refs: dict[str, dict[str, str]],
+    keys: Sequence[SigningKey],
+    name: str,
+    report: ExportReport,
+    progress: ProgressFn | None,
+) -> None:
+    info = target.read(INFO)
+    if info is None:
+        target.write(INFO, info_json(name))
+    else:
+        try:
+            parse_info(info)
+        except MirrorFormatError as exc:
+            raise ExportError(f"{report.destination}: {exc}") from None
 
     # Blobs first: a manifest never names a blob the mirror does not have yet.
     todo: dict[str, ManifestEntry] = {}
@@ -396,12 +524,12 @@ def _export_dir(
         for files in kernel.variants.values():
             for f in files:
                 todo.setdefault(f.entry.sha256, f.entry)
-    missing = {s: e for s, e in todo.items() if not writer.has_blob(s, e.size)}
+    missing = {s: e for s, e in todo.items() if not target.has_blob(s, e.size)}
     total = sum(e.size for e in missing.values())
     done = 0
     report.blobs_present = len(todo) - len(missing)
     for _sha, entry in sorted(missing.items()):
-        done += _copy_blob(store, root, entry)
+        done += target.put_blob(store, entry)
         report.blobs_written += 1
         emit(
             progress,
@@ -416,9 +544,9 @@ def _export_dir(
     report.bytes_written = done
 
     for (repo, commit), kernel in sorted(kernels.items()):
-        manifest = _merge_manifest(root, _manifest_for(kernel))
+        manifest = _merge_manifest(target, _manifest_for(kernel))
         rel = manifest_path(repo, commit)
-        if _write_signed(writer, rel, manifest.to_json(), keys):
+        if _write_signed(target, rel, manifest.to_json(), keys):
             report.manifests_written += 1
         else:
             report.manifests_unchanged += 1
@@ -445,7 +573,7 @@ def _export_dir(
     for repo in sorted({r for r, _c in kernels} | set(refs)):
         branches: dict[str, str] = {}
         tags: dict[str, str] = {}
-        old = _read(root, refs_path(repo))
+        old = target.read(refs_path(repo))
         if old is not None:
             try:
                 branches, tags = parse_refs(old, repo)
@@ -454,10 +582,14 @@ def _export_dir(
         before = (dict(branches), dict(tags))
         for ref, commit in refs.get(repo, {}).items():
             (tags if ref in tags else branches)[ref] = commit
-        # Unchanged refs keep their bytes (and so the signatures other keys made of them).
+        # Unchanged refs keep their bytes (and so the signatures other keys made of them),
+        # unless they lack the export time an import needs to refuse a rollback.
         unchanged = old is not None and (branches, tags) == before
-        data = old if unchanged and old is not None else refs_json(repo, branches, tags, now)
-        _write_signed(writer, refs_path(repo), data, keys)
+        if unchanged and old is not None and parse_refs_exported_at(old) is not None:
+            data = old
+        else:
+            data = refs_json(repo, branches, tags, now)
+        _write_signed(target, refs_path(repo), data, keys)
 
 
 def _pack_tar(staging: Path, dest: Path) -> None:
@@ -535,13 +667,7 @@ def export_mirror(
     kernels, refs, skipped = _plan(store, spec_list, variants)
     report = ExportReport(destination=str(dest_path), skipped_variants=skipped)
     report.signed_by = [k.name for k in sign_keys]
-    leases = []
-    if not store.read_only:
-        for kernel in kernels.values():
-            leases += [
-                store.acquire_lease(t, LEASE_S, holder="mirror-export") for t in kernel.trees
-            ]
-    try:
+    with _leases(store, kernels):
         if is_tar_destination(dest_path):
             dest_path.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(
@@ -550,15 +676,14 @@ def export_mirror(
             try:
                 if dest_path.exists():
                     _unpack_existing(dest_path, staging)
-                _export_dir(store, staging, kernels, refs, sign_keys, name, report, progress)
+                target: _Target = DirTarget(staging, name)
+                _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
                 _pack_tar(staging, dest_path)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         else:
-            _export_dir(store, dest_path, kernels, refs, sign_keys, name, report, progress)
-    finally:
-        for lease in leases:
-            store.release_lease(lease.id)
+            target = DirTarget(dest_path, name)
+            _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
     emit(
         progress,
         MirrorProgress(
@@ -571,3 +696,86 @@ def export_mirror(
         ),
     )
     return report
+
+
+def export_stream(
+    store: Store,
+    specs: Iterable[ExportSpec],
+    send: Callable[[FileOp], None],
+    *,
+    existing: dict[str, bytes] | None = None,
+    present_blobs: Iterable[str] = (),
+    label: str = "",
+    variants: Sequence[str] | None = None,
+    sign_keys: Sequence[SigningKey] = (),
+    name: str = "",
+    progress: ProgressFn | None = None,
+) -> ExportReport:
+    """Export `specs` as a stream of files (`send`), for a caller who writes them.
+
+    What the daemon runs for `kerneldctl mirror export`: the file the admin asks for is written
+    by the admin's own process (`kerneld.mirror.receive`), wherever the admin may write, and
+    the daemon never writes a caller-chosen path. `existing` / `present_blobs` describe the
+    caller's destination so the export merges into it and sends only what changes; `label`
+    names it in the report.
+    """
+    spec_list = list(specs)
+    if not spec_list:
+        raise ExportError("nothing to export: name kernels or give a lock file")
+    for rel in existing or {}:
+        _check_doc_rel(rel)
+    kernels, refs, skipped = _plan(store, spec_list, variants)
+    report = ExportReport(destination=label, skipped_variants=skipped)
+    report.signed_by = [k.name for k in sign_keys]
+    target = StreamTarget(existing or {}, present_blobs, send)
+    with _leases(store, kernels):
+        _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
+    emit(
+        progress,
+        MirrorProgress(
+            "finished",
+            manifests=len(report.kernels),
+            blobs=report.blobs_written,
+            bytes_done=report.bytes_written,
+            bytes_total=report.bytes_written,
+            detail=f"exported {len(report.kernels)} kernel revision(s) to {label or 'the caller'}",
+        ),
+    )
+    return report
+
+
+_DOC_RE = re.compile(
+    r"^(mirror-info|refs/[^/]+/[^/]+\.json(\.sig)?|manifests/[^/]+/[^/]+/[0-9a-f]{40}\.json(\.sig)?)$"
+)
+_BLOB_RE = re.compile(r"^blobs/sha256/([0-9a-f]{2})/(\1[0-9a-f]{62})$")
+
+
+def _check_doc_rel(rel: str) -> None:
+    if not _DOC_RE.match(rel) or ".." in rel:
+        raise ExportError(f"not a mirror document path: {rel!r}")
+
+
+def check_stream_path(rel: str) -> str | None:
+    """A streamed file's path checked against the mirror layout; the blob's sha256 (which the
+    receiver checks the bytes against) for a blob, else None. ValueError for any other path."""
+    m = _BLOB_RE.match(rel)
+    if m:
+        return m.group(2)
+    _check_doc_rel(rel)
+    return None
+
+
+@contextmanager
+def _leases(store: Store, kernels: dict[tuple[str, str], _Kernel]) -> Iterator[None]:
+    """Keep the exported trees from GC while their files are copied."""
+    leases = []
+    try:
+        if not store.read_only:
+            for kernel in kernels.values():
+                leases += [
+                    store.acquire_lease(t, LEASE_S, holder="mirror-export") for t in kernel.trees
+                ]
+        yield
+    finally:
+        for lease in leases:
+            store.release_lease(lease.id)

@@ -12,7 +12,11 @@ Order of trust:
    manifest's sha256 and size, then every variant's `metadata.json` digest is checked, and only
    then are the variant trees published. A kernel revision with any bad blob is refused and
    nothing of it is published; the other kernels are imported (the report lists both);
-5. refs are set for imported commits, never moving a ref the store learned more recently.
+5. refs are set for imported commits, never moving a ref the store learned more recently
+   (a refs file without `exported_at` refuses the bundle: its age cannot be told).
+
+A tar is scanned documents first: at its first blob, signatures are checked and the blobs
+the manifests name are known, so a forged or junk-filled tar costs its documents only.
 
 Blobs are content-addressed, so a second run skips what is present: imports are idempotent, and
 an interrupted one resumes (partially ingested blobs continue where they stopped).
@@ -34,7 +38,13 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from kerneld.mirror.bundle import Bundle, BundleError, DirBundle, open_bundle
+from kerneld.mirror.bundle import (
+    HAS_DATA_FILTER,
+    Bundle,
+    BundleError,
+    DirBundle,
+    open_bundle,
+)
 from kerneld.mirror.keys import SignatureError, sig_path, trusted_key_set, verify_signature
 from kerneld.mirror.layout import (
     INFO,
@@ -114,6 +124,13 @@ class ImportReport:
 class _Kernel:
     manifest: Manifest
     rel: str
+
+
+@dataclass(frozen=True)
+class _Refs:
+    repo_id: str
+    refs: dict[str, str]
+    exported_at: float
 
 
 def _trusted(keys: Mapping[str, str] | Mapping[str, Ed25519PublicKey]) -> dict[str, Any]:
@@ -364,26 +381,13 @@ def _import_kernel(
     report.imported.append({"repo_id": repo, "commit": commit, "variants": published})
 
 
-def _apply_refs(
-    store: Store,
-    docs: dict[str, bytes],
-    refs_rels: list[str],
-    report: ImportReport,
-) -> None:
+def _apply_refs(store: Store, parsed: dict[str, _Refs], report: ImportReport) -> None:
     imported = {(k["repo_id"], k["commit"]) for k in report.imported}
     now = time.time()
-    for rel in refs_rels:
-        m = _REFS_RE.match(rel)
-        assert m is not None
-        repo = m.group(1)
-        try:
-            check_repo_id(repo)
-            branches, tags = parse_refs(docs[rel], repo)
-            exported_at = parse_refs_exported_at(docs[rel])
-        except (MirrorFormatError, ValueError) as exc:
-            raise MirrorImportRefused(f"{rel}: {exc}") from None
-        when = min(exported_at if exported_at is not None else now, now)
-        for ref, commit in sorted({**tags, **branches}.items()):
+    for refs in parsed.values():
+        repo = refs.repo_id
+        when = min(refs.exported_at, now)
+        for ref, commit in sorted(refs.refs.items()):
             label = f"{repo}@{ref}"
             if (repo, commit) not in imported and not store.variants(repo, commit):
                 continue  # the ref points at a commit this bundle (or store) does not have
@@ -396,6 +400,69 @@ def _apply_refs(
                 report.refs_set.append(f"{label} -> {commit}")
 
 
+def _documents(bundle: Bundle) -> tuple[list[str], list[str]]:
+    """The manifest and refs paths of a bundle; refused without its info file or manifests."""
+    try:
+        parse_info(_doc(bundle, INFO) if INFO in bundle.files else b"")
+    except MirrorFormatError as exc:
+        raise MirrorImportRefused(f"{bundle.description}: {exc}") from None
+    manifests = sorted(r for r in bundle.files if _MANIFEST_RE.match(r))
+    refs = sorted(r for r in bundle.files if _REFS_RE.match(r))
+    if not manifests:
+        raise MirrorImportRefused(f"{bundle.description} contains no manifests")
+    return manifests, refs
+
+
+def _gate(
+    bundle: Bundle, trusted: Mapping[str, Ed25519PublicKey], no_check_sigs: bool
+) -> frozenset[str]:
+    """Run by the tar scan at the first blob: the documents are all read by then, so a bundle
+    without manifests or valid signatures is refused before any blob member is scanned (a
+    hostile tar of 300,000 members costs its documents, not its members). Returns the blob
+    paths the manifests name; the scan bounds the members that are not among them."""
+    if INFO not in bundle.files:
+        raise MirrorImportRefused(
+            f"{bundle.description} has no {INFO} before its blobs: not a kerneld mirror "
+            "(made by `kerneldctl mirror export`)"
+        )
+    manifests, refs = _documents(bundle)
+    if no_check_sigs:
+        docs = {rel: _doc(bundle, rel) for rel in manifests}
+    else:
+        scratch = ImportReport(source=bundle.description)
+        docs = _check_signatures(bundle, manifests + refs, trusted, scratch, None)
+    names: set[str] = set()
+    for rel in manifests:
+        for files in _parse(bundle, docs, rel).variants.values():
+            names.update(blob_path(str(f.sha256)) for f in files)
+    return frozenset(names)
+
+
+def _parse_refs(docs: dict[str, bytes], refs_rels: list[str]) -> dict[str, _Refs]:
+    """Every refs document, checked before anything is imported. One without `exported_at` is
+    refused: without it an import cannot tell an old bundle from a new one, and a replayed old
+    (validly signed) refs file would move a ref back to an older commit."""
+    out: dict[str, _Refs] = {}
+    for rel in refs_rels:
+        m = _REFS_RE.match(rel)
+        assert m is not None
+        repo = m.group(1)
+        try:
+            check_repo_id(repo)
+            branches, tags = parse_refs(docs[rel], repo)
+            exported_at = parse_refs_exported_at(docs[rel])
+        except (MirrorFormatError, ValueError) as exc:
+            raise MirrorImportRefused(f"{rel}: {exc}") from None
+        if exported_at is None:
+            raise MirrorImportRefused(
+                f"{rel}: the refs carry no 'exported_at' time, so this import cannot tell "
+                "whether they are older than what the store knows (a replayed old bundle "
+                "would move refs back); re-export the bundle with `kerneldctl mirror export`"
+            )
+        out[rel] = _Refs(repo, {**tags, **branches}, exported_at)
+    return out
+
+
 def import_mirror(
     store: Store,
     source: str | os.PathLike[str],
@@ -403,17 +470,24 @@ def import_mirror(
     *,
     no_check_sigs: bool = False,
     progress: ProgressFn | None = None,
+    use_tar_filter: bool = HAS_DATA_FILTER,
 ) -> ImportReport:
     """Import the mirror directory or tar file `source` into `store`.
 
     `trusted_keys`: key name -> public key (`ed25519:<base64>` strings as in the config, or
     key objects). Raises MirrorImportRefused when the bundle as a whole is refused (nothing
     imported); per-kernel refusals are in the report (`report.ok` is False).
+    `use_tar_filter`: also apply tarfile's data filter where this Python has it (our own
+    member checks always run; False tests the path of Pythons without it).
     """
     report = ImportReport(source=os.fspath(source), signatures_checked=not no_check_sigs)
     trusted = {} if no_check_sigs else _trusted(trusted_keys)
+
+    def gate(bundle: Bundle) -> frozenset[str]:
+        return _gate(bundle, trusted, no_check_sigs)
+
     try:
-        with open_bundle(source) as bundle:
+        with open_bundle(source, gate=gate, use_filter=use_tar_filter) as bundle:
             _import(store, bundle, trusted, no_check_sigs, report, progress)
     except BundleError as exc:
         emit(progress, MirrorProgress("refused", detail=str(exc)))
@@ -445,14 +519,7 @@ def _import(
     report: ImportReport,
     progress: ProgressFn | None,
 ) -> None:
-    try:
-        parse_info(_doc(bundle, INFO))
-    except MirrorFormatError as exc:
-        raise MirrorImportRefused(f"{bundle.description}: {exc}") from None
-    manifests = sorted(r for r in bundle.files if _MANIFEST_RE.match(r))
-    refs = sorted(r for r in bundle.files if _REFS_RE.match(r))
-    if not manifests:
-        raise MirrorImportRefused(f"{bundle.description} contains no manifests")
+    manifests, refs = _documents(bundle)
     if no_check_sigs:
         log.warning(
             "mirror import from %s WITHOUT signature checks (--no-check-sigs): only the "
@@ -463,6 +530,7 @@ def _import(
     else:
         docs = _check_signatures(bundle, manifests + refs, trusted, report, progress)
     kernels = [_Kernel(_parse(bundle, docs, rel), rel) for rel in manifests]
+    parsed_refs = _parse_refs(docs, refs)
     _check_space(store, kernels)
     total = 0
     seen: set[str] = set()
@@ -477,4 +545,4 @@ def _import(
     for k in kernels:
         state["manifests"] += 1
         _import_kernel(store, bundle, k, report, state, progress)
-    _apply_refs(store, docs, refs, report)
+    _apply_refs(store, parsed_refs, report)

@@ -66,13 +66,13 @@ def check_key_name(name: str) -> str:
 
 
 def default_key_dir() -> Path:
-    """$KERNELD_KEY_DIR, else /etc/kerneld/keys on a system install (kerneld.toml there), else
-    ~/.config/kerneld/keys. On a system install the daemon signs exports, so its keys belong to
-    the daemon's user (`sudo -u kerneld kerneldctl key generate NAME`), mode 0600."""
+    """$KERNELD_KEY_DIR, else /etc/kerneld/keys for root on a system install (kerneld.toml
+    there), else ~/.config/kerneld/keys. Keys belong to the admin who signs: `kerneldctl` signs
+    exports itself, also through the daemon, which never reads a private key."""
     env = os.environ.get(ENV_KEY_DIR)
     if env:
         return Path(env)
-    if locations.SYSTEM_CONFIG_FILE.exists():
+    if os.geteuid() == 0 and locations.SYSTEM_CONFIG_FILE.exists():
         return SYSTEM_KEY_DIR
     return locations.user_config_file().parent / "keys"
 

@@ -207,13 +207,7 @@ class MirrorWriter:
             raise
 
     def write_info(self) -> None:
-        doc = {
-            "format": FORMAT,
-            "version": VERSION,
-            "name": self.name,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        self._write(INFO, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+        self._write(INFO, info_json(self.name))
 
     def write_refs(
         self,
@@ -246,6 +240,17 @@ class MirrorWriter:
     def write_blob(self, sha256: str, data: bytes) -> None:
         if not self.has_blob(sha256):
             self._write(blob_path(sha256), data)
+
+
+def info_json(name: str = "") -> bytes:
+    """The bytes of a new mirror's `mirror-info`."""
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
 def refs_json(

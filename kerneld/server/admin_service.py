@@ -6,6 +6,7 @@ Every mutation is logged as one `admin:` line with what changed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -71,30 +72,57 @@ def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
     return event
 
 
+class _StreamClosed(Exception):
+    """The RPC ended (the caller went away): stops a bounded stream's producer."""
+
+
 def _stream(
-    context: grpc.ServicerContext, work: Callable[[Callable[[object], None]], None]
+    context: grpc.ServicerContext,
+    work: Callable[[Callable[[object], None]], None],
+    *,
+    max_pending: int = 0,
 ) -> Iterator[object]:
     """Run `work(emit)` in a thread and yield what it emits as it emits it; an exception it
     raises ends the stream with that error. The RPC's cancellation reaches `work` through the
-    callbacks it registers on `context`."""
-    items: queue.Queue[object] = queue.Queue()
+    callbacks it registers on `context`. `max_pending` > 0 bounds the items waiting to be sent
+    (a mirror export streams file data: a slow caller must slow the export, not fill memory);
+    emit then blocks, and raises once the RPC has ended so the producer stops."""
+    items: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+    ended = threading.Event()
+
+    def put(item: object) -> None:
+        while True:
+            try:
+                items.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                if ended.is_set():
+                    raise _StreamClosed from None
 
     def run() -> None:
         try:
-            work(items.put)
-        except BaseException as exc:
-            items.put(exc)
-        finally:
-            items.put(_DONE)
-
-    threading.Thread(target=run, name="admin-stream", daemon=True).start()
-    while True:
-        item = items.get()
-        if item is _DONE:
+            work(put)
+        except _StreamClosed:
             return
-        if isinstance(item, BaseException):
-            abort(context, item)
-        yield item
+        except BaseException as exc:
+            with contextlib.suppress(_StreamClosed):
+                put(exc)
+        finally:
+            with contextlib.suppress(_StreamClosed):
+                put(_DONE)
+
+    context.add_callback(ended.set)
+    threading.Thread(target=run, name="admin-stream", daemon=True).start()
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                abort(context, item)
+            yield item
+    finally:
+        ended.set()
 
 
 class AdminService(pb_grpc.AdminServicer):
@@ -366,7 +394,10 @@ class AdminService(pb_grpc.AdminServicer):
                 repo_id=repo,
                 commit=commit,
                 variant=variant,
-                size_bytes=decision.bytes_freed,
+                # removed: what deleting it freed; kept: its size (what keeping it holds)
+                size_bytes=(
+                    decision.bytes_freed if decision.action == "delete" else decision.size_bytes
+                ),
                 reason=decision.reason,
             )
             (out.removed if decision.action == "delete" else out.kept).append(item)
@@ -437,7 +468,7 @@ class AdminService(pb_grpc.AdminServicer):
             work = mirror_rpc.export_work(self.core, request)
         except Exception as exc:
             self._fail("MirrorExport", context, exc)
-        for event in _stream(context, work):
+        for event in _stream(context, work, max_pending=mirror_rpc.MAX_PENDING_EVENTS):
             assert isinstance(event, pb.MirrorEvent)
             yield event
 

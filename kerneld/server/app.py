@@ -27,12 +27,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from kerneld import __version__
-from kerneld.config import Config
+from kerneld.config import Config, config_key
+from kerneld.server.access import apply_store_access
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
 from kerneld.server.kernels_service import KernelsService
 from kerneld.server.metrics import Metrics, MetricsServer
-from kerneld.server.notify import Notifier, Watchdog, watchdog_interval
+from kerneld.server.notify import Notifier, Watchdog, store_summary, watchdog_interval
 from kerneld.server.sockets import (
     SocketLock,
     SocketSetupError,
@@ -165,10 +166,13 @@ class Daemon:
             self.notifier.status(f"opening store {self.config.store_path}")
             started = time.monotonic()
             store = self.core.open()
+            apply_store_access(store.layout.root, self.config.user_socket)
             self._metrics_server = MetricsServer(
                 self.metrics,
                 socket_path=self.config.metrics_socket,
                 listen=self.config.metrics_listen,
+                socket_mode=self.config.metrics_socket_mode,
+                socket_group=self.config.metrics_socket_group,
             )
             self._metrics_server.start()
             # The advert first: a client that sees SERVING finds the index right away.
@@ -191,6 +195,9 @@ class Daemon:
             )
             log.info("ready in %.3fs: %s", time.monotonic() - started, summary)
             self.notifier.ready(summary)
+            # from here on the status line follows the store (repair, scrub, GC), see notify.py
+            sock = self.config.user_socket.path
+            self.notifier.track(lambda: store_summary(store, sock))
             self.core.start_timer()
             self.core.warm_upstreams()
             self.core.scrubber.start()
@@ -229,10 +236,11 @@ class Daemon:
             applied, restart = self.core.apply_config(new)
             self.config = self.core.config
             parts = []
+            # named as in kerneld.toml ("[resolve] ref_ttl"), not as Config fields
             if applied:
-                parts.append("applied: " + ", ".join(applied))
+                parts.append("applied: " + ", ".join(config_key(c) for c in applied))
             if restart:
-                parts.append("needs a restart: " + ", ".join(restart))
+                parts.append("needs a restart: " + ", ".join(config_key(c) for c in restart))
             detail = "; ".join(parts) or "no changes"
             log.info("config reloaded from %s: %s", new.source, detail)
             self.notifier.ready(f"config reloaded: {detail}")

@@ -40,6 +40,8 @@ RESTART_FIELDS: tuple[str, ...] = (
     "user_socket",
     "admin_socket",
     "metrics_socket",
+    "metrics_socket_mode",
+    "metrics_socket_group",
     "metrics_listen",
     "threads",
     "system",

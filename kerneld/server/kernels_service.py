@@ -2,12 +2,22 @@
 
 "Read-only" for the caller: a Resolve may download a missing kernel, but only where the
 daemon's fetch policy allows it, and it never changes pins, denies or config.
+
+A call that may download is answered within the caller's gRPC deadline whatever the upstreams
+do: the work runs on a worker thread, and when the deadline is near the caller gets
+UPSTREAM_UNAVAILABLE naming every upstream and what it said so far, while the fetch goes on
+(single-flight, bounded by the retry budgets) for the callers that come after.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
+from typing import Any, TypeVar
 
 import grpc
 
@@ -16,11 +26,36 @@ from kerneld.server import convert
 from kerneld.server.core import Core, Served
 from kerneld.server.errors import abort, classify
 from kerneld.store import client_index
+from kerneld.upstream.errors import UpstreamPending
+from kerneld.upstream.retry import recent_failure
 from kerneld_client._convert import facts_to_proto
 from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kerneld.kernels")
+T = TypeVar("T")
+
+#: The answer leaves this long before the caller's deadline (at most a quarter of the time
+#: left), so that it arrives as an answer and not as DEADLINE_EXCEEDED.
+ANSWER_MARGIN_S = 0.25
+#: Calls that may download, run at once on the service's workers; more wait their turn (and
+#: are answered at their deadline all the same).
+BOUNDED_WORKERS = 8
+#: A deadline further away than this is treated as none (grpc reports "none" as a huge one).
+NO_DEADLINE_S = 10 * 86400.0
+
+
+def _selector(kernel: pb.KernelRef) -> str:
+    """The ref a KernelRef asks for, as errors name it (`v1`, a branch, a commit)."""
+    which = kernel.WhichOneof("selector")
+    if which == "version":
+        return f"v{kernel.version}"
+    return str(getattr(kernel, which)) if which else "main"
+
+
+def _shown(location: str) -> str:
+    """An upstream's location without userinfo (`https://user:token@host` -> `https://host`)."""
+    return re.sub(r"//[^/@]*@", "//", location)
 
 
 def daemon_status(core: Core) -> pb.DaemonStatus:
@@ -64,6 +99,71 @@ class KernelsService(pb_grpc.KernelsServicer):
         self.core = core
         self.facts = convert.FactsCache()
         self.metadata = convert.MetadataCache()
+        self._bounded = ThreadPoolExecutor(BOUNDED_WORKERS, thread_name_prefix="resolve-fetch")
+
+    # ---- answers within the caller's deadline -------------------------------------------------
+
+    @staticmethod
+    def _answer_by(context: grpc.ServicerContext) -> float | None:
+        """Monotonic time by which the caller must have its answer; None without a deadline."""
+        remaining = context.time_remaining()
+        if remaining is None or remaining > NO_DEADLINE_S:
+            return None
+        return time.monotonic() + remaining - min(ANSWER_MARGIN_S, remaining / 4)
+
+    def _start(self, fn: Callable[[], T], by: float | None) -> Future[T]:
+        """Run `fn` on a worker when it must end by a deadline, else here and now."""
+        if by is not None:
+            return self._bounded.submit(fn)
+        future: Future[T] = Future()
+        try:
+            future.set_result(fn())
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+    def _finish(
+        self, future: Future[T], by: float | None, started: float, kernel: pb.KernelRef
+    ) -> T:
+        """`future`'s result, or UpstreamPending at `by` (the work goes on without the caller)."""
+        if by is not None:
+            wait([future], timeout=max(0.0, by - time.monotonic()))
+            if not future.done():
+                if not future.cancel():
+                    future.add_done_callback(self._abandoned)
+                raise self._pending(started, kernel)
+        return future.result()
+
+    def _pending(self, started: float, kernel: pb.KernelRef) -> UpstreamPending:
+        """Every upstream and what it said since this call began (its last failed attempt)."""
+        said = []
+        for up in self.core.upstreams:
+            where = f"{up.name} ({_shown(up.location)})" if up.location else up.name
+            failure = recent_failure(up.name, started)
+            said.append(
+                f"{where}: {failure} (still retrying)" if failure else f"{where}: no answer yet"
+            )
+        waited = time.monotonic() - started
+        return UpstreamPending(
+            f"not in this host's store, and no upstream provided it within the caller's deadline "
+            f"({waited:.1f}s; the download goes on for later calls): " + "; ".join(said),
+            repo_id=kernel.repo_id,
+            revision=_selector(kernel),
+        )
+
+    def _abandoned(self, future: Future[Any]) -> None:
+        """A resolution finished after its caller left: give back the leases taken for it."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        served = future.result()
+        if isinstance(served, Served):
+            for lease in served.leases.values():
+                try:
+                    self.core.release_lease(lease.id)
+                except Exception as exc:  # expired or the store closing: it expires on its own
+                    log.debug("releasing lease %s of a departed caller: %r", lease.id, exc)
+
+    # ---- resolution ---------------------------------------------------------------------------
 
     def _served(self, request: pb.ResolveRequest) -> Served:
         spec = convert.spec_from_ref(request.kernel)
@@ -110,39 +210,61 @@ class KernelsService(pb_grpc.KernelsServicer):
     def Resolve(
         self, request: pb.ResolveRequest, context: grpc.ServicerContext
     ) -> pb.ResolveResponse:
+        started = time.monotonic()
+        by = self._answer_by(context) if request.allow_fetch else None
         try:
-            kernel = self._to_proto(self._served(request))
+            served = self._finish(
+                self._start(lambda: self._served(request), by), by, started, request.kernel
+            )
+            kernel = self._to_proto(served)
         except Exception as exc:
             self._failed("Resolve", exc, request)
             abort(context, exc, repo=request.kernel.repo_id)
         return pb.ResolveResponse(kernel=kernel)
 
-    def _one(self, request: pb.ResolveRequest) -> pb.ResolveResult:
+    def _one(
+        self, request: pb.ResolveRequest, future: Future[Served], by: float | None, started: float
+    ) -> pb.ResolveResult:
         try:
-            return pb.ResolveResult(kernel=self._to_proto(self._served(request)))
+            served = self._finish(future, by, started, request.kernel)
+            return pb.ResolveResult(kernel=self._to_proto(served))
         except Exception as exc:
             return pb.ResolveResult(error=self._failed("ResolveMany", exc, request))
 
     def ResolveMany(
         self, request: pb.ResolveManyRequest, context: grpc.ServicerContext
     ) -> pb.ResolveManyResponse:
+        started = time.monotonic()
         requests = list(request.requests)
-        if len(requests) <= 1:
-            return pb.ResolveManyResponse(results=[self._one(r) for r in requests])
-        # Misses download in parallel (each kernel is single-flight on its own).
-        futures: list[Future[pb.ResolveResult]] = [
-            self.core.pool.submit(self._one, r) for r in requests
-        ]
-        return pb.ResolveManyResponse(results=[f.result() for f in futures])
+        fetching = any(r.allow_fetch for r in requests)
+        by = self._answer_by(context) if fetching else None
+        futures: list[Future[Served]]
+        if by is None and len(requests) <= 1:
+            futures = [self._start(partial(self._served, r), None) for r in requests]
+        else:
+            # Misses download in parallel (each kernel is single-flight on its own).
+            pool = self._bounded if by is not None else self.core.pool
+            futures = [pool.submit(self._served, r) for r in requests]
+        return pb.ResolveManyResponse(
+            results=[self._one(r, f, by, started) for r, f in zip(requests, futures, strict=True)]
+        )
 
     def ListVariants(
         self, request: pb.ListVariantsRequest, context: grpc.ServicerContext
     ) -> pb.ListVariantsResponse:
+        started = time.monotonic()
+        by = self._answer_by(context) if request.allow_fetch else None
         try:
             spec = convert.spec_from_ref(request.kernel)
             facts = self.facts.get(request.platform, request.HasField("platform"))
-            commit, stale, decisions = self.core.list_variants(
-                spec, facts, allow_fetch=request.allow_fetch
+            commit, stale, decisions = self._finish(
+                self._start(
+                    lambda: self.core.list_variants(spec, facts, allow_fetch=request.allow_fetch),
+                    by,
+                ),
+                by,
+                started,
+                request.kernel,
             )
             cached = self.core.cached_variants(spec.repo_id, commit)
         except Exception as exc:

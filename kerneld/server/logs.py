@@ -60,7 +60,13 @@ def setup(level: str, *, env: Mapping[str, str] | None = None) -> None:
     set_level(level)
     # Third-party chatter (HTTP clients) stays at warning unless we debug.
     for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "filelock", "huggingface_hub"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+        logger = logging.getLogger(noisy)
+        logger.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
+        # A library's own handler (huggingface_hub adds a stderr one at import) would print
+        # each of its lines a second time next to ours: one handler, the root's, for all.
+        for own in list(logger.handlers):
+            logger.removeHandler(own)
+        logger.propagate = True
 
 
 def set_level(level: str) -> None:

@@ -7,7 +7,6 @@ time (a collector), so an idle daemon does no metrics work at all.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +17,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
 from prometheus_client.core import GaugeMetricFamily
+
+from kerneld.config import SocketConfig
+from kerneld.server.sockets import secure, umask
 
 log = logging.getLogger("kerneld.metrics")
 
@@ -171,9 +173,22 @@ class _TCP6Server(_TCPServer):
 
 
 class MetricsServer:
-    """HTTP exposition of `metrics` on a unix socket path and/or a loopback HOST:PORT."""
+    """HTTP exposition of `metrics` on a unix socket path and/or a loopback HOST:PORT.
 
-    def __init__(self, metrics: Metrics, *, socket_path: Path | None, listen: str) -> None:
+    The unix socket is bound owner-only and then opened to `socket_mode` for `socket_group`
+    (`[metrics] socket_mode`, `socket_group`), like the RPC sockets: its mode and group decide who
+    may scrape. The system default is the `kerneld-admin` group, whose members also run kerneldctl.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        socket_path: Path | None,
+        listen: str,
+        socket_mode: int = 0o660,
+        socket_group: str = "",
+    ) -> None:
         handler = type("KerneldMetricsHandler", (_Handler,), {"registry": metrics.registry})
         self.where: list[str] = []
         self._servers: list[ThreadingHTTPServer] = []
@@ -182,19 +197,24 @@ class MetricsServer:
             socket_path.parent.mkdir(parents=True, exist_ok=True)
             if socket_path.is_socket():
                 socket_path.unlink()
-            old = os.umask(0o177)
-            try:
+            with umask(0o177):
                 unix_server: Any = _UnixHTTPServer
                 self._servers.append(unix_server(str(socket_path), handler))
-            finally:
-                os.umask(old)
-            os.chmod(socket_path, 0o660)
+            try:
+                secure(socket_path, SocketConfig(socket_path, socket_mode, socket_group))
+            except BaseException:
+                self._close_all()
+                raise
             self.where.append(f"unix:{socket_path}")
         if listen:
             host, _, port = listen.rpartition(":")
             bind_host = {"localhost": "127.0.0.1", "[::1]": "::1"}.get(host, host)
             server_cls: type[_TCPServer] = _TCP6Server if ":" in bind_host else _TCPServer
-            server = server_cls((bind_host, int(port)), handler)
+            try:
+                server = server_cls((bind_host, int(port)), handler)
+            except BaseException:
+                self._close_all()
+                raise
             self._servers.append(server)
             self.where.append(f"http://{host}:{server.server_address[1]}")
 
@@ -204,9 +224,15 @@ class MetricsServer:
         for where in self.where:
             log.info("metrics on %s/metrics", where)
 
-    def stop(self) -> None:
+    def _close_all(self) -> None:
+        """Unbind what was bound (a start that fails half way leaves no socket behind)."""
         for server in self._servers:
-            server.shutdown()
             server.server_close()
         if self.socket_path is not None and self._servers:
             self.socket_path.unlink(missing_ok=True)
+        self._servers.clear()
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+        self._close_all()

@@ -43,33 +43,61 @@ def _event(progress: Any) -> pb.MirrorEvent:
     )
 
 
+#: File data in flight to a slow kerneldctl: at most this many events (DATA events carry up to
+#: 1 MiB) wait in the daemon; the export waits for the caller beyond that.
+MAX_PENDING_EVENTS = 16
+
+_FILE_KINDS = {
+    "file": pb.MirrorEvent.FILE,
+    "data": pb.MirrorEvent.DATA,
+    "delete": pb.MirrorEvent.DELETE,
+}
+
+
 def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
-    """Validate the request now (errors fail the RPC before streaming) and return the job."""
+    """Validate the request now (errors fail the RPC before streaming) and return the job.
+
+    The daemon writes nothing for an export: it streams the files (FILE/DATA/DELETE events)
+    and kerneldctl writes them as the admin, where the admin asked (the unit's
+    ProtectSystem=strict and private /tmp would make any path the daemon wrote wrong)."""
     try:
-        from kerneld.mirror.export import export_mirror, specs_from_wire
+        from kerneld.mirror.export import FileOp, export_stream, specs_from_wire
         from kerneld.mirror.keys import load_signing_key
     except ImportError as exc:
         raise Unimplemented(f"mirror export is not available in this build: {exc}") from exc
     store = core.store
-    if not request.destination:
-        raise ValueError("destination is required (a directory or a path ending in .tar)")
     specs = specs_from_wire(request.kernels, request.lockfile_json)
     keys = [load_signing_key(request.sign_key)] if request.sign_key else []
     variants = list(request.variants) or None
+    existing = {f.path: bytes(f.data) for f in request.existing}
+    label = request.destination or "the caller"
     log.info(
-        "admin: mirror export destination=%s kernels=%s variants=%s signed_by=%s",
-        request.destination,
+        "admin: mirror export for %s kernels=%s variants=%s signed_by=%s (streamed to the caller)",
+        label,
         ",".join(str(s) for s in specs) or "-",
         ",".join(variants or ["all"]),
         request.sign_key or "-",
     )
 
     def work(emit: Callable[[object], None]) -> None:
+        def send(op: FileOp) -> None:
+            emit(
+                pb.MirrorEvent(
+                    kind=_FILE_KINDS[op.kind],
+                    path=op.path,
+                    bytes_total=op.size,
+                    data=op.data,
+                )
+            )
+
         with core.work():
-            export_mirror(
+            export_stream(
                 store,
-                request.destination,
                 specs,
+                send,
+                existing=existing,
+                present_blobs=list(request.present_blobs),
+                label=label,
                 variants=variants,
                 sign_keys=keys,
                 progress=lambda p: emit(_event(p)),

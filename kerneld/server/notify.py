@@ -3,6 +3,11 @@
 Outside systemd (`NOTIFY_SOCKET` unset) every call is a no-op. The watchdog pings only while a
 probe of the daemon's own health succeeds (the store answers a query), so a wedged daemon stops
 pinging and systemd restarts it.
+
+The status line (`systemctl status kerneld`) is what the store holds now, then the last event:
+"serving 3 trees (...) | config reloaded: no changes". Once `track` is called the store part is
+recomputed every few seconds, so a repair, scrub or GC that took trees away shows there instead
+of a count from the last start or reload.
 """
 
 from __future__ import annotations
@@ -11,8 +16,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sdnotify
+
+if TYPE_CHECKING:
+    from kerneld.store import Store
 
 log = logging.getLogger("kerneld.notify")
 
@@ -25,6 +35,10 @@ class Notifier:
         self.enabled = bool(env.get("NOTIFY_SOCKET"))
         self._lock = threading.Lock()
         self._notifier = sdnotify.SystemdNotifier() if self.enabled else None
+        self._summary: Callable[[], str] | None = None
+        self._store_part = ""
+        self._event = ""
+        self._stop_tracking = threading.Event()
 
     def send(self, *fields: str) -> None:
         if self._notifier is None:
@@ -32,20 +46,74 @@ class Notifier:
         with self._lock:
             self._notifier.notify("\n".join(fields))
 
+    def line(self) -> str:
+        """The status line as sent: the store's state, then the last event."""
+        parts = [p for p in (self._store_part, self._event) if p]
+        return " | ".join(parts)
+
+    def _status(self, event: str) -> str:
+        self._event = "" if event == self._store_part else event
+        return f"STATUS={self.line() or event}"
+
     def ready(self, status: str) -> None:
-        self.send("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
+        self.send("READY=1", self._status(status), f"MAINPID={os.getpid()}")
 
     def status(self, status: str) -> None:
-        self.send(f"STATUS={status}")
+        self.send(self._status(status))
 
     def reloading(self, status: str) -> None:
-        self.send("RELOADING=1", f"STATUS={status}")
+        self.send("RELOADING=1", self._status(status))
 
     def stopping(self, status: str) -> None:
-        self.send("STOPPING=1", f"STATUS={status}")
+        self._stop_tracking.set()
+        self._store_part = ""
+        self.send("STOPPING=1", self._status(status))
+
+    def track(self, summary: Callable[[], str], interval: float = 5.0) -> None:
+        """Lead the status line with `summary()` (the store now), refreshed every `interval`
+        seconds while systemd listens; the event text stays until the next event."""
+        self._summary = summary
+        self.refresh()
+        if self.enabled:
+            threading.Thread(
+                target=self._track, args=(interval,), name="status-line", daemon=True
+            ).start()
+
+    def refresh(self) -> None:
+        """Recompute the store part and send the line if it changed."""
+        if self._summary is None:
+            return
+        try:
+            part = self._summary()
+        except Exception as exc:  # the store is closing: keep the last line
+            log.debug("status line not refreshed: %r", exc)
+            return
+        if part != self._store_part:
+            if self._event == part:
+                self._event = ""
+            self._store_part = part
+            self.send(f"STATUS={self.line()}")
+
+    def _track(self, interval: float) -> None:
+        while not self._stop_tracking.wait(interval):
+            self.refresh()
 
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")
+
+
+def store_summary(store: Store, socket: Path) -> str:
+    """What the daemon serves, from cheap index queries (runs every few seconds)."""
+    trees = len(store.index.tree_digests("live"))
+    used = store.index.usage()
+    line = f"serving {trees} trees ({used} bytes) from {store.layout.root} on {socket}"
+    try:
+        held = len(os.listdir(store.layout.quarantine))
+    except OSError:
+        held = 0
+    if held:
+        line += f"; {held} quarantined (kerneldctl verify)"
+    return line
 
 
 def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:

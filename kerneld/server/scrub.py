@@ -6,8 +6,10 @@ after the end of the last complete pass (the time is kept in the store, so a dae
 restarts daily still scrubs weekly; an interrupted pass resumes at the next start), logs one
 line per confirmed problem and per re-fetch, counts everything in ``kerneld_scrub_*`` metrics,
 and fetches every invalidated variant again from the upstreams (unless it is denied by now),
-so the host heals without an admin. Serving never waits for it: it holds no store lock while
-hashing and runs in its own thread.
+so the host heals without an admin. Damaged objects are quarantined, never deleted: once their
+variants are served again the quarantined copy is dropped; what no upstream could replace stays
+in the quarantine and is logged with where it is and how to restore or drop it. Serving never
+waits for it: it holds no store lock while hashing and runs in its own thread.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class Scrubber:
         metrics.scrub_invalidated.inc(len(report.dead_trees))
         metrics.scrub_last_completed.set(time.time())
         refetched = self._refetch(report)
+        self._settle_quarantine(report)
         log.info(
             "scrub: pass completed trees=%d blobs=%d bytes=%d seconds=%.2f rate=%.1fMiB/s "
             "damaged=%d invalidated_trees=%d refetched=%d/%d%s",
@@ -130,6 +133,22 @@ class Scrubber:
         )
         self.last_report = report
         return report
+
+    def _settle_quarantine(self, report: ScrubReport) -> None:
+        """Drop quarantined copies that the re-fetch replaced; log what stays, and why."""
+        if not report.quarantined:
+            return
+        store = self.core.store
+        dropped = {q.name for q in store.prune_quarantine()}
+        for q in report.quarantined:
+            if q.name in dropped:
+                log.info("scrub: %s was re-fetched; its quarantined copy is dropped", q.name)
+            else:
+                log.error(
+                    "scrub: no upstream could replace it, kept: %s; the daemon must be "
+                    "stopped for --restore/--drop",
+                    q.describe(),
+                )
 
     def _damage(self, damage: Damage) -> None:
         p = damage.problem

@@ -20,6 +20,7 @@ import fcntl
 import grp
 import logging
 import os
+import secrets
 import socket
 import stat
 from collections.abc import Iterator
@@ -136,7 +137,14 @@ def secure(path: Path, cfg: SocketConfig) -> None:
     if cfg.group:
         gid = group_id(cfg.group)
         if os.stat(path).st_gid != gid:
-            os.chown(path, -1, gid)
+            try:
+                os.chown(path, -1, gid)
+            except PermissionError:
+                raise SocketSetupError(
+                    f"cannot give socket {path} to group {cfg.group!r}: the daemon (uid "
+                    f"{os.geteuid()}) is not a member of it; add it (SupplementaryGroups= in the "
+                    "unit, or usermod -aG) or configure a group it is in"
+                ) from None
     os.chmod(path, cfg.mode)
     st = os.stat(path)
     log.info(
@@ -145,24 +153,38 @@ def secure(path: Path, cfg: SocketConfig) -> None:
 
 
 def write_advert(advert: Advert) -> Path:
-    """Publish the advert beside the user socket (atomic rename, world-readable)."""
+    """Publish the advert beside the user socket (atomic rename, world-readable).
+
+    The temporary file gets an unguessable name and is created with O_EXCL|O_NOFOLLOW: in a
+    shared directory another user could otherwise plant a symlink or a file of theirs there and
+    have the daemon write through it, or keep their own file as the advert.
+    """
     target = advert_path(advert.user_socket)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o644)
     try:
-        os.write(fd, advert.to_json().encode() + b"\n")
-        os.fchmod(fd, 0o644)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            os.write(fd, advert.to_json().encode() + b"\n")
+            os.fchmod(fd, 0o644)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 
 def remove_advert(user_socket: Path, pid: int) -> None:
     """Remove our advert (never another daemon's)."""
+    from kerneld_client.errors import UntrustedPath
     from kerneld_client.locations import read_advert
 
-    advert = read_advert(user_socket)
+    try:
+        advert = read_advert(user_socket)
+    except UntrustedPath:  # not ours to remove
+        return
     if advert is not None and advert.pid == pid:
         advert_path(user_socket).unlink(missing_ok=True)

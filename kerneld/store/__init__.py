@@ -25,6 +25,7 @@ from .errors import (
     SizeMismatchError,
     StoreError,
     StoreLockedError,
+    StoreOwnershipError,
     TreeNotFoundError,
     UnsupportedFileTypeError,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreLockedError",
+    "StoreOwnershipError",
     "TreeDecision",
     "TreeFile",
     "TreeGone",

@@ -5,6 +5,8 @@ says what was wrong and what to do about it. Callers branch on the class, never 
 
     StoreError
     ├── StoreLockedError          another process owns the store
+    ├── StoreOwnershipError       the store (or a directory above it) belongs to someone else,
+    │                             or a step of opening it was refused by the file system
     ├── ReadOnlyStoreError        a mutation on a store opened read-only
     ├── SchemaError               the index was written by a newer kerneld, or is unreadable
     ├── InvalidInputError         untrusted input rejected before anything was written
@@ -77,6 +79,12 @@ class StoreLockedError(StoreError):
             f"store {root} is owned by {holder}; stop that kerneld first, or open the store "
             "read-only for offline inspection"
         )
+
+
+class StoreOwnershipError(StoreError):
+    """The store cannot be opened by this process: its root is owned by another user, a
+    directory above it lets others replace it, or the file system refused a step of the open.
+    The message names the path, the operation and the command that fixes it."""
 
 
 class ReadOnlyStoreError(StoreError):

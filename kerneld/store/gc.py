@@ -52,6 +52,8 @@ class TreeDecision:
     bytes_freed: int
     last_resolved: float
     variants: list[tuple[str, str, str]] = field(default_factory=list)
+    size_bytes: int = 0
+    """The tree's size (its files' bytes), kept or not: what an admin weighs against a target."""
 
 
 @dataclass
@@ -179,6 +181,7 @@ def plan(
                     0,
                     tree.last_resolved,
                     names.get(tree.digest, []),
+                    tree.size,
                 )
             )
             return False
@@ -189,7 +192,13 @@ def plan(
         deleted_trees.add(tree.digest)
         decisions.append(
             TreeDecision(
-                tree.digest, "delete", reason, freed, tree.last_resolved, names.get(tree.digest, [])
+                tree.digest,
+                "delete",
+                reason,
+                freed,
+                tree.last_resolved,
+                names.get(tree.digest, []),
+                tree.size,
             )
         )
         return True
@@ -201,7 +210,13 @@ def plan(
         if why_keep is not None:
             decisions.append(
                 TreeDecision(
-                    tree.digest, "keep", why_keep, 0, tree.last_resolved, names.get(tree.digest, [])
+                    tree.digest,
+                    "keep",
+                    why_keep,
+                    0,
+                    tree.last_resolved,
+                    names.get(tree.digest, []),
+                    tree.size,
                 )
             )
         elif unreferenced:
@@ -231,6 +246,7 @@ def plan(
                     0,
                     tree.last_resolved,
                     names.get(tree.digest, []),
+                    tree.size,
                 )
             )
             continue

@@ -15,6 +15,10 @@
     │       │                                   period, then deleted)
     │       ├── staging/<random>/               trees being built (always deleted at open)
     │       └── trash/<random>                  trees/blobs being deleted (always deleted at open)
+    │   └── quarantine/                  0700  what repair or the scrub took out of service but
+    │       └── <time>-<tree|blob|unknown>-<id>/  could not prove replaceable: the object as it
+    │           ├── tree/ | blob | unknown        was found, and entry.json (why, which variants,
+    │           └── entry.json                    the manifest); restored or dropped by an admin
     ├── locks/<64 hex>.lock              0444  one per published tree; clients hold LOCK_SH
     └── index/v1/                        0755  the read-only client index (see client_index.py)
         ├── denies.json
@@ -22,13 +26,25 @@
 
 Nothing here is trusted by existence alone: a blob or tree is valid only while the index has a
 ``live`` row for it.
+
+Ownership: the store belongs to the owner of its root directory, and every file in it must be
+owned by that user. Opening a store read-write therefore needs that uid (``check_root``): after
+``chown -R kerneld: <root>`` the store simply belongs to ``kerneld``, there is no other record to
+fix. A directory above the root that others may write without the sticky bit would let them
+swap the store for their own, so it is refused too.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import shlex
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import StoreOwnershipError
 
 LAYOUT_VERSION = 1
 
@@ -89,6 +105,10 @@ class Layout:
         return self.tmp / "trash"
 
     @property
+    def quarantine(self) -> Path:
+        return self.base / "quarantine"
+
+    @property
     def locks(self) -> Path:
         return self.root / "locks"
 
@@ -131,6 +151,7 @@ class Layout:
             (self.ingest, DIR_MODE_PRIVATE),
             (self.staging, DIR_MODE_PRIVATE),
             (self.trash, DIR_MODE_PRIVATE),
+            (self.quarantine, DIR_MODE_PRIVATE),
             (self.locks, DIR_MODE_PUBLIC),
             (self.root / "index", DIR_MODE_PUBLIC),
             (self.client_index, DIR_MODE_PUBLIC),
@@ -151,3 +172,97 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def user_name(uid: int) -> str:
+    """The account name of ``uid`` (or the number, for an id without an account)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def rerun_as(user: str) -> str:
+    """The exact command line of this process, run as ``user`` (for hints)."""
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if prog in ("kerneldctl", "kerneld"):
+        command = shlex.join([prog, *sys.argv[1:]])
+    else:
+        command = "<the same command>"
+    return f"runuser -u {user} -- {command}"
+
+
+def check_parents(root: Path) -> None:
+    """Refuse a store below a directory that others may write without the sticky bit: anyone
+    could rename the store away and put their own in its place."""
+    for parent in root.parents:
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue  # created later by the open, with our umask
+        except OSError as exc:
+            raise StoreOwnershipError(
+                f"cannot open the store: stat of {parent} failed: {exc.strerror}; make the "
+                "directories above the store traversable by its owner",
+                path=str(root),
+            ) from None
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise StoreOwnershipError(
+                f"refusing the store at {root}: {parent} (mode {st.st_mode & 0o7777:04o}) is "
+                "writable by every user without the sticky bit, so anyone could replace the "
+                f"store; run `chmod o-w {parent}` (or `chmod +t`), or put the store elsewhere",
+                path=str(root),
+            )
+
+
+def check_root(root: Path, *, euid: int | None = None) -> int:
+    """The uid that owns the store at ``root``, checked for a read-write open by ``euid``.
+
+    The store must be owned by the opening process. Root is no exception: files it created
+    in a store owned by ``kerneld`` would be root's, which the daemon can then neither use nor
+    remove, so it is told to run the command as the owner instead. A missing root is created by
+    the open; root may not create one inside a directory another user owns (``/var/lib/kerneld``
+    belongs to ``kerneld``), for the same reason.
+    """
+    euid = os.geteuid() if euid is None else euid
+    real = Path(os.path.realpath(root))
+    check_parents(real)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        parent = next((p for p in real.parents if os.path.lexists(p)), Path("/"))
+        owner = os.stat(parent).st_uid
+        if euid == 0 and owner != 0:
+            name = user_name(owner)
+            raise StoreOwnershipError(
+                f"refusing to create the store {root} as root inside {parent}, which belongs "
+                f"to {name}: the daemon running as {name} could not use root's files; run the "
+                f"command as that user: `{rerun_as(name)}`",
+                path=str(root),
+            ) from None
+        return euid
+    except OSError as exc:
+        raise StoreOwnershipError(
+            f"cannot open the store: stat of {root} failed: {exc.strerror}; make the "
+            "directories above it traversable by the store's owner",
+            path=str(root),
+        ) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StoreOwnershipError(f"{root} is not a directory", path=str(root))
+    if st.st_uid == euid:
+        return euid
+    owner_name, me = user_name(st.st_uid), user_name(euid)
+    if euid == 0:
+        raise StoreOwnershipError(
+            f"the store {root} belongs to {owner_name}; root does not change it (its files "
+            f"would be root's, unusable by the daemon); run the command as the owner: "
+            f"`{rerun_as(owner_name)}`",
+            path=str(root),
+        )
+    raise StoreOwnershipError(
+        f"the store {root} is owned by {owner_name} (uid {st.st_uid}), not by {me} (uid "
+        f"{euid}) that opens it: a store must belong to the user of its daemon; if it is meant "
+        f"to be {me}'s, run `chown -R {me}: {root}` as root, otherwise give this daemon its "
+        "own store path",
+        path=str(root),
+    )

@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,15 @@ METADATA_FILE = "metadata.json"
 SIGSTORE_FILE = "metadata.json.sigstore"
 MAX_METADATA_BYTES = 1 << 20
 DIGEST_ALGORITHMS = {"sha256": 32, "sha512": 64}
+#: `metadata.json` `name`: the Kernel Hub grammar `^[a-z][-a-z0-9]*[a-z0-9]$`, also allowing a
+#: single letter and inner underscores (builds made from a python name carry them). Either way it
+#: is one plain path component: no slash, no dot, never absolute.
+KERNEL_NAME = re.compile(r"[a-z](?:[-_a-z0-9]*[a-z0-9])?")
+
+
+def _shorten(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -118,11 +128,21 @@ def parse_metadata(raw: bytes, **ctx: str | None) -> tuple[dict[str, Any], Varia
         raw_archs = backend.get("archs")
         if isinstance(raw_archs, list):
             archs = [a for a in raw_archs if isinstance(a, str)]
+    name = doc.get("name")
+    if name is not None and (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)):
+        # The client imports `<variant>/<name with dashes as underscores>/`: anything but a
+        # plain name (absolute, `..`, slashes, dots) would point it at code outside the tree.
+        raise MetadataError(
+            f"metadata.json 'name' must be a Kernel Hub name (lowercase letters, digits, inner "
+            f"dashes or underscores, starting with a letter), got {_shorten(name)}; the build is "
+            "malformed or hostile, so it is not published",
+            **ctx,
+        )
     digest = doc.get("digest")
     algorithm = digest.get("algorithm") if isinstance(digest, dict) else None
     meta = VariantMetadata(
         id=doc["id"] if isinstance(doc.get("id"), str) else None,
-        name=doc["name"] if isinstance(doc.get("name"), str) else None,
+        name=name,
         version=doc["version"] if type(doc.get("version")) is int else None,
         backend=backend_type,
         archs=archs,

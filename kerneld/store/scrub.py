@@ -12,8 +12,10 @@ that rots does not wait for an admin, so the daemon also walks the store in the 
 A finding is confirmed by checking the tree (or blob) again at full speed before anything is
 changed: a tree that GC removed or replaced during the slow pass, or a transient read error,
 is not a reason to drop a good tree. Confirmed damage is handed to :meth:`Store.invalidate`:
-the rows go dead at once (clients see a miss from then on), the files are deleted, and the
-caller re-fetches the invalidated variants from upstream.
+the rows go dead at once (clients see a miss from then on), the files are moved into the
+quarantine (never deleted: on an air-gapped host they may be the only copy), and the caller
+re-fetches the invalidated variants from upstream, dropping the quarantined copy once the
+variants are served again.
 
 No store lock is held while hashing: resolves, publishes and GC go on during a scrub. Progress
 (the last digest finished) is kept in the index, so a daemon restarted in the middle of a long
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .store import Store
-from .verify import Problem, VerifyReport, verify_blob, verify_tree
+from .verify import Problem, Quarantined, VerifyReport, verify_blob, verify_tree
 
 log = logging.getLogger("kerneld.store.scrub")
 
@@ -67,6 +69,7 @@ class ScrubReport:
     damage: list[Damage] = field(default_factory=list)
     invalidated: list[tuple[str, str, str]] = field(default_factory=list)
     dead_trees: set[str] = field(default_factory=set)
+    quarantined: list[Quarantined] = field(default_factory=list)
 
     @property
     def rate_bytes_s(self) -> float:
@@ -187,9 +190,11 @@ def scrub_pass(
             if ok is None and _damaged(report):
                 bad_blobs.extend(_confirm_blob(store, blob.sha256, blob.size, out, on_damage))
         if bad_blobs:
-            invalidated, dead = store.invalidate(blobs=bad_blobs)
+            problems = [d.problem for d in out.damage]
+            invalidated, dead, kept = store.invalidate(blobs=bad_blobs, problems=problems)
             out.invalidated.extend(invalidated)
             out.dead_trees |= dead
+            out.quarantined.extend(kept)
     except ScrubCancelled:
         if done:
             _save_cursor(store, done)
@@ -250,9 +255,11 @@ def _confirm_tree(
             out.damage.append(damage)
             if on_damage is not None:
                 on_damage(damage)
-    invalidated, dead = store.invalidate(trees=[hexd], blobs=bad_blobs)
+    found = problems + [d.problem for d in out.damage if d.problem.id in bad_blobs]
+    invalidated, dead, kept = store.invalidate(trees=[hexd], blobs=bad_blobs, problems=found)
     out.invalidated.extend(invalidated)
     out.dead_trees |= dead
+    out.quarantined.extend(kept)
 
 
 def _confirm_blob(

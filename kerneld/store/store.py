@@ -18,7 +18,10 @@ under one in-process lock; hashing, downloads, staging builds and file deletion 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
 import logging
 import os
 import stat
@@ -28,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import client_index, faults
 from . import gc as gc_mod
@@ -43,11 +46,13 @@ from .errors import (
     ReadOnlyStoreError,
     ResourceExhaustedError,
     SizeMismatchError,
+    StoreError,
+    StoreOwnershipError,
     TreeNotFoundError,
     UnsupportedFileTypeError,
 )
 from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, RefRow
-from .layout import DIR_MODE_PUBLIC, Layout, fsync_dir
+from .layout import DIR_MODE_PRIVATE, DIR_MODE_PUBLIC, Layout, check_root, fsync_dir, user_name
 from .locks import OwnerLock, Probe, create_tree_lock, is_held
 from .manifest import (
     METADATA_FILE,
@@ -56,6 +61,7 @@ from .manifest import (
     VariantMetadata,
     canonical_manifest,
     check_metadata_digest,
+    parse_manifest,
     parse_metadata,
     sort_entries,
     tree_digest,
@@ -70,7 +76,7 @@ from .paths import (
     validate_repo,
     validate_variant,
 )
-from .trees import build_staging, remove_tree
+from .trees import build_staging, remove_tree, seal_top, unseal_top
 
 log = logging.getLogger("kerneld.store")
 
@@ -162,6 +168,7 @@ class Store:
         use_hardlinks: bool,
         auto_gc: bool,
         partial_grace_s: float,
+        owner_uid: int | None = None,
     ) -> None:
         self.layout = layout
         self.index = index
@@ -178,8 +185,9 @@ class Store:
         self.generation = int(index.get_meta("generation") or 0)
         """The client index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
-        owner_uid = index.get_meta("owner_uid")
-        self.owner_uid = int(owner_uid) if owner_uid is not None else os.geteuid()
+        self.owner_uid = _root_owner(layout.root) if owner_uid is None else owner_uid
+        """Every file of the store must belong to this uid: the owner of the root directory
+        (layout.py, "Ownership"), so a ``chown -R`` of the store is all a change of owner needs."""
 
     # ---- opening and closing ----
 
@@ -227,18 +235,28 @@ class Store:
         if read_only:
             index = Index(layout.db, read_only=True)
             return cls(layout, index, None, policy, **options)  # type: ignore[arg-type]
-        layout.root.mkdir(mode=DIR_MODE_PUBLIC, parents=True, exist_ok=True)
-        owner = OwnerLock(layout.owner_lock)
+        uid = check_root(layout.root)
+        with _step("create the store directory", layout.root, layout.root):
+            layout.root.mkdir(mode=DIR_MODE_PUBLIC, parents=True, exist_ok=True)
+        with _step("take the owner lock", layout.owner_lock, layout.root):
+            owner = OwnerLock(layout.owner_lock)
         try:
-            layout.ensure()
-            index = Index(layout.db)
+            with _step("create the store's directories", layout.base, layout.root):
+                layout.ensure()
+            with _step("open the index", layout.db, layout.root):
+                index = Index(layout.db)
             try:
-                if index.get_meta("owner_uid") is None:
-                    with index.tx() as conn:
-                        index.set_meta(conn, "owner_uid", str(os.geteuid()))
-                        index.set_meta(conn, "created_at", str(time.time()))
-                store = cls(layout, index, owner, policy, **options)  # type: ignore[arg-type]
-                store._recover()
+                _record_owner(index, uid)
+                store = cls(
+                    layout,
+                    index,
+                    owner,
+                    policy,
+                    owner_uid=uid,
+                    **options,  # type: ignore[arg-type]
+                )
+                with _step("clean up after the last run", layout.root, layout.root):
+                    store._recover()
             except BaseException:
                 index.close()
                 raise
@@ -676,6 +694,7 @@ class Store:
             self._move_to_trash(target)
         os.rename(staging, target)
         faults.point("tree.renamed")
+        seal_top(target)  # only now: a non-root daemon cannot rename a 0555 directory
         fsync_dir(self.layout.trees)
 
     def _add_variant(self, job: _Publish, *, created: bool) -> TreeInfo:
@@ -1102,6 +1121,7 @@ class Store:
     def _move_to_trash(self, path: Path) -> None:
         if not os.path.lexists(path):
             return
+        unseal_top(path)  # renaming a directory needs write permission on it (trees.py)
         os.rename(path, self.layout.trash / os.urandom(8).hex())
         fsync_dir(path.parent)
 
@@ -1109,7 +1129,7 @@ class Store:
         for child in list(self.layout.trash.iterdir()):
             remove_tree(child)
 
-    # ---- verification ----
+    # ---- verification and quarantine ----
 
     def verify(
         self,
@@ -1117,16 +1137,20 @@ class Store:
         repair: bool = False,
         on_invalidated: Callable[[str, str, str], None] | None = None,
     ) -> verify_mod.VerifyReport:
-        """Re-hash every blob and tree; with ``repair`` drop whatever is broken.
+        """Re-hash every blob and tree; with ``repair`` take whatever is broken out of service.
 
-        Dropped trees lose their (repo, commit, variant) rows, so the daemon fetches them again;
-        ``on_invalidated(repo, commit, variant)`` is called for each.
+        Nothing is deleted: a damaged tree or blob may be the only copy (an air-gapped host, an
+        upstream that no longer has it), so it is moved into ``v1/quarantine/`` with a note of
+        what it was (see `quarantine`). Its variants lose their rows, so the daemon fetches them
+        again where an upstream has them; ``on_invalidated(repo, commit, variant)`` is called
+        for each. Quarantined entries whose variants are served again are dropped.
         """
         if repair:
             self._writable()
         report = verify_mod.verify(self.layout, self.index, self.owner_uid)
         if repair:
             self._repair(report, on_invalidated)
+            self.prune_quarantine()
         return report
 
     def _repair(
@@ -1138,21 +1162,18 @@ class Store:
         bad_trees = {p.id for p in report.problems if p.object == "tree" and p.kind != "unknown"}
         unknown = [Path(p.path) for p in report.problems if p.kind == "unknown"]
         with self._lock:
-            invalidated, bad_trees = self._mark_invalid(bad_blobs, bad_trees)
+            invalidated, kept, _dead = self._take_out(
+                bad_blobs, bad_trees, report.problems, "repair"
+            )
             for path in unknown:
-                if path.parent == self.layout.trees:
-                    self._move_to_trash(path)
-                else:
-                    try:
-                        path.unlink()
-                    except IsADirectoryError:
-                        self._move_to_trash(path)
-                    except OSError:
-                        continue
-                report.repaired.append(str(path))
+                if path.parent == self.layout.blobs and path.is_dir():
+                    continue  # a stray bucket: its files are reported (and moved) one by one
+                entry = self._quarantine_path(path, "unknown", path.name, {"why": "not in index"})
+                if entry is not None:
+                    kept.append(entry)
         self._purge_dead({})
-        report.repaired.extend(f"blob {s}" for s in sorted(bad_blobs))
-        report.repaired.extend(f"tree sha256:{t}" for t in sorted(bad_trees))
+        report.quarantined = kept
+        report.repaired.extend(q.describe() for q in kept)
         report.invalidated = invalidated
         for repo, commit, variant in invalidated:
             log.warning(
@@ -1161,35 +1182,222 @@ class Store:
             if on_invalidated is not None:
                 on_invalidated(repo, commit, variant)
 
-    def _mark_invalid(
-        self, bad_blobs: Iterable[str], bad_trees: Iterable[str]
-    ) -> tuple[list[tuple[str, str, str]], set[str]]:
+    def _take_out(
+        self,
+        bad_blobs: Iterable[str],
+        bad_trees: Iterable[str],
+        problems: Sequence[verify_mod.Problem],
+        by: str,
+    ) -> tuple[list[tuple[str, str, str]], list[verify_mod.Quarantined], set[str]]:
         """Mark blobs and trees dead (and every tree using a dead blob), drop their variant
-        rows and republish the affected client index files; caller holds the lock. Returns
-        the invalidated (repo, commit, variant) and every tree marked dead."""
+        rows, republish the client index, then move their files into the quarantine before
+        anything can purge them; caller holds the lock."""
+        why: dict[str, list[dict[str, str]]] = {}
+        for p in problems:
+            why.setdefault(p.id, []).append({"kind": p.kind, "path": p.path, "detail": p.detail})
         trees = set(bad_trees)
+        blobs = set(bad_blobs)
         invalidated: list[tuple[str, str, str]] = []
+        used_by: dict[str, list[dict[str, Any]]] = {}
+        sizes: dict[str, int] = {}
         with self.index.tx() as conn:
-            for sha in bad_blobs:
+            for sha in blobs:
                 rows = conn.execute("SELECT tree FROM tree_files WHERE blob = ?", (sha,))
-                trees.update(r[0] for r in rows)
+                for (tree,) in rows.fetchall():
+                    if tree not in trees:
+                        trees.add(tree)
+                        why.setdefault(tree, []).append(
+                            {"kind": "uses-damaged-blob", "path": "", "detail": f"blob {sha}"}
+                        )
+                brow = self.index.get_blob(sha)
+                sizes[sha] = brow.size if brow is not None else 0
                 self.index.set_blob_state(conn, sha, "dead")
             for hexd in trees:
+                for v in self.index.variants_of_tree(hexd):
+                    ids = self.index.upstream_ids(v.repo, v.commit, v.variant)
+                    used_by.setdefault(hexd, []).append(
+                        {"repo": v.repo, "commit": v.commit, "variant": v.variant, "ids": ids}
+                    )
                 self.index.set_tree_state(conn, hexd, "dead")
                 for v in self.index.delete_variants_of_tree(conn, hexd):
                     invalidated.append((v.repo, v.commit, v.variant))
         self._publish_index({r for r, _c, _v in invalidated})
-        return invalidated, trees
+        kept: list[verify_mod.Quarantined] = []
+        for hexd in sorted(trees):
+            row = self.index.get_tree(hexd)
+            note: dict[str, Any] = {
+                "why": why.get(hexd, []),
+                "variants": used_by.get(hexd, []),
+                "manifest": row.manifest.decode() if row is not None else "",
+                "by": by,
+            }
+            entry = self._quarantine_path(self.layout.tree_path(hexd), "tree", hexd, note)
+            if entry is not None:
+                kept.append(entry)
+        for sha in sorted(blobs):
+            note = {"why": why.get(sha, []), "size": sizes.get(sha, 0), "by": by}
+            entry = self._quarantine_path(self.layout.blob_path(sha), "blob", sha, note)
+            if entry is not None:
+                kept.append(entry)
+        return invalidated, kept, trees
+
+    def _quarantine_path(
+        self, path: Path, obj: str, ident: str, note: dict[str, Any]
+    ) -> verify_mod.Quarantined | None:
+        """Move ``path`` into a new quarantine entry with ``note`` beside it (entry.json).
+
+        None when there is nothing on disk. A path this process may not move (a directory owned
+        by another user cannot be renamed to another parent) stays where it is, out of service,
+        and the entry says so.
+        """
+        if not os.path.lexists(path):
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        name = f"{stamp}-{obj}-{ident[:16]}-{os.urandom(3).hex()}"
+        qdir = self.layout.quarantine / name
+        self.layout.quarantine.mkdir(mode=DIR_MODE_PRIVATE, exist_ok=True)
+        qdir.mkdir(mode=DIR_MODE_PRIVATE)
+        moved_to = qdir / obj
+        moved = True
+        try:
+            if not path.is_symlink() and path.is_dir():
+                unseal_top(path)  # renaming a directory to another parent rewrites its ".."
+            os.rename(path, moved_to)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            moved = False
+            note["not_moved"] = f"{exc.strerror}: left at {path}; remove it as root"
+            log.error("quarantine: could not move %s: %s; it stays, out of service", path, exc)
+        doc = {
+            "object": obj,
+            "id": ident,
+            "original_path": str(path),
+            "quarantined_at": time.time(),
+            "moved": moved,
+            **note,
+        }
+        tmp = qdir / "entry.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, qdir / "entry.json")
+        fsync_dir(qdir)
+        fsync_dir(self.layout.quarantine)
+        entry = verify_mod.Quarantined.from_doc(qdir, doc)
+        log.warning("quarantine: %s", entry.describe())
+        return entry
+
+    def quarantine(self) -> list[verify_mod.Quarantined]:
+        """Every quarantine entry, oldest first."""
+        out = []
+        base = self.layout.quarantine
+        for qdir in sorted(base.iterdir()) if base.is_dir() else []:
+            try:
+                doc = json.loads((qdir / "entry.json").read_text())
+            except (OSError, ValueError):
+                continue  # half-written (a crash between mkdir and entry.json): nothing moved
+            out.append(verify_mod.Quarantined.from_doc(qdir, doc))
+        return out
+
+    def _replaced(self, q: verify_mod.Quarantined) -> bool:
+        """True when the store serves again whatever the entry held (re-fetched from upstream)."""
+        if q.object == "blob":
+            brow = self.index.get_blob(q.id)
+            return brow is not None and brow.state == "live"
+        if q.object != "tree" or not q.variants:
+            return False
+        for repo, commit, variant in q.variants:
+            vrow = self.index.get_variant(repo, commit, variant)
+            tree = self.index.get_tree(vrow.tree) if vrow is not None else None
+            if tree is None or tree.state != "live":
+                return False
+        return True
+
+    def prune_quarantine(self) -> list[verify_mod.Quarantined]:
+        """Drop entries that are served again (replaced by a re-fetch); the dropped ones."""
+        self._writable()
+        dropped = []
+        for q in self.quarantine():
+            if q.moved and self._replaced(q):
+                remove_tree(q.path)
+                dropped.append(q)
+                log.info("quarantine: dropped %s: it is served again", q.name)
+        return dropped
+
+    def drop_quarantined(self, name: str) -> verify_mod.Quarantined:
+        """Delete one quarantine entry for good (an admin decided it is not needed)."""
+        self._writable()
+        q = self._quarantine_entry(name)
+        remove_tree(q.path)
+        log.warning("quarantine: %s dropped by an admin", q.name)
+        return q
+
+    def _quarantine_entry(self, name: str) -> verify_mod.Quarantined:
+        for q in self.quarantine():
+            if q.name == name or q.path == Path(name):
+                return q
+        raise InvalidInputError(
+            f"no quarantine entry {name!r} in {self.layout.quarantine}; `kerneldctl verify` "
+            "lists them",
+            path=str(self.layout.quarantine),
+        )
+
+    def restore_quarantined(self, name: str) -> list[TreeInfo]:
+        """Put a quarantined tree (or blob) back into service, checked like a mirror import:
+        every file is re-hashed against its manifest while it is copied into fresh blobs, so
+        only intact bytes come back. Fix what made it untrusted (owner, mode) first if it was
+        not moved. The entry is removed once everything is published again."""
+        self._writable()
+        q = self._quarantine_entry(name)
+        if not q.moved:
+            raise InvalidInputError(
+                f"{q.name} was left at {q.original}; nothing to restore from the quarantine",
+                path=str(q.path),
+            )
+        doc = json.loads((q.path / "entry.json").read_text())
+        published: list[TreeInfo] = []
+        if q.object == "blob":
+            self.ingest_file(q.path / "blob", sha256=q.id, size=int(doc.get("size") or 0) or None)
+        elif q.object == "tree":
+            files = []
+            for e in parse_manifest(doc["manifest"].encode()):
+                self.ingest_file(q.path / "tree" / e.path, sha256=e.sha256, size=e.size)
+                files.append((e, 0o100755 if e.mode & 0o111 else 0o100644))
+            for v in doc.get("variants", []):
+                ids: dict[str, str] = v.get("ids") or {}
+                published.append(
+                    self.publish_tree(
+                        v["repo"],
+                        v["commit"],
+                        v["variant"],
+                        [
+                            TreeFile(e.path, e.sha256, e.size, mode, ids.get(e.path))
+                            for e, mode in files
+                        ],
+                    )
+                )
+        else:
+            raise InvalidInputError(
+                f"{q.name} is a file the index never knew ({q.original}); it is not store "
+                f"content and cannot be restored: inspect it, then drop it",
+                path=str(q.path),
+            )
+        remove_tree(q.path)
+        log.warning("quarantine: %s restored (%d variant(s))", q.name, len(published))
+        return published
 
     def invalidate(
-        self, *, trees: Iterable[str] = (), blobs: Iterable[str] = ()
-    ) -> tuple[list[tuple[str, str, str]], set[str]]:
+        self,
+        *,
+        trees: Iterable[str] = (),
+        blobs: Iterable[str] = (),
+        problems: Sequence[verify_mod.Problem] = (),
+    ) -> tuple[list[tuple[str, str, str]], set[str], list[verify_mod.Quarantined]]:
         """Take damaged trees and blobs out of service at once (the scrub's repair).
 
         Only rows that are still live are touched, so a tree GC removed (or replaced) while it
-        was being checked is left alone. Everything marked dead is deleted from disk; clients
-        see the variants disappear from the index (a miss: they ask the daemon, which fetches
-        again). Returns the invalidated (repo, commit, variant) and the dead tree digests.
+        was being checked is left alone. Everything marked dead is quarantined, not deleted
+        (see `verify`); clients see the variants disappear from the index (a miss: they ask the
+        daemon, which fetches again). Returns the invalidated (repo, commit, variant), the dead
+        tree digests and the quarantine entries.
         """
         self._writable()
         with self._lock:
@@ -1205,15 +1413,15 @@ class Store:
                 if brow is not None and brow.state == "live":
                     live_blobs.append(sha)
             if not live_trees and not live_blobs:
-                return [], set()
-            invalidated, dead = self._mark_invalid(live_blobs, live_trees)
+                return [], set(), []
+            invalidated, kept, dead = self._take_out(live_blobs, live_trees, problems, "scrub")
         self._purge_dead({})
         for repo, commit, variant in invalidated:
             log.warning(
                 "invalidated damaged tree %s",
                 _fmt({"repo": repo, "commit": commit, "variant": variant}),
             )
-        return invalidated, dead
+        return invalidated, dead, kept
 
     def live_tree_digests(self) -> list[str]:
         """Hex digests of every live tree, sorted (the scrub walks them in this order)."""
@@ -1261,6 +1469,61 @@ class Store:
                 if not (skip_unchanged and client_index.unchanged(path, doc)):
                     client_index.atomic_write_json(path, doc)
         faults.point("index.published")
+
+
+def _root_owner(root: Path) -> int:
+    try:
+        return os.stat(root).st_uid
+    except OSError:
+        return os.geteuid()
+
+
+def _record_owner(index: Index, uid: int) -> None:
+    """Keep the index's note of the owner in step with the root directory (informational: the
+    root decides). A changed owner means an admin ran ``chown -R``: say so once."""
+    recorded = index.get_meta("owner_uid")
+    if recorded == str(uid):
+        return
+    with index.tx() as conn:
+        index.set_meta(conn, "owner_uid", str(uid))
+        if index.get_meta("created_at") is None:
+            index.set_meta(conn, "created_at", str(time.time()))
+    if recorded is not None:
+        log.warning(
+            "the store now belongs to %s (uid %d, the owner of its root directory), not uid %s: "
+            "files still owned by the old owner show up as untrusted in `kerneldctl verify`",
+            user_name(uid),
+            uid,
+            recorded,
+        )
+
+
+@contextlib.contextmanager
+def _step(operation: str, path: Path, root: Path) -> Iterator[None]:
+    """Turn a refused file operation while opening into an error that names the step, the path
+    and the fix (the daemon logs it as its reason not to start)."""
+    try:
+        yield
+    except (PermissionError, OSError) as exc:
+        if isinstance(exc, StoreError) or exc.errno not in (errno.EPERM, errno.EACCES):
+            raise
+        where = exc.filename or path
+        me = user_name(os.geteuid())
+        if not root.exists():
+            parent = next((p for p in root.parents if p.exists()), Path("/"))
+            raise StoreOwnershipError(
+                f"cannot {operation}: {exc.strerror} on {where} (running as {me}; {parent} "
+                f"belongs to {user_name(_root_owner(parent))}); create it for {me} as root: "
+                f"`install -d -o {me} -g {me} {root}`, or give kerneld a store path it may create",
+                path=str(where),
+            ) from None
+        raise StoreOwnershipError(
+            f"cannot {operation}: {exc.strerror} on {where} (running as {me}, the store root "
+            f"{root} belongs to {user_name(_root_owner(root))}); every file of a store must "
+            f"belong to the user that runs kerneld: as root, run `chown -R {me}: {root}`, or run "
+            "kerneld as the store's owner",
+            path=str(where),
+        ) from None
 
 
 def _chunks(source: bytes | Iterable[bytes] | BinaryIO) -> Iterator[bytes | memoryview]:

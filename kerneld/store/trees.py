@@ -3,8 +3,11 @@
 Files are hard links to their blobs (same inode, mode 0444); a file is copied instead when it
 must be executable (0555) or when the file system refuses the link (``EXDEV``, ``EMLINK``,
 ``EPERM``, ``ENOTSUP``). A copy is hashed while it is written, so a blob that rotted on disk is
-not copied into a tree. Directories end up 0555; nothing under the tree is writable. Publishing
-(renaming the staging directory into ``trees/``) and the index commit are the Store's job.
+not copied into a tree. Directories below the top end up 0555; the top stays 0700 until it is in
+place: ``rename(2)`` of a directory rewrites its ``..`` entry, which needs write permission on
+the directory itself, so a daemon that is not root (no CAP_DAC_OVERRIDE) could not move a 0555
+tree. Publishing (rename into ``trees/``, then `seal_top`) and the index commit are the Store's
+job.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def build_staging(
                 copied += entry.size
             faults.point("tree.file")
         for d in sorted(made_dirs, key=lambda p: len(p.parts), reverse=True):
-            os.chmod(d, DIR_MODE_TREE)
+            if d != staging:  # the top is sealed after the rename (module docstring)
+                os.chmod(d, DIR_MODE_TREE)
             fsync_dir(d)
     except OSError as exc:
         remove_tree(staging)
@@ -120,6 +124,17 @@ def _copy_verified(src: Path, dst: Path, entry: ManifestEntry, ctx: dict[str, st
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def seal_top(tree: Path) -> None:
+    """Make a tree's top directory read-only, once it has been renamed into place."""
+    os.chmod(tree, DIR_MODE_TREE)
+
+
+def unseal_top(tree: Path) -> None:
+    """Make a tree's top directory writable by its owner, so it can be renamed (to the trash)."""
+    if not tree.is_symlink() and tree.is_dir():
+        os.chmod(tree, 0o700)
 
 
 def remove_tree(path: Path) -> None:

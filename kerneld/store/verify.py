@@ -8,7 +8,17 @@ Findings are :class:`Problem` records of five kinds; the report's exit code is a
     4  io         an I/O error while reading (verification went on past it)
 
 ``unknown`` findings (a blob or tree file the index does not know) set no bit: the store never
-serves them, since validity is an index row. ``repair`` removes them anyway.
+serves them, since validity is an index row.
+
+``repair`` takes every finding out of service but deletes nothing: the store cannot tell whether
+an upstream still has a damaged tree (an air-gapped host has none), so the tree, blob or stray
+file is moved into ``v1/quarantine/`` as a :class:`Quarantined` entry that an admin restores
+(``kerneldctl verify --restore NAME``: re-hashed, only intact bytes come back) or drops
+(``--drop NAME``). An entry whose variants the daemon has fetched again is dropped by itself.
+
+Ownership findings name the store's owner, which is the owner of its root directory: after a
+``chown`` of the root alone the files still belong to the old owner, and the fix is one
+``chown -R``.
 
 Files of a tree that are hard links to a blob verified in the same run are not hashed twice
 (same inode, same bytes).
@@ -23,9 +33,10 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .index import Index
-from .layout import DIR_MODE_TREE, FILE_MODE_BLOB, Layout, is_hex
+from .layout import DIR_MODE_TREE, FILE_MODE_BLOB, Layout, is_hex, user_name
 from .manifest import parse_manifest
 
 log = logging.getLogger("kerneld.store.verify")
@@ -49,6 +60,58 @@ class Problem:
     detail: str
 
 
+@dataclass(frozen=True)
+class Quarantined:
+    """One object repair or the scrub moved aside instead of deleting (see the module doc)."""
+
+    name: str
+    path: Path
+    """The entry's directory (``v1/quarantine/<name>``): the object and ``entry.json``."""
+    object: str
+    """tree, blob or unknown."""
+    id: str
+    original: str
+    moved: bool
+    """False when it could not be moved (owned by another user): it stays at ``original``."""
+    variants: tuple[tuple[str, str, str], ...]
+
+    @classmethod
+    def from_doc(cls, qdir: Path, doc: dict[str, Any]) -> Quarantined:
+        variants = tuple(
+            (str(v["repo"]), str(v["commit"]), str(v["variant"])) for v in doc.get("variants", [])
+        )
+        return cls(
+            name=qdir.name,
+            path=qdir,
+            object=str(doc.get("object", "")),
+            id=str(doc.get("id", "")),
+            original=str(doc.get("original_path", "")),
+            moved=bool(doc.get("moved", False)),
+            variants=variants,
+        )
+
+    def describe(self) -> str:
+        """One line for the admin: what, where it went, how to restore or drop it."""
+        what = {"tree": f"tree sha256:{self.id}", "blob": f"blob {self.id}"}.get(
+            self.object, f"stray file {self.original}"
+        )
+        used = ", ".join(f"{r}@{c[:12]}/{v}" for r, c, v in self.variants)
+        used = f" (used by {used})" if used else ""
+        if not self.moved:
+            return (
+                f"{what}{used} taken out of service but not moved (see {self.path}/entry.json): "
+                f"it stays at {self.original}; remove it as root"
+            )
+        restore = f"restore: kerneldctl verify --restore {self.name}; "
+        if self.object == "unknown":
+            restore = ""
+        return (
+            f"{what}{used} quarantined, not deleted: kept in {self.path} ({restore}"
+            f"drop: kerneldctl verify --drop {self.name}; both with --store and the daemon "
+            "stopped)"
+        )
+
+
 @dataclass
 class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
@@ -57,6 +120,7 @@ class VerifyReport:
     bytes_hashed: int = 0
     repaired: list[str] = field(default_factory=list)
     invalidated: list[tuple[str, str, str]] = field(default_factory=list)
+    quarantined: list[Quarantined] = field(default_factory=list)
     log_problems: bool = True
     """False for the scrub, which logs only what it confirmed (one line per event)."""
 
@@ -111,9 +175,18 @@ def hash_file(path: Path, throttle: Throttle | None = None) -> tuple[str, int, o
         os.close(fd)
 
 
+def _not_owner(st: os.stat_result, owner_uid: int) -> str:
+    owner = user_name(owner_uid)
+    return (
+        f"owned by {user_name(st.st_uid)} (uid {st.st_uid}), not by the store's owner {owner} "
+        f"(uid {owner_uid}, the owner of the store root); if the store changed hands, "
+        f"`chown -R {owner}: <store root>` as root fixes it"
+    )
+
+
 def _owner_and_mode(st: os.stat_result, owner_uid: int, want_mode: int) -> str | None:
     if st.st_uid != owner_uid:
-        return f"owned by uid {st.st_uid}, not the store owner {owner_uid}"
+        return _not_owner(st, owner_uid)
     if st.st_mode & 0o7777 != want_mode:
         return f"mode {st.st_mode & 0o7777:04o}, expected {want_mode:04o}"
     return None
@@ -133,7 +206,7 @@ def check_dir_trust(st: os.stat_result, owner_uid: int, want_mode: int | None) -
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
     if st.st_uid != owner_uid:
-        return f"owned by uid {st.st_uid}, not the store owner {owner_uid}"
+        return _not_owner(st, owner_uid)
     if want_mode is None:
         if st.st_mode & 0o022:
             return f"mode {st.st_mode & 0o7777:04o} is writable by group or others"

@@ -36,3 +36,36 @@ class UpstreamUnavailable(UpstreamError):
 
 class UpstreamProtocolError(UpstreamError):
     """The upstream answered with something malformed (bad JSON, impossible sizes)."""
+
+
+class UpstreamPending(UpstreamUnavailable):
+    """The caller's deadline came before the upstreams answered; the fetch goes on without it,
+    so a later call may find the kernel in the store."""
+
+
+def said(exc: BaseException) -> str:
+    """`name: what it said` for one upstream's failure (no repo prefix: the caller has it)."""
+    if isinstance(exc, UpstreamError):
+        return f"{exc.upstream}: {exc.message}" if exc.upstream else exc.message
+    return str(exc)
+
+
+def every_upstream(
+    failures: list[UpstreamError], chosen: UpstreamError, *, repo_id: str, revision: str
+) -> UpstreamError:
+    """`chosen`'s kind of error, with a message naming every upstream tried and its answer.
+
+    A job that falls back logs this message: with two upstreams, "the Hub is unreachable" alone
+    would hide that the mirror had no such kernel (or the other way round).
+    """
+    if len(failures) == 1 and failures[0] is chosen and not chosen.upstream:
+        return chosen
+    tried = "; ".join(said(f) for f in failures)
+    n = len(failures)
+    out = type(chosen)(
+        f"tried {n} upstream{'s' if n != 1 else ''}: {tried}",
+        repo_id=repo_id or chosen.repo_id,
+        revision=revision or chosen.revision,
+    )
+    out.__cause__ = chosen
+    return out

@@ -6,6 +6,11 @@ HTTP session straight into the store's verified ingest: they never pass through 
 `huggingface_hub` cache (which would keep a second, unverified copy on disk).
 
 `huggingface_hub` checks sizes but not content hashes; the store re-hashes every byte.
+
+Inside a kerneld upstream call, `huggingface_hub`'s own HTTP retries are switched off (see
+`_BoundedClient`): its `http_backoff` retries a DNS failure 5 times over ~23 s, and under
+kerneld's own attempts that multiplied into minutes a job waited for nothing. kerneld's
+`with_retries` is the one retry loop, bounded in attempts and time.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile, RepoFolder
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import (
+    build_hf_headers,
+    get_session,
+    hf_raise_for_status,
+    set_client_factory,
+)
+from huggingface_hub.utils._http import hf_request_event_hook
 
 from kerneld import __version__
 from kerneld.upstream.base import (
@@ -42,7 +53,14 @@ from kerneld.upstream.errors import (
     RevisionNotFound,
     UpstreamProtocolError,
 )
-from kerneld.upstream.retry import RetryPolicy, TransientError, parse_retry_after, with_retries
+from kerneld.upstream.retry import (
+    RetryPolicy,
+    TransientError,
+    in_upstream_call,
+    parse_retry_after,
+    request_timeout,
+    with_retries,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("kerneld.upstream.hub")
@@ -52,6 +70,66 @@ CHUNK = 1 << 20
 #: A variant folder holds a handful of files; a listing this long is broken or hostile.
 MAX_TREE_ENTRIES = 10_000
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class _BoundedClient(httpx2.Client):
+    """`huggingface_hub`'s shared HTTP client, made to fail fast inside kerneld's calls.
+
+    Within `with_retries` (and only there: anything else in the process keeps the library's
+    behaviour) every request gets a timeout cut to the call's remaining budget (`HfApi` passes
+    `timeout=None`, "wait forever", for refs and tree listings), and connection errors and
+    retryable statuses are raised as `TransientError`, which `huggingface_hub`'s `http_backoff`
+    does not catch: the failure reaches kerneld's retry loop at once instead of being retried
+    (and slept on) underneath it.
+    """
+
+    def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        if not in_upstream_call():
+            return super().send(request, **kwargs)
+        given = request.extensions.get("timeout") or {}
+        default = request_timeout(RetryPolicy.timeout)
+        request.extensions["timeout"] = {
+            key: min(default, value) if isinstance(value, int | float) else default
+            for key in ("connect", "read", "write", "pool")
+            for value in (given.get(key),)
+        }
+        where = f"{request.method} {request.url.copy_with(query=None)}"
+        try:
+            response = super().send(request, **kwargs)
+        except httpx2.ConnectError as exc:
+            # DNS failure or connection refused: nobody to talk to (a timeout is not this).
+            raise TransientError(f"{where}: cannot connect: {exc}", unreachable=True) from exc
+        except httpx2.TimeoutException as exc:
+            raise TransientError(f"{where}: no answer in time ({type(exc).__name__})") from exc
+        except (httpx2.TransportError, httpx2.StreamError) as exc:
+            raise TransientError(f"{where}: {exc!r}") from exc
+        if response.status_code in TRANSIENT_STATUS:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            response.close()
+            raise TransientError(f"{where}: HTTP {response.status_code}", retry_after=retry_after)
+        return response
+
+
+def _client_factory() -> httpx2.Client:
+    """`huggingface_hub`'s default client (its request hook, redirects, no client-wide
+    timeout), as a `_BoundedClient`."""
+    return _BoundedClient(
+        event_hooks={"request": [hf_request_event_hook]}, follow_redirects=True, timeout=None
+    )
+
+
+def _install() -> None:
+    """Once per process, at import: the bounded client, and `huggingface_hub`'s log records
+    sent to the root logger only. The library adds its own stderr handler *and* propagates, so
+    under kerneld's handler every one of its lines reached the journal twice."""
+    set_client_factory(_client_factory)
+    library = logging.getLogger("huggingface_hub")
+    for handler in list(library.handlers):
+        library.removeHandler(handler)
+    library.propagate = True
+
+
+_install()
 
 
 def _size(value: object) -> int | None:

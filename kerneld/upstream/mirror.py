@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,7 +43,13 @@ from kerneld.upstream.errors import (
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
-from kerneld.upstream.retry import RetryPolicy, TransientError, parse_retry_after, with_retries
+from kerneld.upstream.retry import (
+    RetryPolicy,
+    TransientError,
+    parse_retry_after,
+    request_timeout,
+    with_retries,
+)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -305,7 +312,9 @@ class MirrorHttpUpstream(_MirrorBase):
 
     def _urlopen(self, rel: str, offset: int = 0) -> object:
         try:
-            return urllib.request.urlopen(self._request(rel, offset), timeout=self.policy.timeout)
+            return urllib.request.urlopen(
+                self._request(rel, offset), timeout=request_timeout(self.policy.timeout)
+            )
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 raise _Missing(rel) from exc
@@ -316,7 +325,10 @@ class MirrorHttpUpstream(_MirrorBase):
                 ) from exc
             raise UpstreamProtocolError(f"GET {rel}: HTTP {exc.code}", upstream=self.name) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            raise TransientError(f"GET {rel}: {exc}") from exc
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            # Name resolution failed or nobody listens: known at once, not worth many tries.
+            unreachable = isinstance(reason, socket.gaierror | ConnectionRefusedError)
+            raise TransientError(f"GET {rel}: {exc}", unreachable=unreachable) from exc
 
     def _read(self, rel: str) -> bytes:
         response = self._urlopen(rel)

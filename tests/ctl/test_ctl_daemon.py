@@ -3,6 +3,7 @@ admin socket, JSON output, progress on a terminal, and mirror export/import betw
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from kerneld.mirror.keys import generate_key
 from kerneld_client.lockfile import parse_lockfile
 from tests.fixtures_daemon import ACT, C1, DEP_BOTTOM, DEP_TOP, MULTI
 from tests.support.ctl import Result, run_ctl, run_ctl_tty
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, grant_traversal
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -22,9 +23,8 @@ class Daemons:
     def __init__(self, base: Path, mirror: Path) -> None:
         self.keys = base / "keys"
         self.key = generate_key("site-1", self.keys)
-        self.a = DaemonProcess(
-            base / "a", mirror_dirs=[mirror], env={"KERNELD_KEY_DIR": str(self.keys)}
-        )
+        # kerneldctl signs, with the admin's keys: the daemon gets no key directory at all
+        self.a = DaemonProcess(base / "a", mirror_dirs=[mirror])
         # the air-gapped one: its only upstream, the Hub, is unreachable
         self.b = DaemonProcess(
             base / "b",
@@ -35,7 +35,11 @@ class Daemons:
 
     def ctl(self, *args: str, daemon: DaemonProcess | None = None) -> Result:
         d = daemon or self.a
-        env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket), "KERNELD_SOCKET": str(d.user_socket)}
+        env = {
+            "KERNELD_ADMIN_SOCKET": str(d.admin_socket),
+            "KERNELD_SOCKET": str(d.user_socket),
+            "KERNELD_KEY_DIR": str(self.keys),
+        }
         return run_ctl(*args, home=self.home, env=env)
 
 
@@ -163,6 +167,7 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
     assert exported.json()["kernels"] == [{"repo_id": ACT, "commit": C1}]
     assert out.is_file()
 
+    grant_traversal(out)  # the importing daemon reads the bundle as its own user
     imported = daemons.ctl("mirror", "import", "--from", str(out), "--json", daemon=daemons.b)
     assert imported.rc == 0, imported.stdout + imported.stderr
     assert imported.json()["ok"] is True
@@ -170,7 +175,8 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
     assert [k["repo_id"] for k in ls] == [ACT]
     assert "v1" in ls[0]["revisions"][0]["refs"]
 
-    # The daemon signs with its own keys: a caller's --key-dir is refused, not ignored.
+    # The caller's own keys sign (--key-dir too), never the daemon: it could not read them.
+    second = generate_key("site-2", tmp_path / "keys")
     other = daemons.ctl(
         "mirror",
         "export",
@@ -178,14 +184,17 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
         str(tmp_path / "x"),
         f"{ACT}:1",
         "--sign-key",
-        "site-1",
+        "site-2",
         "--key-dir",
         str(tmp_path / "keys"),
+        "--json",
     )
-    assert other.rc == 2 and "--key-dir applies to exports from a store" in other.stderr
-    assert not (tmp_path / "x").exists()
+    assert other.rc == 0 and other.json()["signed_by"] == ["site-2"], other.stderr
+    sigs = json.loads((tmp_path / "x" / "refs" / f"{ACT}.json.sig").read_text())
+    assert sorted(sigs["signatures"]) == ["site-2"] and second.public
 
     unsigned = tmp_path / "unsigned"
     assert daemons.ctl("mirror", "export", "--to", str(unsigned), f"{ACT}:1").rc == 0
+    grant_traversal(unsigned / "mirror-info")
     refused = daemons.ctl("mirror", "import", "--from", str(unsigned), daemon=daemons.b)
     assert refused.rc == 1 and "not signed" in refused.stdout + refused.stderr

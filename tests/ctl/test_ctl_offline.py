@@ -37,6 +37,7 @@ SUBCOMMANDS = [
     ["key"],
     ["key", "generate"],
     ["key", "public"],
+    ["reload"],
     ["env"],
 ]
 
@@ -179,7 +180,9 @@ def test_verify_exit_bitmask_and_repair(tmp_path: Path, store_dir: Path) -> None
     human = ctl(tmp_path, "verify", *s)
     assert human.rc == 3 and "CORRUPT" in human.stdout
     fixed = ctl(tmp_path, "verify", *s, "--repair", "--json")
-    assert fixed.rc == 3 and fixed.json()["repaired"]
+    # everything was repaired: exit 0; what was found stays in found_mask
+    assert fixed.rc == 0 and fixed.json()["repaired"], fixed.stdout
+    assert fixed.json()["found_mask"] == 3 and fixed.json()["remaining"] == []
     after = ctl(tmp_path, "verify", *s, "--json")
     assert after.rc == 0, after.stdout
     kernels = {k["repo_id"] for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
@@ -260,7 +263,7 @@ def test_admin_socket_permission_is_explained(tmp_path: Path) -> None:
         )
     finally:
         server.close()
-    assert proc.returncode == 3, proc.stderr
+    assert proc.returncode == 5, proc.stderr  # its own code: not "daemon unavailable" (3)
     assert "permission denied on the admin socket" in proc.stderr
     assert "kerneld-admin" in proc.stderr
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.mirror.bundle import MAX_DOC_BYTES
+from kerneld.mirror.bundle import HAS_DATA_FILTER, MAX_DOC_BYTES
 from kerneld.mirror.export import ExportError, ExportSpec, export_mirror, specs_from_wire
 from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
 from kerneld.mirror.keys import (
@@ -459,6 +459,17 @@ def _info(
         (_info("mirror-info", size=4), "appears twice"),
     ],
 )
+@pytest.mark.parametrize(
+    "use_tar_filter",
+    [
+        pytest.param(False, id="own-checks"),
+        pytest.param(
+            True,
+            id="tarfile-filter",
+            marks=pytest.mark.skipif(not HAS_DATA_FILTER, reason="no tar filters in this Python"),
+        ),
+    ],
+)
 def test_unsafe_tar_members_refuse_the_bundle(
     tmp_path: Path,
     source: Store,
@@ -466,12 +477,13 @@ def test_unsafe_tar_members_refuse_the_bundle(
     key: SigningKey,
     member: tarfile.TarInfo,
     message: str,
+    use_tar_filter: bool,
 ) -> None:
     good = tmp_path / "good.tar"
     export_mirror(source, good, everything(), sign_keys=[key])
     evil = _tar_with(tmp_path, good, [member], b"evil")
     with pytest.raises(MirrorImportRefused, match=message):
-        import_mirror(target, evil, trust(key))
+        import_mirror(target, evil, trust(key), use_tar_filter=use_tar_filter)
     assert_nothing_imported(target)
     assert not (tmp_path / "evil.txt").exists()
 

@@ -10,7 +10,6 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,8 @@ import pytest
 from kerneld_client._proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, connect_as, failure, http_get_unix, metric, resolve_req
 from tests.fixtures_daemon import ACT
-from tests.support.daemon import REPO_ROOT, DaemonProcess, clean_env
+from tests.security.support import as_user
+from tests.support.daemon import REPO_ROOT, DaemonProcess, clean_env, daemon_dir
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
@@ -82,16 +82,16 @@ def test_socket_modes_and_groups_decide_access(
             "sockets": {
                 "user_mode": "0666",
                 "admin_mode": "0660",
-                "admin_group": "nogroup",
+                "admin_group": "kerneld-admin",  # the daemon is a member, as in the unit
             }
         },
     )
     st = os.stat(d.admin_socket)
-    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == grp.getgrnam("nogroup").gr_gid
+    admin_gid = grp.getgrnam("kerneld-admin").gr_gid
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == admin_gid
     assert stat.S_IMODE(os.stat(d.user_socket).st_mode) == 0o666
     nobody = pwd.getpwnam("nobody").pw_uid
     other_gid = grp.getgrnam("daemon").gr_gid
-    admin_gid = grp.getgrnam("nogroup").gr_gid
 
     # A user outside the admin group: the user socket works, the admin socket refuses.
     assert connect_as(d.user_socket, nobody, other_gid) == 0
@@ -99,13 +99,56 @@ def test_socket_modes_and_groups_decide_access(
     assert _probe_as(d, "nobody", "daemon") in ("user=OK admin=UNAVAILABLE", None)
     # The same user in the admin group gets both.
     assert connect_as(d.admin_socket, nobody, admin_gid) == 0
-    assert _probe_as(d, "nobody", "nogroup") in ("user=OK admin=OK", None)
+    assert _probe_as(d, "nobody", "kerneld-admin") in ("user=OK admin=OK", None)
+
+
+def _can_read_index(d: DaemonProcess, uid: int, gid: int) -> bool:
+    """Whether uid:gid (no supplementary groups) can list the published client index."""
+
+    def probe() -> bool:
+        try:
+            os.listdir(d.store_root / "index")
+        except PermissionError:
+            return False
+        return True
+
+    result: bool = as_user(uid, gid, probe)
+    return result
+
+
+@needs_root
+def test_the_store_is_readable_by_exactly_the_user_sockets_users(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path
+) -> None:
+    """Issue 16 §3.12: the group that may use the user socket is also the group that may read
+    the store, so a user outside it cannot load prefetched kernels from the index either."""
+    members = grp.getgrnam("kerneld-users").gr_gid
+    outsider = grp.getgrnam("daemon").gr_gid
+    nobody = pwd.getpwnam("nobody").pw_uid
+    d = make_daemon(
+        mirror_dirs=[kernel_mirror],
+        config={"sockets": {"user_mode": "0660", "user_group": "kerneld-users"}},
+    )
+    with d.kernels() as kernels:
+        kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT)  # something to read
+    st = os.stat(d.store_root)
+    assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o750, members)
+    assert _can_read_index(d, nobody, members)
+    assert not _can_read_index(d, nobody, outsider)
+    assert connect_as(d.user_socket, nobody, outsider) == errno.EACCES
+
+    # A socket open to every local user opens the store to them too, on the next start.
+    d.stop()
+    d.write_config({"sockets": {"user_mode": "0666", "user_group": ""}})
+    d.start()
+    assert stat.S_IMODE(os.stat(d.store_root).st_mode) == 0o755
+    assert _can_read_index(d, nobody, outsider)
 
 
 def test_metrics_over_a_unix_socket_and_loopback(
     make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path
 ) -> None:
-    path = Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp")) / "metrics.sock"
+    path = daemon_dir("kd-m-") / "metrics.sock"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

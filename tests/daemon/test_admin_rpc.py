@@ -144,7 +144,7 @@ def test_reload_config_rpc(daemon: DaemonProcess, admin: AdminStub) -> None:
     daemon.write_config({"fetch": {"allow": ["someone-else/*"]}})
     try:
         reply = admin.ReloadConfig(pb.ReloadConfigRequest(), timeout=TIMEOUT)
-        assert reply.changed and "fetch_allow" in reply.detail
+        assert reply.changed and "[fetch] allow" in reply.detail  # kerneld.toml's name
         with daemon.kernels() as kernels:
             code, detail = failure(kernels.Resolve, resolve_req(MULTI, 1))
         assert code == grpc.StatusCode.PERMISSION_DENIED and detail.code == E.FETCH_NOT_ALLOWED
@@ -233,6 +233,8 @@ def test_verify_finds_and_repairs_corruption(
 def test_mirror_export_then_import_into_another_daemon(
     make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
 ) -> None:
+    from kerneld.mirror.receive import ExportReceiver
+
     source = make_daemon("source", mirror_dirs=[kernel_mirror])
     with source.admin() as admin:
         prefetch(admin, ref(ACT, 1))
@@ -243,6 +245,14 @@ def test_mirror_export_then_import_into_another_daemon(
             )
         )
     assert events[-1].kind == pb.MirrorEvent.FINISHED and events[-1].manifests == 1
+    # The daemon writes nothing itself: the caller writes the files it streams.
+    assert not (tmp_path / "export").exists()
+    file_kinds = {pb.MirrorEvent.FILE: "file", pb.MirrorEvent.DATA: "data"}
+    with ExportReceiver(tmp_path / "export") as receiver:
+        for e in events:
+            if e.kind in file_kinds:
+                receiver.handle(file_kinds[e.kind], e.path, e.bytes_total, e.data)
+        receiver.commit()
 
     # An air-gapped daemon whose only upstream is an empty mirror imports the export.
     empty = tmp_path / "empty-mirror"

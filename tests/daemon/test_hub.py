@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from tests.daemon.rpc import (
     tree_files,
 )
 from tests.fixtures_hub import REPO, VARIANT, SyntheticHub
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.hubserver import Fault, HubServer
 
 E = pb.ErrorCode
@@ -37,7 +36,7 @@ def expected(synthetic_hub: SyntheticHub, rev: str) -> dict[str, bytes]:
 def test_hits_do_no_upstream_io_and_an_outage_serves_stale_refs(
     make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, synthetic_hub: SyntheticHub
 ) -> None:
-    metrics_sock = Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp")) / "metrics.sock"
+    metrics_sock = daemon_dir("kd-m-") / "metrics.sock"
     ttl = 1.0
     d = make_daemon(
         hub_endpoint=hub_server.url,

@@ -91,7 +91,7 @@ def test_socket_modes(daemon: DaemonProcess) -> None:
         st = os.stat(path)
         assert stat.S_ISSOCK(st.st_mode)
         assert stat.S_IMODE(st.st_mode) == 0o600  # user-mode defaults: owner only
-        assert st.st_uid == os.geteuid()
+        assert st.st_uid == daemon.uid
         if os.geteuid() == 0:  # nobody else may even connect
             nobody = pwd.getpwnam("nobody")
             assert connect_as(path, nobody.pw_uid, nobody.pw_gid) == errno.EACCES

@@ -34,6 +34,7 @@ class NotifyListener:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
+        path.chmod(0o777)  # as systemd's /run/systemd/notify: the daemon is not root
         self.sock.settimeout(0.1)
         self.messages: list[dict[str, str]] = []
 

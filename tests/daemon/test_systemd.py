@@ -21,17 +21,23 @@ needs_analyze = pytest.mark.skipif(
 
 
 def unit_for_checks(tmp_path: Path) -> Path:
-    """The unit with ExecStart pointed at a kerneld that exists here: `verify` requires the
-    binary to exist and be executable (the shipped unit says /usr/bin/kerneld)."""
-    binary = REPO_ROOT / ".venv" / "bin" / "kerneld"
-    if not binary.exists():
-        binary = tmp_path / "kerneld"
-        binary.write_text('#!/bin/sh\nexec python3 -m kerneld.server.main "$@"\n')
-        binary.chmod(0o755)
+    """The unit with ExecStart/ExecReload pointed at a kerneld and kerneldctl that exist here:
+    `verify` requires every command to exist and be executable (the shipped unit says
+    /usr/bin/kerneld and /usr/bin/kerneldctl)."""
     text = UNIT.read_text()
-    assert "ExecStart=/usr/bin/kerneld " in text
+    for key, name, module in (
+        ("ExecStart", "kerneld", "kerneld.server.main"),
+        ("ExecReload", "kerneldctl", "kerneld.ctl.main"),
+    ):
+        binary = REPO_ROOT / ".venv" / "bin" / name
+        if not binary.exists():
+            binary = tmp_path / name
+            binary.write_text(f'#!/bin/sh\nexec python3 -m {module} "$@"\n')
+            binary.chmod(0o755)
+        assert f"{key}=/usr/bin/{name} " in text, key
+        text = text.replace(f"{key}=/usr/bin/{name} ", f"{key}={binary} ")
     target = tmp_path / "kerneld.service"
-    target.write_text(text.replace("ExecStart=/usr/bin/kerneld ", f"ExecStart={binary} "))
+    target.write_text(text)
     return target
 
 
@@ -85,6 +91,8 @@ def test_unit_keeps_what_gpu_detection_needs() -> None:
         line.split("=", 1) for line in UNIT.read_text().splitlines() if re.match(r"^\w+=", line)
     )
     assert directives["Type"] == "notify" and "WatchdogSec" in directives
+    # A reload that reports back: `systemctl reload` fails when the daemon rejects the file.
+    assert directives["ExecReload"].split()[:2] == ["/usr/bin/kerneldctl", "reload"]
     assert directives["User"] == "kerneld"
     assert "PrivateDevices" not in directives  # would hide /dev/nvidia*
     assert directives.get("ProcSubset", "all") == "all"  # pid would hide /proc/driver/nvidia

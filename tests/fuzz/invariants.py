@@ -28,6 +28,7 @@ import re
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -775,12 +776,17 @@ class Aborted(Exception):
 
 
 class ServicerContext:
-    """The two calls the Kernels servicer makes on a grpc.ServicerContext."""
+    """The calls the Kernels servicer makes on a grpc.ServicerContext. A call has a deadline
+    (`deadline_s`, as every kerneld_client call does), so the bounded-wait path is fuzzed."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline_s: float | None = 30.0) -> None:
         self.code: Any = None
         self.details = ""
         self.trailers: tuple[tuple[str, bytes], ...] = ()
+        self._deadline = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
 
     def set_trailing_metadata(self, metadata: tuple[tuple[str, bytes], ...]) -> None:
         self.trailers = metadata

@@ -83,10 +83,12 @@ def test_no_admin_rpc_for_a_user_outside_the_admin_group(
     """As `nobody` (not in the admin group), every Admin RPC fails before it reaches the
     service; the same process loads kernels over the user socket; a member of the admin group
     reaches every Admin RPC."""
-    admin_group = grp.getgrnam("daemon").gr_gid
+    admin_group = grp.getgrnam("kerneld-admin").gr_gid  # the daemon is a member, as deployed
     d = make_daemon(
         mirror_dirs=[kernel_mirror],
-        config={"sockets": {"user_mode": "0666", "admin_mode": "0660", "admin_group": "daemon"}},
+        config={
+            "sockets": {"user_mode": "0666", "admin_mode": "0660", "admin_group": "kerneld-admin"}
+        },
     )
     before = len(d.logs())
     outsider = _probe_as(NOBODY.pw_uid, NOBODY.pw_gid, d.admin_socket, "Admin")

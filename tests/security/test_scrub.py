@@ -30,7 +30,7 @@ from tests.daemon.rpc import TIMEOUT, http_get_unix, metric, resolve_req
 from tests.fixtures_daemon import ACT, C1, DEP_BOTTOM
 from tests.security.support import CPU_FACTS
 from tests.security.test_client_verify import flip_byte
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, account, default_user
 from tests.support.mirrors import variant, write_mirror
 
 CPU_VARIANT = "torch213-cxx11-cpu-x86_64-linux"
@@ -136,7 +136,14 @@ def _client(d: DaemonProcess, tmp: Path, repo: str = ACT, **env: str) -> dict[st
 
 
 def _metrics_path() -> Path:
-    return Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp")) / "metrics.sock"
+    """A directory the daemon may create its metrics socket in (it runs as `kerneld` when the
+    tests run as root)."""
+    base = Path(tempfile.mkdtemp(prefix="kd-m-", dir="/tmp"))
+    user = default_user()
+    if user is not None:
+        pw = account(user)
+        os.chown(base, pw.pw_uid, pw.pw_gid)
+    return base / "metrics.sock"
 
 
 def _wait_passes(d: DaemonProcess, count: int, timeout: float = 30.0) -> str:
@@ -188,6 +195,9 @@ def test_a_rotten_blob_is_found_repaired_and_never_served_verified(
     assert any("invalidated damaged tree" in line and where in line for line in lines), lines
     refetched = [line for line in lines if "scrub: re-fetched" in line]
     assert len(refetched) == 1 and where in refetched[0], lines
+    # Quarantined first (never deleted), then dropped because the re-fetch replaced it.
+    assert any("its quarantined copy is dropped" in line for line in lines), lines
+    assert list((d.store_root / "v1" / "quarantine").iterdir()) == []
     completed = next(line for line in lines if "scrub: pass completed" in line)
     assert "damaged=" in completed and "refetched=1/1" in completed, completed
 

@@ -82,7 +82,7 @@ def test_wrong_owner_is_untrusted(store):
     os.chown(info.path / "_ops.py", 65534, 65534)
     report = store.verify()
     assert report.exit_code == verify_mod.UNTRUSTED
-    assert any("owned by uid 65534" in p.detail for p in report.problems)
+    assert any("(uid 65534), not by the store's owner" in p.detail for p in report.problems)
 
 
 def test_extra_file_in_tree_is_corrupt(store):

@@ -17,12 +17,20 @@ Also for other suites: `.user_socket`, `.admin_socket`, `.store_root`, `.stop(si
 `.logs()`, `.wait_for_log()`, `.restart()`, `.kernels()` / `.admin()` stubs.
 Readiness is the health service answering SERVING on the user socket, exactly as a supervisor
 would probe it. Every wait is bounded.
+
+As deployed, never as root: when the tests run as root the daemon runs as the unprivileged
+system user `kerneld` (created from systemd/kerneld.sysusers by scripts/bootstrap) with that
+user's groups, as the systemd unit runs it; its work, socket and store directories are handed to
+it and the directories above them made traversable. A test that needs a root daemon passes
+`user=None` and says why. Run as an ordinary user, the daemon is that user (user mode).
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -52,8 +60,64 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
+#: The account test daemons run as when the tests run as root (see the module docstring).
+DAEMON_USER = os.environ.get("KERNELD_TEST_DAEMON_USER", "kerneld")
+
+
 class DaemonFailed(RuntimeError):
     """The daemon exited or never became ready; the message carries its log."""
+
+
+def default_user() -> str | None:
+    """`DAEMON_USER` when running as root, else None (the daemon runs as this user)."""
+    return DAEMON_USER if os.geteuid() == 0 and DAEMON_USER else None
+
+
+def account(user: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        raise DaemonFailed(
+            f"test daemons run as the unprivileged user {user!r}, which does not exist: run "
+            "scripts/bootstrap (it creates it from systemd/kerneld.sysusers), or set "
+            "KERNELD_TEST_DAEMON_USER to another account"
+        ) from None
+
+
+def user_groups(user: str) -> list[int]:
+    """Supplementary groups of `user` (the unit gives kerneld kerneld-users and kerneld-admin)."""
+    return [g.gr_gid for g in grp.getgrall() if user in g.gr_mem]
+
+
+def grant_traversal(path: Path) -> None:
+    """Let other users traverse the directories above `path` that this process created under the
+    temp directory (pytest's are 0700); nothing outside the temp directory is touched."""
+    top = Path(tempfile.gettempdir()).resolve()
+    for parent in Path(path).resolve().parents:
+        if parent == top or top not in parent.parents:
+            break
+        st = parent.stat()
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o001:
+            parent.chmod((st.st_mode & 0o7777) | 0o011)
+
+
+def daemon_dir(prefix: str = "kd-") -> Path:
+    """A short new directory under /tmp that the test daemon may write (sockets, outputs)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    user = default_user()
+    if user is not None:
+        pw = account(user)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    return path
+
+
+def hand_over(path: Path, uid: int, gid: int) -> None:
+    """Give `path` and everything below it to uid:gid (the daemon's own directories)."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
 def toml_value(value: Any) -> str:
@@ -106,6 +170,13 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class Default:
+    """Marker: the daemon runs as `default_user()`."""
+
+
+DEFAULT = Default()
+
+
 class DaemonProcess:
     """One kerneld subprocess; a context manager that starts it and stops it (SIGTERM)."""
 
@@ -125,7 +196,9 @@ class DaemonProcess:
         admin_socket: Path | None = None,
         hardware_root: Path | None = None,
         ready_timeout: float = 20.0,
+        user: str | Default | None = DEFAULT,
     ) -> None:
+        self.user = default_user() if isinstance(user, Default) else user
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.store_root = Path(store) if store is not None else self.workdir / "store"
@@ -185,7 +258,33 @@ class DaemonProcess:
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        return clean_env({"HF_HOME": str(self.workdir / "hf-home"), **self.extra_env})
+        extra = {"HF_HOME": str(self.workdir / "hf-home")}
+        if self.user is not None:
+            home = self.workdir / "home"
+            home.mkdir(exist_ok=True)
+            extra.update(HOME=str(home), USER=self.user, LOGNAME=self.user)
+        return clean_env({**extra, **self.extra_env})
+
+    def prepare_user(self) -> dict[str, Any]:
+        """Hand the daemon's directories to its user; the Popen arguments that switch to it."""
+        if self.user is None:
+            return {}
+        pw = account(self.user)
+        dirs = [self.workdir, self.socket_dir, self.store_root]
+        dirs += [p.parent for p in (self.user_socket, self.admin_socket)]
+        for d in dirs:
+            grant_traversal(d)
+        if not self.store_root.exists():
+            # as tmpfiles.d/StateDirectory= do for the unit: the store directory is the daemon's
+            self.store_root.mkdir(parents=True)
+            os.chown(self.store_root, pw.pw_uid, pw.pw_gid)
+        for d in (self.workdir, self.socket_dir):
+            if d.exists() and d.stat().st_uid == os.geteuid() and os.geteuid() != pw.pw_uid:
+                hand_over(d, pw.pw_uid, pw.pw_gid)
+        for extra in [*self.mirror_dirs, self.hardware_root]:
+            if extra is not None:
+                grant_traversal(Path(extra) / "x")
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": user_groups(self.user)}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -196,6 +295,7 @@ class DaemonProcess:
         self.log_path = self.workdir / f"kerneld-{self.starts}.log"
         self.starts += 1
         self.returncode = None
+        as_user = self.prepare_user()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.command(),
@@ -204,6 +304,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                **as_user,
             )
         return self.proc
 
@@ -264,6 +365,11 @@ class DaemonProcess:
     def restart(self) -> DaemonProcess:
         self.stop()
         return self.start()
+
+    @property
+    def uid(self) -> int:
+        """The uid the daemon runs as (owner of its sockets and store)."""
+        return account(self.user).pw_uid if self.user is not None else os.geteuid()
 
     @property
     def pid(self) -> int:

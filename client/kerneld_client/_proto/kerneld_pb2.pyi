@@ -1448,8 +1448,13 @@ class MirrorExportRequest(_message.Message):
     LOCKFILE_JSON_FIELD_NUMBER: _builtins.int
     VARIANTS_FIELD_NUMBER: _builtins.int
     SIGN_KEY_FIELD_NUMBER: _builtins.int
+    EXISTING_FIELD_NUMBER: _builtins.int
+    PRESENT_BLOBS_FIELD_NUMBER: _builtins.int
     destination: _builtins.str
-    """A directory or a path ending in .tar."""
+    """The caller's destination (a directory or a path ending in .tar), for the daemon's log and
+    report only: the daemon never writes files for an export. It streams them back (MirrorEvent
+    FILE/DATA/DELETE) and the caller writes them, as itself, where it may write.
+    """
     lockfile_json: _builtins.str
     """Contents of a kernels.lock (either format) to export instead of/in addition to kernels."""
     sign_key: _builtins.str
@@ -1462,6 +1467,17 @@ class MirrorExportRequest(_message.Message):
 
     @_builtins.property
     def variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def existing(self) -> _containers.RepeatedCompositeFieldContainer[Global___MirrorFile]:
+        """What the caller's destination already holds about the exported repos (mirror-info,
+        manifests, refs and their .sig files), so manifests, refs and signatures merge into it
+        as they would on disk and only what changes is streamed.
+        """
+
+    @_builtins.property
+    def present_blobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """sha256 of blobs the destination already has; they are not streamed again."""
+
     def __init__(
         self,
         *,
@@ -1470,14 +1486,39 @@ class MirrorExportRequest(_message.Message):
         lockfile_json: _builtins.str = ...,
         variants: _abc.Iterable[_builtins.str] | None = ...,
         sign_key: _builtins.str = ...,
+        existing: _abc.Iterable[Global___MirrorFile] | None = ...,
+        present_blobs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "kernels", b"kernels", "lockfile_json", b"lockfile_json", "sign_key", b"sign_key", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["destination", b"destination", "existing", b"existing", "kernels", b"kernels", "lockfile_json", b"lockfile_json", "present_blobs", b"present_blobs", "sign_key", b"sign_key", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MirrorExportRequest: _TypeAlias = MirrorExportRequest  # noqa: Y015
+
+@_typing.final
+class MirrorFile(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Relative path in the mirror layout (mirror-info, refs/..., manifests/..., blobs/...)."""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MirrorFile: _TypeAlias = MirrorFile  # noqa: Y015
 
 @_typing.final
 class MirrorImportRequest(_message.Message):
@@ -1518,6 +1559,12 @@ class MirrorEvent(_message.Message):
         SIGNATURE_OK: MirrorEvent._Kind.ValueType  # 3
         REFUSED: MirrorEvent._Kind.ValueType  # 4
         FINISHED: MirrorEvent._Kind.ValueType  # 5
+        FILE: MirrorEvent._Kind.ValueType  # 6
+        """Export only, the files for the caller to write: FILE starts `path` (`bytes_total` bytes,
+        the first of them in `data`), DATA continues it, DELETE removes `path`.
+        """
+        DATA: MirrorEvent._Kind.ValueType  # 7
+        DELETE: MirrorEvent._Kind.ValueType  # 8
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: MirrorEvent.Kind.ValueType  # 0
@@ -1526,6 +1573,12 @@ class MirrorEvent(_message.Message):
     SIGNATURE_OK: MirrorEvent.Kind.ValueType  # 3
     REFUSED: MirrorEvent.Kind.ValueType  # 4
     FINISHED: MirrorEvent.Kind.ValueType  # 5
+    FILE: MirrorEvent.Kind.ValueType  # 6
+    """Export only, the files for the caller to write: FILE starts `path` (`bytes_total` bytes,
+    the first of them in `data`), DATA continues it, DELETE removes `path`.
+    """
+    DATA: MirrorEvent.Kind.ValueType  # 7
+    DELETE: MirrorEvent.Kind.ValueType  # 8
 
     KIND_FIELD_NUMBER: _builtins.int
     REPO_ID_FIELD_NUMBER: _builtins.int
@@ -1538,6 +1591,8 @@ class MirrorEvent(_message.Message):
     MANIFESTS_FIELD_NUMBER: _builtins.int
     BLOBS_FIELD_NUMBER: _builtins.int
     SKIPPED_EXISTING_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
     kind: Global___MirrorEvent.Kind.ValueType
     repo_id: _builtins.str
     commit: _builtins.str
@@ -1548,6 +1603,9 @@ class MirrorEvent(_message.Message):
     manifests: _builtins.int
     blobs: _builtins.int
     skipped_existing: _builtins.bool
+    path: _builtins.str
+    """FILE/DATA/DELETE: the mirror file and (at most 1 MiB of) its bytes."""
+    data: _builtins.bytes
     @_builtins.property
     def error(self) -> Global___ErrorDetail: ...
     def __init__(
@@ -1564,10 +1622,12 @@ class MirrorEvent(_message.Message):
         manifests: _builtins.int = ...,
         blobs: _builtins.int = ...,
         skipped_existing: _builtins.bool = ...,
+        path: _builtins.str = ...,
+        data: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "bytes_done", b"bytes_done", "bytes_total", b"bytes_total", "commit", b"commit", "detail", b"detail", "error", b"error", "kind", b"kind", "manifests", b"manifests", "repo_id", b"repo_id", "skipped_existing", b"skipped_existing", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "bytes_done", b"bytes_done", "bytes_total", b"bytes_total", "commit", b"commit", "data", b"data", "detail", b"detail", "error", b"error", "kind", b"kind", "manifests", b"manifests", "path", b"path", "repo_id", b"repo_id", "skipped_existing", b"skipped_existing", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,1 @@
+"""The documented systemd install, executed under a real systemd (systemd-nspawn --boot)."""

@@ -1,0 +1,453 @@
+"""docs/operations.md "Install as a systemd service", run word for word under a real systemd.
+
+A fresh Debian host is a container (`tests/systemd/container.py`: systemd as PID 1 on an overlay
+of this machine's root, with the kerneld user and groups removed from it). The test creates the
+users the docs' `usermod` lines name, runs the docs' install block verbatim from the repository
+root, then works the service as its users would:
+
+- readiness (`Type=notify`: `systemctl enable --now` returned once it was serving) and the socket
+  owners and modes of the docs' table;
+- `/etc/kerneld/kerneld.toml` pointed at two loopback mirrors (`mirror-http`, served by this test;
+  the Hub dropped: no network) and a metrics socket, applied by `systemctl reload`; a rejected
+  file makes `systemctl reload` fail and changes nothing;
+- the docs' `curl --unix-socket` metrics command as a `kerneld-admin` member (refused to others);
+- a `kerneld-users` member's job loads a real torch kernel cold (the daemon fetches it) and warm
+  (the published index, no upstream request);
+- users outside `kerneld-admin` cannot use the admin socket;
+- a `kerneld-admin` member's `kerneldctl prefetch`, published by the daemon as `User=kerneld`;
+- `systemctl stop`: clean exit, sockets gone.
+
+pip installs the docs' `pip install .` offline from a wheelhouse of kerneld's dependencies, made
+once with `pip download` (the package index) and cached under .cache/systemd-wheels/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from examples.kernels.build import BuiltExamples
+from examples.main_job import MirrorServer
+from examples.mirror import build_example_mirror
+from tests.support.daemon import REPO_ROOT
+from tests.systemd.container import (
+    BASE_ENV,
+    Container,
+    ContainerUnavailable,
+    Ran,
+    unavailable_reason,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+OPERATIONS = REPO_ROOT / "docs" / "operations.md"
+#: The container's `python3` is this machine's (the overlay's lower layer is the host root).
+BASE_PYTHON = shutil.which("python3", path=BASE_ENV["PATH"]) or "python3"
+KERNEL = "kerneld-examples/activation"  # a real torch kernel (C++ CPU ops), loaded by alice
+PREFETCHED = "kerneld-test/act:1"  # prefetched by bob, from the kernel_mirror fixture
+USERS = {"alice": "kerneld-users", "bob": "kerneld-admin", "carol": None}
+ACCOUNTS = ("kerneld", "kerneld-users", "kerneld-admin")
+#: What the install creates; gone from the container's file system before the docs run.
+INSTALLED_PATHS = (
+    "opt/kerneld",
+    "usr/bin/kerneld",
+    "usr/bin/kerneldctl",
+    "usr/lib/systemd/system/kerneld.service",
+    "etc/systemd/system/kerneld.service",
+    "etc/systemd/system/multi-user.target.wants/kerneld.service",
+    "usr/lib/sysusers.d/kerneld.conf",
+    "usr/lib/tmpfiles.d/kerneld.conf",
+    "etc/kerneld",
+    "var/lib/kerneld",
+    "var/cache/kerneld",
+)
+#: alice's job: load the kernel, check one op against PyTorch, say how the kernel came.
+JOB = """
+import json, torch
+from kerneld_client import get_kernel, loaded_kernels
+act = get_kernel({kernel!r}, version=1)
+x = torch.randn(8, 64)
+ok = torch.allclose(act.silu_and_mul_alloc(x), torch.nn.functional.silu(x[:, :32]) * x[:, 32:],
+                    atol=1e-5)
+print(json.dumps({{"ok": bool(ok), "loaded": [[k.repo_id, k.source, k.variant, str(k.path)]
+                                           for k in loaded_kernels()]}}))
+"""
+
+pytestmark = [pytest.mark.systemd, pytest.mark.timeout(420)]
+
+
+# ---- what the docs say ----------------------------------------------------------------------
+
+
+def install_section() -> str:
+    text = OPERATIONS.read_text(encoding="utf-8")
+    return text.split("\n## Install as a systemd service\n", 1)[1].split("\n## ", 1)[0]
+
+
+def install_block() -> str:
+    """The shell block of the install section that enables the service."""
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", install_section(), re.DOTALL)
+    found = [b for b in blocks if "systemctl enable --now kerneld" in b]
+    assert len(found) == 1, f"expected one install block in docs/operations.md, got {found}"
+    return found[0]
+
+
+def documented_paths() -> dict[str, tuple[int, str, str]]:
+    """path -> (mode, owner, group) from the install section's table: sockets and the store."""
+    rows = re.findall(
+        r"^\| `(/run/kerneld/[^`]+\.sock|/var/lib/kerneld/store)` \| (0[0-7]{3}) "
+        r"`([\w-]+):([\w-]+)` \|",
+        install_section(),
+        re.MULTILINE,
+    )
+    return {path: (int(mode, 8), owner, group) for path, mode, owner, group in rows}
+
+
+def documented_curl() -> list[str]:
+    (command,) = set(re.findall(r"`(curl --unix-socket [^`]+)`", OPERATIONS.read_text()))
+    return shlex.split(command)
+
+
+# ---- the offline wheelhouse -----------------------------------------------------------------
+
+
+def wheelhouse(python: str) -> Path:
+    """Wheels of kerneld's dependencies and build backend for the container's `python3`
+    (version `python`), so the docs' `pip install .` runs offline and fast; made once.
+
+    Made with that same interpreter (a throw-away venv on the host, whose /usr is the
+    container's), since binary wheels must match it and some dependencies are sdists."""
+    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    reqs = [*meta["project"]["dependencies"], *meta["build-system"]["requires"]]
+    key = hashlib.sha256(json.dumps([python, reqs]).encode()).hexdigest()[:16]
+    cache = REPO_ROOT / ".cache" / "systemd-wheels"
+    dest = cache / key
+    if (dest / ".complete").exists():
+        return dest
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache))
+    try:
+        for argv in (
+            [BASE_PYTHON, "-m", "venv", str(tmp / "venv")],
+            [str(tmp / "venv" / "bin" / "pip"), "wheel", "--quiet", "--disable-pip-version-check",
+             "--wheel-dir", str(tmp / "wheels"), *reqs],
+        ):  # fmt: skip
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
+        (tmp / "wheels" / ".complete").write_text("")
+        with contextlib.suppress(OSError):  # another session made it meanwhile
+            (tmp / "wheels").rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+# ---- the host -------------------------------------------------------------------------------
+
+
+def fresh_host(c: Container) -> None:
+    """Make the overlay a host kerneld was never installed on (this machine's set-up created
+    the kerneld user and groups for the suite)."""
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        path = c.root / "etc" / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            fields = line.split(":")
+            if fields[0] in ACCOUNTS:
+                continue
+            if name in ("group", "gshadow"):
+                members = [m for m in fields[-1].split(",") if m and m != "kerneld"]
+                fields[-1] = ",".join(members)
+            kept.append(":".join(fields))
+        path.write_text("\n".join(kept) + "\n")
+    for rel in INSTALLED_PATHS:
+        path = c.root / rel
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+
+
+def mirror_config(example_url: str, test_url: str) -> str:
+    return f"""# written by tests/systemd/test_install.py: loopback mirrors instead of the Hub
+[[upstream]]
+name = "examples"
+kind = "mirror-http"
+url = "{example_url}"
+
+[[upstream]]
+name = "test-kernels"
+kind = "mirror-http"
+url = "{test_url}"
+
+[prefetch]
+on_start = false
+
+[metrics]
+socket = "/run/kerneld/metrics.sock"
+
+[server]
+drain_timeout = "5s"
+"""
+
+
+@pytest.fixture
+def container(tmp_path: Path) -> Iterator[Container]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with Container(tmp_path / "c", f"kd-{os.getpid()}") as c:
+        try:
+            c.mount()
+        except ContainerUnavailable as exc:
+            pytest.skip(str(exc))
+        fresh_host(c)
+        c.boot()
+        yield c
+
+
+# ---- checks ---------------------------------------------------------------------------------
+
+
+def ok(ran: Ran, what: str) -> Ran:
+    assert ran.rc == 0, f"{what}:\n{ran}"
+    return ran
+
+
+def show(c: Container, prop: str) -> str:
+    return ok(c.run(["systemctl", "show", "-p", prop, "--value", "kerneld"]), prop).out.strip()
+
+
+def wait_journal(c: Container, needle: str, timeout: float = 10.0) -> str:
+    """The service's journal once it contains `needle` (journald writes asynchronously)."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = c.journal("kerneld")
+        if needle in text:
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} not in the journal of kerneld:\n{text[-4000:]}")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One kernel a job loaded, as `kerneld_client.loaded_kernels()` describes it."""
+
+    repo_id: str
+    source: str  # "daemon": asked the daemon (cold); "index": the published index (warm)
+    variant: str
+    path: str
+
+
+def job(c: Container, user: str) -> list[Loaded]:
+    """Run alice's job as `user`; what it loaded (its op was checked against PyTorch)."""
+    python = str(REPO_ROOT / ".venv" / "bin" / "python")
+    ran = c.run(
+        [python, "-c", JOB.format(kernel=KERNEL)],
+        user=user,
+        env={"KERNELD_REQUIRE": "1"},  # a fallback to PyTorch is an error here
+        timeout=120,
+    )
+    doc = json.loads(ok(ran, f"{user}'s job").out.strip().splitlines()[-1])
+    assert doc["ok"], f"{user}'s job: the kernel's op disagrees with PyTorch:\n{ran}"
+    return [Loaded(*entry) for entry in doc["loaded"]]
+
+
+class Laps:
+    """Where the minute goes (printed at the end; `-s` shows it)."""
+
+    def __init__(self) -> None:
+        self.t = time.monotonic()
+        self.laps: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self.t
+        self.t = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {s:.1f} s" for name, s in self.laps.items())
+
+
+def test_documented_install_under_systemd(
+    container: Container,
+    built_examples: BuiltExamples,
+    kernel_mirror: Path,
+) -> None:
+    c = container
+    lap = Laps()
+    lap.laps["boot"] = c.boot_s
+    python = ok(c.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]), "py")
+    wheels = wheelhouse(python.out.strip())
+    example_mirror = build_example_mirror(built=built_examples).root
+    for user in USERS:  # the users the docs' `usermod` lines name (this host may have them)
+        if c.run(["id", user]).rc != 0:
+            ok(c.run(["useradd", "--create-home", user]), f"useradd {user}")
+    lap("wheelhouse and users")
+
+    # -- the docs' block, verbatim, from the repository root -----------------------------------
+    pip_env = {
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(wheels),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    # Each traced command with the time it started (kept in the failure output).
+    trace = "PS4='+ [${EPOCHREALTIME}] '"
+    script = f"{trace}\ncd {shlex.quote(str(REPO_ROOT))}\n{install_block()}"
+    install = c.run(
+        ["bash", "-e", "-x", "-o", "pipefail", "-s"], stdin=script, env=pip_env, timeout=240
+    )
+    ok(install, "the install block of docs/operations.md")
+    lap("install block")
+    print("\n" + "\n".join(line for line in install.err.splitlines() if line.startswith("+ [")))
+    assert "ready" in install.out, install  # its last line: `kerneldctl status`
+
+    # -- readiness and who the daemon is -----------------------------------------------------
+    assert c.run(["systemctl", "is-active", "kerneld"]).out.strip() == "active"
+    assert show(c, "Type") == "notify"
+    assert show(c, "StatusText").startswith("serving"), show(c, "StatusText")
+    main_pid = show(c, "MainPID")
+    daemon_user = ok(c.run(["stat", "-c", "%U", f"/proc/{main_pid}"]), "stat").out.strip()
+    assert daemon_user == "kerneld"
+    for user, group in USERS.items():
+        groups = ok(c.run(["id", "-nG", user]), "id").out.split()
+        assert (group in groups) if group else not set(groups) & {"kerneld-users", "kerneld-admin"}
+
+    # -- configure: loopback mirrors, metrics socket; reload applies, a bad file is refused ----
+    with MirrorServer(example_mirror) as examples, MirrorServer(kernel_mirror) as test_kernels:
+        config = c.root / "etc" / "kerneld" / "kerneld.toml"
+        good = mirror_config(examples.url, test_kernels.url)
+        config.write_text(good)
+        ok(c.run(["systemctl", "reload", "kerneld"]), "systemctl reload (valid file)")
+        journal = wait_journal(c, "configuration reloaded:")
+        assert "applied" in journal and "upstream" in journal, journal[-2000:]
+
+        config.write_text(good.replace('drain_timeout = "5s"', 'drain_timeout = "soon"'))
+        bad = c.run(["systemctl", "reload", "kerneld"])
+        assert bad.rc != 0, f"systemctl reload accepted a file the daemon rejects:\n{bad}"
+        journal = wait_journal(c, "configuration not reloaded")
+        assert "server.drain_timeout" in journal and str(config.relative_to(c.root)) in journal
+        assert c.run(["systemctl", "is-active", "kerneld"]).out.strip() == "active"
+        assert show(c, "MainPID") == main_pid  # the same daemon, still serving
+        config.write_text(good)
+        ok(c.run(["systemctl", "reload", "kerneld"]), "systemctl reload (fixed file)")
+        lap("reloads")
+
+        # The metrics socket takes a restart; the rest of the test runs on the restarted daemon.
+        ok(c.run(["systemctl", "restart", "kerneld"]), "systemctl restart")
+        assert c.run(["systemctl", "is-active", "kerneld"]).out.strip() == "active"
+        lap("restart")
+
+        # -- sockets as documented ------------------------------------------------------------
+        # (the store root too: only kerneld-users may read it, issue 16 §3.12)
+        documented = documented_paths()
+        assert {
+            "/run/kerneld/kerneld.sock",
+            "/run/kerneld/admin.sock",
+            "/run/kerneld/metrics.sock",
+            "/var/lib/kerneld/store",
+        } <= set(documented), documented
+        for path, (mode, owner, group) in documented.items():
+            st = ok(c.run(["stat", "-c", "%a %U %G %F", path]), f"stat {path}").out.split(" ", 3)
+            assert (int(st[0], 8), st[1], st[2]) == (mode, owner, group), (path, st)
+            kind = "directory" if path.endswith("/store") else "socket"
+            assert st[3].strip() == kind, (path, st)
+
+        # -- metrics: the docs' curl for a kerneld-admin member, nobody else -----------------
+        curl = documented_curl()
+        scraped = ok(c.run(curl, user="bob"), "bob: the docs' curl command")
+        assert re.search(r"^kerneld_ready 1\.0$", scraped.out, re.MULTILINE), scraped
+        for user in ("alice", "carol"):
+            refused = c.run(curl, user=user)
+            assert refused.rc != 0 and "kerneld_ready" not in refused.out, refused
+
+        # -- a kerneld-users member's job: cold (the daemon fetches), then warm ----------------
+        before = examples.requests
+        [cold] = job(c, "alice")
+        assert (cold.repo_id, cold.source) == (KERNEL, "daemon"), cold
+        assert "-cpu-" in cold.variant, cold  # the compiled C++ build, not a noarch one
+        assert cold.path.startswith("/var/lib/kerneld/store/"), cold
+        assert examples.requests > before, "the cold load did not reach the mirror"
+        lap("cold job")
+        before = examples.requests
+        [warm] = job(c, "alice")
+        assert (warm.repo_id, warm.source, warm.variant) == (KERNEL, "index", cold.variant), warm
+        assert examples.requests == before, "the warm load asked the upstream"
+        lap("warm job")
+
+        # -- outside kerneld-users: neither the socket nor the store (issue 16 §3.12) ----------
+        python = str(REPO_ROOT / ".venv" / "bin" / "python")
+        outsider = c.run(
+            [python, "-c", JOB.format(kernel=KERNEL)],
+            user="carol",
+            env={"KERNELD_REQUIRE": "1"},
+            timeout=120,
+        )
+        assert outsider.rc != 0 and "kerneld-users" in outsider.err, outsider
+        listing = c.run(["ls", "/var/lib/kerneld/store/index"], user="carol")
+        assert listing.rc != 0 and "Permission denied" in listing.err, listing
+        lap("outsider job")
+
+        # -- the admin socket is for kerneld-admin only ----------------------------------------
+        for user in ("alice", "carol"):
+            denied = c.run(["kerneldctl", "gc", "--dry-run"], user=user)
+            assert denied.rc != 0 and "permission denied" in denied.err.lower(), denied
+            raw = c.run(
+                [
+                    "python3",
+                    "-c",
+                    "import socket; s = socket.socket(socket.AF_UNIX); "
+                    "s.connect('/run/kerneld/admin.sock')",
+                ],
+                user=user,
+            )
+            assert raw.rc != 0 and "PermissionError" in raw.err, raw
+
+        # -- an admin's prefetch, published by the daemon as User=kerneld ----------------------
+        before = test_kernels.requests
+        ok(c.run(["kerneldctl", "prefetch", PREFETCHED], user="bob", timeout=120), "prefetch")
+        assert test_kernels.requests > before
+        listing = ok(c.run(["kerneldctl", "ls", "--json"], user="bob"), "kerneldctl ls").out
+        assert PREFETCHED.partition(":")[0] in listing and KERNEL in listing, listing
+        trees = ok(
+            c.run(["bash", "-c", "stat -c '%U %a %n' /var/lib/kerneld/store/v1/trees/*"]),
+            "stat trees",
+        ).out.splitlines()
+        assert len(trees) >= 2, trees  # alice's kernel and bob's
+        lap("admin socket checks and prefetch")
+        for line in trees:
+            owner, perms, _ = line.split(" ", 2)
+            assert owner == "kerneld" and not int(perms, 8) & 0o222, line  # sealed read-only
+
+    # -- stop: clean, sockets and advert gone ---------------------------------------------------
+    ok(c.run(["systemctl", "stop", "kerneld"], timeout=90), "systemctl stop")
+    assert show(c, "ActiveState") == "inactive"
+    assert (show(c, "Result"), show(c, "ExecMainStatus")) == ("success", "0")
+    left = c.run(["bash", "-c", "ls -A /run/kerneld 2>/dev/null"]).out.split()
+    assert not [n for n in left if n.endswith((".sock", ".json"))], left
+    wait_journal(c, "stopped (SIGTERM)")
+    lap("stop")
+    print(f"\nsystemd install test: {lap}")
+    if c.failed_units:
+        print(f"units that failed in the container (not kerneld):\n{c.failed_units}")
