@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
+    GROUP_HINT,
     DaemonUnavailable,
     KernelDenied,
     KernelError,
@@ -133,8 +134,7 @@ def _probe(path: Path, timeout: float) -> None:
     except PermissionError as exc:
         raise DaemonUnavailable(
             f"no permission to connect to {path}",
-            hint="loading kernels needs membership in the kerneld-users group (`id -nG` shows "
-            "yours; an admin runs `usermod -aG kerneld-users USER`, then log in again)",
+            hint=GROUP_HINT,
         ) from exc
     except OSError as exc:
         raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc

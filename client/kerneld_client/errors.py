@@ -48,6 +48,13 @@ class VariantReason:
         )
 
 
+#: What to do about a permission error on the host's socket or store (both are gated by it).
+GROUP_HINT = (
+    "loading kernels needs membership in the kerneld-users group (`id -nG` shows yours; an "
+    "admin runs `usermod -aG kerneld-users USER`, then log in again)"
+)
+
+
 class KernelError(Exception):
     """Base of every kerneld_client error; carries the kernel it is about."""
 

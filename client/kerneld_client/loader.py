@@ -24,6 +24,7 @@ a verified in-process Hub download (`hub`), or the error (`error`, or `KERNELD_R
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import os
 import re
@@ -38,6 +39,7 @@ from kerneld_client import _config, _index, _trust, importer, locations
 from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
+    GROUP_HINT,
     DaemonUnavailable,
     KernelDenied,
     KernelError,
@@ -420,6 +422,12 @@ def _pick_from_index(
     try:
         doc = _index.read_repo_index(Path(root.real), req.repo_id, owner_uid=root.owner_uid)
     except PermissionError as exc:
+        if exc.errno == errno.EACCES:  # the store is not readable by this user: not untrusted
+            raise KernelUnavailable(
+                f"no permission to read the host's kernel store ({exc.filename})",
+                repo_id=req.repo_id,
+                hint=GROUP_HINT,
+            ) from exc
         raise UntrustedPath(f"published index: {exc}", repo_id=req.repo_id) from exc
     except _index.IndexFormatError:
         return None  # the daemon will know
