@@ -9,7 +9,7 @@ The child loads one kernel with `kerneld_client.get_kernel` (policy `torch`, or 
 share of the operations), then, if it got a kernel:
 - hashes every file of the tree it imported (`checks` compares them to the publisher's files);
 - runs the kernel and compares it with PyTorch, and checks its version;
-- keeps it for a while (the loader holds `LOCK_SH` on the tree for the process lifetime, as a
+- keeps it for a while (the loader holds an OFD read lock on the tree for the process life, as a
   training job does), then reads and hashes the tree again: if GC deleted or changed it under a
   holder, this is where it shows.
 It reports one JSON object through a pipe. The worker gives it `deadline + hold + grace`
@@ -186,7 +186,7 @@ def perform(cat: Catalog, choice: Choice, policy: str, hold_s: float) -> dict[st
         rec["compute_error"] = check_kernel(mod, choice.kind, version, factor)
     except Exception as exc:
         rec["compute_error"] = f"raised {exc!r}"
-    time.sleep(hold_s)  # in use: the loader holds LOCK_SH on the tree meanwhile
+    time.sleep(hold_s)  # in use: the loader holds its OFD read lock on the tree meanwhile
     rec["held_s"] = hold_s
     try:
         rec["files_after"] = hash_tree(lk.path) if lk.path.is_dir() else None

@@ -9,7 +9,9 @@ Every invalid value fails at start with the file, the key and the reason (`Confi
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import grp
 import math
 import os
 import re
@@ -146,9 +148,20 @@ class Config:
     negative_ttl_s: float = 30.0
     lease_ttl_s: float = 600.0
     lease_max_s: float = 86400.0
+    lease_limit_per_client: int = 1024
+    """Unexpired leases one `client` value keeps; its oldest beyond are dropped."""
+    lease_limit: int = 65536
+    """Unexpired leases the store keeps in all (`client` is self-reported: one caller may use
+    many names)."""
     fetch_allow: tuple[str, ...] = ("*",)
     fetch_timeout_s: float = 10.0
     fetch_attempts: int = 4
+    fetch_allow_groups: tuple[str, ...] = ()
+    """Groups whose members' calls may trigger downloads; empty: every caller (anonymous too)."""
+    fetch_per_uid_rate: float = 60.0
+    """Fetch-triggering calls per minute one uid may make (anonymous callers share one
+    budget); 0: no limit. The daemon's own uid and root are not limited."""
+    fetch_per_uid_burst: int = 60
     prefetch: tuple[PrefetchEntry, ...] = ()
     prefetch_torch: tuple[str, ...] = ()
     prefetch_interval_s: float = 6 * 3600.0
@@ -162,10 +175,29 @@ class Config:
     log_level: str = "info"
     drain_timeout_s: float = 20.0
     threads: int = 16
+    max_connections: int = 1024
+    """Connections the user socket holds at once; more are closed at accept (fds stay free)."""
+    admin_max_connections: int = 64
+    idle_timeout_s: float = 60.0
+    """A connection without a call for this long is closed (clients use one per call)."""
+    max_concurrent_rpcs: int = 0
+    """RPCs the user socket admits at once, the rest RESOURCE_EXHAUSTED; 0: 4 x `threads`."""
+    max_resolve_many: int = 256
 
     def fetch_allowed(self, repo_id: str) -> bool:
         """May an unprivileged client's Resolve trigger a download of `repo_id`?"""
         return any(fnmatch.fnmatchcase(repo_id, pat) for pat in self.fetch_allow)
+
+    def fetch_allow_gids(self) -> frozenset[int] | None:
+        """`[fetch] allow_groups` as gids (a group deleted since the config was read admits
+        no one); None: no group restriction."""
+        if not self.fetch_allow_groups:
+            return None
+        gids = set()
+        for name in self.fetch_allow_groups:
+            with contextlib.suppress(KeyError):
+                gids.add(grp.getgrnam(name).gr_gid)
+        return frozenset(gids)
 
 
 def default_config(*, system: bool) -> Config:
@@ -189,6 +221,15 @@ def default_config(*, system: bool) -> Config:
         admin_socket=SocketConfig(run / locations.ADMIN_SOCKET_NAME, 0o600),
     )
 
+
+#: The `[server]` integer limits: (key, Config field, lowest, highest). max_concurrent_rpcs 0
+#: means "4 per thread" (a short queue; kerneld/server/app.py QUEUE_FACTOR).
+SERVER_LIMITS: tuple[tuple[str, str, int, int], ...] = (
+    ("max_connections", "max_connections", 1, 1 << 20),
+    ("admin_max_connections", "admin_max_connections", 1, 4096),
+    ("max_concurrent_rpcs", "max_concurrent_rpcs", 0, 4096),
+    ("max_resolve_many", "max_resolve_many", 1, 100_000),
+)
 
 _KNOWN: dict[str, set[str]] = {
     "": {
@@ -215,13 +256,28 @@ _KNOWN: dict[str, set[str]] = {
     },
     "sockets": {"user", "admin", "user_mode", "admin_mode", "user_group", "admin_group"},
     "upstream": {"name", "kind", "endpoint", "path", "url", "token_file", "require_signatures"},
-    "resolve": {"ref_ttl", "negative_ttl", "lease_ttl", "lease_max"},
-    "fetch": {"allow", "timeout", "attempts"},
+    "resolve": {
+        "ref_ttl",
+        "negative_ttl",
+        "lease_ttl",
+        "lease_max",
+        "lease_limit_per_client",
+        "lease_limit",
+    },
+    "fetch": {"allow", "timeout", "attempts", "allow_groups", "per_uid_rate", "per_uid_burst"},
     "prefetch": {"kernels", "torch", "interval", "on_start"},
     "mirror": {"trusted_keys"},
     "metrics": {"socket", "socket_mode", "socket_group", "listen"},
     "log": {"level"},
-    "server": {"drain_timeout", "threads"},
+    "server": {
+        "drain_timeout",
+        "threads",
+        "max_connections",
+        "admin_max_connections",
+        "idle_timeout",
+        "max_concurrent_rpcs",
+        "max_resolve_many",
+    },
 }
 
 
@@ -426,6 +482,12 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
     ):
         if key in resolve:
             updates[attr] = parse_duration(resolve[key], source=source, key=f"resolve.{key}")
+    for key in ("lease_limit_per_client", "lease_limit"):
+        if key in resolve:
+            value = resolve[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 24:
+                raise ConfigError(source, f"resolve.{key}", f"expected 1..16777216, got {value!r}")
+            updates[key] = value
 
     fetch = _table(doc, "fetch", source)
     if "allow" in fetch:
@@ -442,6 +504,32 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= 20:
             raise ConfigError(source, "fetch.attempts", f"expected 1..20, got {attempts!r}")
         updates["fetch_attempts"] = attempts
+    if "allow_groups" in fetch:
+        groups = fetch["allow_groups"]
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise ConfigError(
+                source, "fetch.allow_groups", "must be a list of group names like 'ml-train'"
+            )
+        for name in groups:
+            try:
+                grp.getgrnam(name)
+            except KeyError:
+                raise ConfigError(
+                    source, "fetch.allow_groups", f"group {name!r} does not exist"
+                ) from None
+        updates["fetch_allow_groups"] = tuple(groups)
+    if "per_uid_rate" in fetch:
+        rate = fetch["per_uid_rate"]
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1e6:
+            raise ConfigError(
+                source, "fetch.per_uid_rate", f"expected calls per minute 0..1e6, got {rate!r}"
+            )
+        updates["fetch_per_uid_rate"] = float(rate)
+    if "per_uid_burst" in fetch:
+        burst = fetch["per_uid_burst"]
+        if not isinstance(burst, int) or isinstance(burst, bool) or not 1 <= burst <= 100000:
+            raise ConfigError(source, "fetch.per_uid_burst", f"expected 1..100000, got {burst!r}")
+        updates["fetch_per_uid_burst"] = burst
 
     prefetch = _table(doc, "prefetch", source)
     if "kernels" in prefetch:
@@ -516,6 +604,17 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 256:
             raise ConfigError(source, "server.threads", f"expected 1..256, got {threads!r}")
         updates["threads"] = threads
+    for key, field_name, low, high in SERVER_LIMITS:
+        if key in server:
+            value = server[key]
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(source, f"server.{key}", f"expected {low}..{high}, got {value!r}")
+            updates[field_name] = value
+    if "idle_timeout" in server:
+        idle = parse_duration(server["idle_timeout"], source=source, key="server.idle_timeout")
+        if idle < 1.0:
+            raise ConfigError(source, "server.idle_timeout", f"must be at least 1s, got {idle:g}s")
+        updates["idle_timeout_s"] = idle
 
     out = replace(cfg, **updates)
     if out.lease_ttl_s > out.lease_max_s:
@@ -669,9 +768,14 @@ FIELD_KEYS: dict[str, str] = {
     "negative_ttl_s": "[resolve] negative_ttl",
     "lease_ttl_s": "[resolve] lease_ttl",
     "lease_max_s": "[resolve] lease_max",
+    "lease_limit_per_client": "[resolve] lease_limit_per_client",
+    "lease_limit": "[resolve] lease_limit",
     "fetch_allow": "[fetch] allow",
     "fetch_timeout_s": "[fetch] timeout",
     "fetch_attempts": "[fetch] attempts",
+    "fetch_allow_groups": "[fetch] allow_groups",
+    "fetch_per_uid_rate": "[fetch] per_uid_rate",
+    "fetch_per_uid_burst": "[fetch] per_uid_burst",
     "prefetch": "[prefetch] kernels",
     "prefetch_torch": "[prefetch] torch",
     "prefetch_interval_s": "[prefetch] interval",
@@ -684,12 +788,22 @@ FIELD_KEYS: dict[str, str] = {
     "log_level": "[log] level",
     "drain_timeout_s": "[server] drain_timeout",
     "threads": "[server] threads",
+    "max_connections": "[server] max_connections",
+    "admin_max_connections": "[server] admin_max_connections",
+    "idle_timeout_s": "[server] idle_timeout",
+    "max_concurrent_rpcs": "[server] max_concurrent_rpcs",
+    "max_resolve_many": "[server] max_resolve_many",
 }
 
 
 def config_key(field_name: str) -> str:
     """The kerneld.toml key of a Config field (the field's name if it has none)."""
     return FIELD_KEYS.get(field_name, field_name)
+
+
+def _plain_number(value: float) -> int | float:
+    """60.0 as 60: a rate a person wrote as an integer reads back as one."""
+    return int(value) if value.is_integer() else value
 
 
 def dump_config(cfg: Config) -> str:
@@ -726,6 +840,8 @@ def dump_config(cfg: Config) -> str:
                 "negative_ttl": format_duration(cfg.negative_ttl_s),
                 "lease_ttl": format_duration(cfg.lease_ttl_s),
                 "lease_max": format_duration(cfg.lease_max_s),
+                "lease_limit_per_client": cfg.lease_limit_per_client,
+                "lease_limit": cfg.lease_limit,
             },
         ),
         (
@@ -734,6 +850,9 @@ def dump_config(cfg: Config) -> str:
                 "allow": list(cfg.fetch_allow),
                 "timeout": format_duration(cfg.fetch_timeout_s),
                 "attempts": cfg.fetch_attempts,
+                "allow_groups": list(cfg.fetch_allow_groups),
+                "per_uid_rate": _plain_number(cfg.fetch_per_uid_rate),
+                "per_uid_burst": cfg.fetch_per_uid_burst,
             },
         ),
         (
@@ -761,7 +880,15 @@ def dump_config(cfg: Config) -> str:
         ("log", {"level": cfg.log_level}),
         (
             "server",
-            {"drain_timeout": format_duration(cfg.drain_timeout_s), "threads": cfg.threads},
+            {
+                "drain_timeout": format_duration(cfg.drain_timeout_s),
+                "threads": cfg.threads,
+                "max_connections": cfg.max_connections,
+                "admin_max_connections": cfg.admin_max_connections,
+                "idle_timeout": format_duration(cfg.idle_timeout_s),
+                "max_concurrent_rpcs": cfg.max_concurrent_rpcs,
+                "max_resolve_many": cfg.max_resolve_many,
+            },
         ),
     ]
     lines = [

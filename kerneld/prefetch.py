@@ -28,7 +28,7 @@ from pathlib import Path
 from kerneld.fetch import FetchEvent, FetchResult
 from kerneld.hardware import Hardware
 from kerneld.resolve import KernelSpec, Resolver
-from kerneld.store import Store
+from kerneld.store import ResourceExhaustedError, Store
 from kerneld_client.variants import (
     Backend,
     BackendType,
@@ -365,8 +365,18 @@ class Prefetcher:
                     result = self._fetch(repo, commit, variant, send)
                     summary.bytes += result.bytes_downloaded
                     hit = self.store.lookup(repo, commit, variant)
-                    if hit is None:  # pragma: no cover - GC raced a just-published tree
-                        raise LookupError(f"{variant} vanished right after its fetch")
+                    if hit is None:
+                        # GC made room for the next download by collecting this one: the cap
+                        # cannot hold what is being prefetched (a typed answer, not INTERNAL).
+                        raise ResourceExhaustedError(
+                            result.tree.size,
+                            0,
+                            "store cap (the tree was collected right after its fetch to make "
+                            "room for others; prefetch fewer variants at once)",
+                            repo=repo,
+                            commit=commit,
+                            variant=variant,
+                        )
                 deps.extend(self.resolver.dependencies_of(hit))
             except Exception as exc:
                 failures.append((variant, exc))

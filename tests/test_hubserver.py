@@ -689,4 +689,4 @@ def test_rate_budget_answers_429_with_retry_after_then_reopens(
 def test_bytes_sent_are_counted_by_kind(hub_server: HubServer, synthetic_hub: SyntheticHub) -> None:
     body = request(hub_server, "GET", resolve_path(REPO, "v1", INIT)).body
     assert hub_server.bytes_sent["resolve_get"] == len(body) > 0
-    assert hub_server.total_bytes() == len(body)
+    assert hub_server.total_bytes() == len(body), hub_server.records

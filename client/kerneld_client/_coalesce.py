@@ -10,8 +10,11 @@ whose index still misses (another platform, a failed fetch) asks the daemon itse
 taking the lock again, so a failure never serialises the ranks.
 
 The lock files live in `$TMPDIR/kerneld-<uid>/resolving/` (node-local, unlike a home directory
-on NFS), in a directory that must belong to this user and be closed to others; anything odd
-about it, or `KERNELD_COALESCE=0`, turns coalescing off (every process asks, as before).
+on NFS), in a directory that must belong to this user and be closed to others: no other user can
+open, let alone lock, them. Another user can create that name in a shared `/tmp` first; then
+`$XDG_RUNTIME_DIR/kerneld/resolving/` (the user's own tmpfs) is used instead. When neither is
+safe, or with `KERNELD_COALESCE=0`, coalescing is off: every process asks, which is correct and
+only slower, so a squatter can cost a cold start some CPU but never a kernel.
 """
 
 from __future__ import annotations
@@ -36,21 +39,33 @@ _MAX_POLL_S = 0.025
 
 
 def _lock_dir() -> Path | None:
-    """This user's private lock directory, created if needed; None if it is not safe."""
-    folder = Path(tempfile.gettempdir()) / f"kerneld-{os.geteuid()}" / "resolving"
+    """This user's private lock directory, created if needed; None if none is safe."""
+    uid = os.geteuid()
+    bases = [Path(tempfile.gettempdir()) / f"kerneld-{uid}"]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        bases.append(Path(runtime) / "kerneld")
+    for base in bases:
+        folder = base / "resolving"
+        # Check each level before creating the next: nothing is made inside someone else's dir.
+        if _private_dir(base, uid) and _private_dir(folder, uid):
+            return folder
+    return None
+
+
+def _private_dir(path: Path, uid: int) -> bool:
+    """Create `path` (0700) if missing; True if it is a real directory of `uid` that no one else
+    may write (so no one else can replace the lock files in it)."""
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for path in (folder.parent, folder):
-            st = os.lstat(path)
-            if (
-                not stat.S_ISDIR(st.st_mode)
-                or st.st_uid != os.geteuid()
-                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-            ):
-                return None
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
     except OSError:
-        return None
-    return folder
+        return False
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid == uid
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def _key(socket: Path, req: KernelRequest) -> str:

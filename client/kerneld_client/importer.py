@@ -91,7 +91,11 @@ def _cached_code(path: str, key: str) -> CodeType | None:
     if folder is None:
         return None
     try:
-        fd = os.open(os.path.join(folder, key), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # O_NONBLOCK: in a shared cache folder another user could plant a FIFO (or a file with a
+        # write lease) under a key, and a plain open would wait for them forever.
+        fd = os.open(
+            os.path.join(folder, key), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        )
     except OSError:
         return None
     try:
@@ -118,7 +122,9 @@ def _store_code(key: str, code: CodeType) -> None:
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             return
         tmp = folder / f".{key}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
+        tmp.unlink(missing_ok=True)  # left by a crashed process of this user with this pid
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(tmp, flags, 0o600), "wb") as fh:
             marshal.dump(code, fh)
         os.replace(tmp, folder / key)
     except OSError:

@@ -10,7 +10,7 @@ Warm path (no RPC, no network, grpc not imported), in `_load`:
  2. the per-repo document of the published client index (one small JSON read, owner-checked);
  3. ref -> commit; denies honoured; the best accepted variant that is present, unless the upstream
     has a better accepted one that is not cached yet (then it is a miss);
- 4. `LOCK_SH` on the tree's lock file, kept for the life of the process (GC keeps the tree);
+ 4. the OFD read lock on the tree's lock file, kept for the life of the process (GC keeps the tree);
  5. trust checks on the tree (inside the store root, owner, modes, no symlink out); with
     `KERNELD_VERIFY=1` also a re-hash of every file against the tree digest (CorruptTree);
  6. `metadata.json` `backend.archs` against this process's devices, before any import;
@@ -157,7 +157,7 @@ class _Miss(Exception):
 _lock = threading.RLock()
 _loaded: dict[str, LoadedKernel] = {}  # by real tree path
 _memo: dict[tuple[object, ...], LoadedKernel] = {}
-_held: dict[str, int] = {}  # real tree path -> fd holding LOCK_SH (kept until exit)
+_held: dict[str, int] = {}  # real tree path -> fd holding the OFD read lock (kept until exit)
 
 
 def loaded_kernels() -> list[LoadedKernel]:
@@ -220,7 +220,7 @@ def _release(real: str) -> None:
 
 
 def _hold(real_tree: str, lock_path: Path, tree: Path) -> bool:
-    """Take LOCK_SH on a tree for the process lifetime; True if taken now (False: held)."""
+    """Take the OFD read lock on a tree for the process life; True if taken now (False: held)."""
     if real_tree in _held:
         return False
     _held[real_tree] = _index.lock_shared(lock_path, tree)

@@ -141,6 +141,37 @@ def probe(path: Path, *, admin: bool = True) -> None:
 MAX_ANSWER_BYTES = 1 << 30
 
 
+def _with_caller(channel: grpc.Channel, path: Path) -> grpc.Channel:
+    """`channel` sending this process's caller token with every call, so the daemon's audit
+    lines name the admin's real uid (kerneld/server/identity.py); unchanged without one."""
+    import grpc
+
+    from kerneld_client._rpc import caller_metadata
+
+    extra = caller_metadata(path)
+    if not extra:
+        return channel
+
+    class Details(grpc.ClientCallDetails):
+        def __init__(self, d: Any) -> None:
+            self.method, self.timeout = d.method, d.timeout
+            self.metadata = (*(d.metadata or ()), *(extra or ()))
+            self.credentials, self.wait_for_ready = d.credentials, d.wait_for_ready
+            self.compression = d.compression
+
+    class Caller(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+        def _details(self, d: Any) -> Any:
+            return Details(d)
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._details(details), request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            return continuation(self._details(details), request)
+
+    return grpc.intercept_channel(channel, Caller())
+
+
 class Admin:
     """A connected Admin stub; use as a context manager (closes the channel)."""
 
@@ -161,6 +192,7 @@ class Admin:
             # default 4 MiB receive limit; the admin socket is local and trusted.
             options=[("grpc.max_receive_message_length", MAX_ANSWER_BYTES)],
         )
+        self.channel = _with_caller(self.channel, self.path)
         self.stub: kerneld_pb2_grpc.AdminStub = kerneld_pb2_grpc.AdminStub(self.channel)
         self.explicit_timeout = getattr(ctx.args, "timeout", None) is not None
         self.timeout = float(getattr(ctx.args, "timeout", None) or DEFAULT_TIMEOUT_S)

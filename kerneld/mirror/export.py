@@ -684,6 +684,11 @@ def export_mirror(
         else:
             target = DirTarget(dest_path, name)
             _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
+    _finished(progress, report, str(dest_path))
+    return report
+
+
+def _finished(progress: ProgressFn | None, report: ExportReport, where: str) -> None:
     emit(
         progress,
         MirrorProgress(
@@ -692,10 +697,9 @@ def export_mirror(
             blobs=report.blobs_written,
             bytes_done=report.bytes_written,
             bytes_total=report.bytes_written,
-            detail=f"exported {len(report.kernels)} kernel revision(s) to {dest_path}",
+            detail=f"exported {len(report.kernels)} kernel revision(s) to {where}",
         ),
     )
-    return report
 
 
 def export_stream(
@@ -730,17 +734,7 @@ def export_stream(
     target = StreamTarget(existing or {}, present_blobs, send)
     with _leases(store, kernels):
         _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
-    emit(
-        progress,
-        MirrorProgress(
-            "finished",
-            manifests=len(report.kernels),
-            blobs=report.blobs_written,
-            bytes_done=report.bytes_written,
-            bytes_total=report.bytes_written,
-            detail=f"exported {len(report.kernels)} kernel revision(s) to {label or 'the caller'}",
-        ),
-    )
+    _finished(progress, report, label or "the caller")
     return report
 
 

@@ -15,22 +15,30 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from kerneld import __version__
-from kerneld.config import Config, config_key
+from kerneld.config import Config, ConfigError, config_key
 from kerneld.server.access import apply_store_access
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
+from kerneld.server.identity import (
+    CallerInterceptor,
+    CredentialListener,
+    TokenBook,
+    cred_path,
+)
 from kerneld.server.kernels_service import KernelsService
 from kerneld.server.metrics import Metrics, MetricsServer
 from kerneld.server.notify import Notifier, Watchdog, store_summary, watchdog_interval
@@ -48,12 +56,28 @@ from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
 from kerneld_client.locations import Advert
 
 log = logging.getLogger("kerneld.daemon")
+#: `[server] max_concurrent_rpcs = 0`: this many calls per thread are admitted (one running,
+#: the rest queued briefly). The ranks of a job that start together, each asking for a few
+#: kernels, must not be refused; a queue bounded this way still answers a flood at once.
+QUEUE_FACTOR = 4
 
 KERNELS_SERVICE = pb.DESCRIPTOR.services_by_name["Kernels"].full_name
 ADMIN_SERVICE = pb.DESCRIPTOR.services_by_name["Admin"].full_name
 #: Sockets are bound owner-only and opened up to the configured mode right after.
 BIND_UMASK = 0o177
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+#: Admin RPCs that change nothing (not audited); health and reflection are not Admin methods.
+ADMIN_READ_ONLY = frozenset({"List", "ListDenies", "GetAdminStatus", "Check", "Watch"})
+#: Descriptors kept free for all but the sockets' connections: store and SQLite files, blobs
+#: being hashed, upstream HTTP connections, the metrics server, logs (measured: ~40 at rest).
+FD_RESERVE = 512
+#: Calls one connection may carry at once (HTTP/2's recommended minimum): the client makes one
+#: call per channel, but a process's concurrent channels share a connection; each open stream
+#: costs the daemon memory before an RPC thread sees it.
+MAX_STREAMS_PER_CONNECTION = 100
+#: The admin socket's RPCs admitted at once, per thread (admins are trusted; the bound only
+#: keeps a runaway script from queueing without end).
+ADMIN_QUEUE_PER_THREAD = 4
 
 
 def block_signals() -> None:
@@ -88,6 +112,8 @@ class Daemon:
         self._bound: list[Path] = []
         self._metrics_server: MetricsServer | None = None
         self._watchdog: Watchdog | None = None
+        self._tokens = TokenBook()
+        self._creds: list[CredentialListener] = []
 
     # ---- signals -------------------------------------------------------------------------
     # Signals are blocked in every thread and taken synchronously by the main loop
@@ -96,11 +122,61 @@ class Daemon:
 
     # ---- start ---------------------------------------------------------------------------
 
-    def _server(self, threads: int) -> grpc.Server:
+    def _server(self, name: str, threads: int, connections: int, rpcs: int) -> grpc.Server:
+        """One socket's server: its own threads, and grpc core's limits so that what one
+        socket's callers do (connections held open, idle or not, calls piling up) stays within
+        that socket's share of the process.
+
+        Considered (grpcio 1.85 core channel args): `grpc.max_allowed_incoming_connections`
+        (per listening port; more are closed at accept, so their descriptors come back at once),
+        `grpc.max_connection_idle_ms` (GOAWAY, then close, for a connection with no call,
+        including one that never sent the HTTP/2 preface), `grpc.max_concurrent_streams`;
+        grpcio's `maximum_concurrent_rpcs` answers RESOURCE_EXHAUSTED on the polling thread
+        without taking a worker. Ping floods are already refused by core's defaults (ping
+        strikes, GOAWAY too_many_pings); `grpc.max_connection_age_ms` would also cut long
+        admin streams (Verify, GC progress) and buys nothing the cap does not.
+        """
+        options = [
+            ("grpc.max_receive_message_length", 4 << 20),
+            ("grpc.max_allowed_incoming_connections", connections),
+            ("grpc.max_connection_idle_ms", int(self.config.idle_timeout_s * 1000)),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ]
         return grpc.server(
-            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-            options=[("grpc.max_receive_message_length", 4 << 20)],
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name),
+            options=options,
+            maximum_concurrent_rpcs=rpcs,
+            interceptors=self._interceptors(name),
         )
+
+    def _interceptors(self, name: str) -> list[grpc.ServerInterceptor[Any, Any]]:
+        """Every call learns its caller from its token; admin calls that change something get
+        an audit line (all but the read-only ones, so a new admin RPC is audited by default)."""
+        audited = (lambda m: m not in ADMIN_READ_ONLY) if name == "admin" else (lambda m: False)
+        return [CallerInterceptor(self._tokens, audited=audited)]
+
+    def _reserve_descriptors(self) -> None:
+        """Make sure both sockets' connection caps and FD_RESERVE fit under the open-files
+        limit, so a full user socket never leaves the admin socket (or the store) without a
+        descriptor; raises the soft limit when the hard one allows, else refuses to start."""
+        cfg = self.config
+        need = cfg.max_connections + cfg.admin_max_connections + FD_RESERVE
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or soft >= need:
+            return
+        problem = (
+            f"{cfg.max_connections} user + {cfg.admin_max_connections} admin connections and "
+            f"{FD_RESERVE} descriptors for the store need an open-files limit of {need}, but it "
+            f"is {soft}: lower [server] max_connections or raise the limit (LimitNOFILE= in "
+            "the unit)"
+        )
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise ConfigError(cfg.source, "server.max_connections", problem)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(cfg.source, "server.max_connections", f"{problem} ({exc})") from exc
+        log.info("raised the open-files limit from %d to %d for the sockets' caps", soft, need)
 
     def _bind(self) -> None:
         cfg = self.config
@@ -112,12 +188,24 @@ class Daemon:
         for sock in (user, admin):
             prepare_path(sock.path)
 
-        user_server = self._server(cfg.threads)
+        self._reserve_descriptors()
+        user_server = self._server(
+            "rpc",
+            cfg.threads,
+            cfg.max_connections,
+            cfg.max_concurrent_rpcs or QUEUE_FACTOR * cfg.threads,
+        )
         user_health = health.HealthServicer()
         pb_grpc.add_KernelsServicer_to_server(KernelsService(self.core), user_server)
         health_pb2_grpc.add_HealthServicer_to_server(user_health, user_server)
 
-        admin_server = self._server(max(4, cfg.threads // 2))
+        admin_threads = max(4, cfg.threads // 2)
+        admin_server = self._server(
+            "admin",
+            admin_threads,
+            cfg.admin_max_connections,
+            admin_threads * ADMIN_QUEUE_PER_THREAD,
+        )
         admin_health = health.HealthServicer()
         pb_grpc.add_AdminServicer_to_server(
             AdminService(self.core, reload=self.reload), admin_server
@@ -135,11 +223,18 @@ class Daemon:
             for server, sock in ((user_server, user), (admin_server, admin)):
                 server.add_insecure_port(f"unix:{sock.path}")
                 self._bound.append(sock.path)
+            for sock in (user, admin):  # caller identity: see server/identity.py
+                listener = CredentialListener(cred_path(sock.path), self._tokens)
+                listener.bind()
+                self._creds.append(listener)
         for sock in (user, admin):
             secure(sock.path, sock)
+            secure(cred_path(sock.path), sock)
         for server in (user_server, admin_server):
             server.start()
             self._servers.append(server)
+        for listener in self._creds:
+            listener.start()
         log.info("listening user=%s admin=%s", user.path, admin.path)
 
     def _serving(self, on: bool) -> None:
@@ -284,6 +379,8 @@ class Daemon:
             self._metrics_server.stop()
         user_socket = self.config.user_socket.path
         remove_advert(user_socket, os.getpid())
+        for listener in self._creds:
+            listener.stop()
         for path in self._bound:
             try:
                 if path.is_socket():

@@ -24,6 +24,92 @@ def ts(seconds: float) -> Timestamp:
     return stamp
 
 
+# ---- bounds on what a caller may send ------------------------------------------------------
+#
+# Every string and list of a user-socket request is bounded here, before anything is parsed,
+# remembered, logged or written: a request may be 4 MiB (the gRPC cap), and whatever the daemon
+# keeps of it (leases, the negative cache, remembered answers, platforms.json, log lines) would
+# otherwise grow by that much per call. The limits are far above what a real client sends.
+
+#: `org/name`: two Hub names of at most 96 characters (`kerneld/store/paths.py`).
+MAX_REPO_ID = 193
+#: A branch, tag or commit (`paths.py` `_REF`).
+MAX_REVISION = 255
+#: One path component.
+MAX_VARIANT = 255
+#: The self-reported caller ("pid=123 kerneld_client"), kept with every lease.
+MAX_CLIENT = 256
+#: A lease id is 32 hex digits.
+MAX_LEASE_ID = 64
+#: Each string of PlatformFacts ("x86_64", "2.13", "gfx942:sramecc+:xnack-").
+MAX_FACT = 64
+#: Devices of one process.
+MAX_DEVICES = 64
+
+
+class RequestTooLarge(ValueError):
+    """A request field over its bound (INVALID_ARGUMENT): names the field and the limit."""
+
+
+def clip(text: str, limit: int = 96) -> str:
+    """`text` for a log line or an error message: at most `limit` characters, with its full
+    length when cut (a caller's string is never echoed whole)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text.encode('utf-8', 'replace'))} bytes)"
+
+
+def _bound(value: str, limit: int, field: str) -> None:
+    """RequestTooLarge when `value` is over `limit` UTF-8 bytes or holds a control character
+    (it would break a log line or a terminal)."""
+    if len(value) > limit // 4:  # a string this short cannot be over the limit
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise RequestTooLarge(
+                f"{field} is {size} bytes, over its limit of {limit} bytes; send the real value"
+            )
+    if not value.isprintable() and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise RequestTooLarge(f"{field} contains a control character: {clip(value, 32)!r}")
+
+
+def check_ref(ref: pb.KernelRef, field: str = "kernel") -> None:
+    _bound(ref.repo_id, MAX_REPO_ID, f"{field}.repo_id")
+    _bound(ref.revision, MAX_REVISION, f"{field}.revision")
+    _bound(ref.locked_commit, MAX_REVISION, f"{field}.locked_commit")
+
+
+def check_platform(facts: pb.PlatformFacts, field: str = "platform") -> None:
+    for name in ("torch_version", "cpu", "os", "python_version", "macos_version"):
+        _bound(getattr(facts, name), MAX_FACT, f"{field}.{name}")
+    _bound(facts.tvm_ffi_version, MAX_FACT, f"{field}.tvm_ffi_version")
+    _bound(facts.backend.type, MAX_FACT, f"{field}.backend.type")
+    _bound(facts.backend.version, MAX_FACT, f"{field}.backend.version")
+    devices = facts.device_capabilities
+    if len(devices) > MAX_DEVICES:
+        raise RequestTooLarge(
+            f"{field}.device_capabilities has {len(devices)} entries; the limit is {MAX_DEVICES}"
+        )
+    for i, capability in enumerate(devices):
+        _bound(capability, MAX_FACT, f"{field}.device_capabilities[{i}]")
+
+
+def check_resolve(request: pb.ResolveRequest, field: str = "") -> None:
+    """RequestTooLarge unless every field of a Resolve (or ResolveMany entry) is in bounds."""
+    check_ref(request.kernel, f"{field}kernel")
+    check_platform(request.platform, f"{field}platform")
+    _bound(request.variant, MAX_VARIANT, f"{field}variant")
+    _bound(request.client, MAX_CLIENT, f"{field}client")
+
+
+def check_list_variants(request: pb.ListVariantsRequest) -> None:
+    check_ref(request.kernel)
+    check_platform(request.platform)
+
+
+def check_lease_id(lease_id: str) -> None:
+    _bound(lease_id, MAX_LEASE_ID, "lease_id")
+
+
 def spec_from_ref(ref: pb.KernelRef) -> KernelSpec:
     """KernelRef -> KernelSpec; ValueError (INVALID_ARGUMENT) for a bad id or selector."""
     if not ref.repo_id:

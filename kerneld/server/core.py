@@ -20,9 +20,16 @@ from kerneld.config import Config
 from kerneld.fetch import Fetcher, FetchResult
 from kerneld.hardware import Hardware, detect
 from kerneld.prefetch import Cancelled, ClientPlatforms, Emit, Prefetcher, PrefetchSummary
-from kerneld.resolve import FetchNotAllowed, KernelSpec, Resolution, Resolver
+from kerneld.resolve import (
+    FetchNotAllowed,
+    KernelSpec,
+    NoCompatibleVariant,
+    Resolution,
+    Resolver,
+)
 from kerneld.server import logs
-from kerneld.server.errors import NotReady
+from kerneld.server.errors import NotReady, RateLimited
+from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
 from kerneld.server.scrub import Scrubber
@@ -44,6 +51,10 @@ RESTART_FIELDS: tuple[str, ...] = (
     "metrics_socket_group",
     "metrics_listen",
     "threads",
+    "max_connections",
+    "admin_max_connections",
+    "idle_timeout_s",
+    "max_concurrent_rpcs",
     "system",
 )
 
@@ -126,6 +137,7 @@ class Core:
         self.cancel = threading.Event()
         """Set when the daemon stops: running prefetches end between variants."""
         self.scrubber = Scrubber(self)
+        self.fetch_gate = FetchGate()
 
     # ---- opening and closing -------------------------------------------------------------
 
@@ -151,7 +163,9 @@ class Core:
                 negative_ttl_s=cfg.negative_ttl_s,
                 fetcher=fetcher,
             )
-            self._leases = LeaseBook(store)
+            self._leases = LeaseBook(
+                store, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
+            )
             self._prefetcher = Prefetcher(
                 store,
                 resolver,
@@ -271,14 +285,16 @@ class Core:
         variant: str = "",
         lease_s: float = 0,
         holder: str = "",
+        caller: Caller | None = None,
     ) -> Served:
-        """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs.
+        """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs;
+        for a `caller` (None: the daemon itself) also `[fetch] allow_groups` and its rate limit.
 
         Warm path: an answer computed before is reused while the store's generation is
         unchanged and its refs are within their TTL; it costs one indexed read and no write
         (leases and resolve times are written behind by the LeaseBook).
         """
-        resolver, store = self.resolver, self.store
+        store = self.store
         self.platforms.record(facts)
         allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
@@ -291,9 +307,7 @@ class Core:
             return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
         with self.work():
             try:
-                res = resolver.resolve(
-                    spec, facts, allow_fetch=allow, variant=variant or None, holder=holder
-                )
+                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder)
             except FetchNotAllowed as exc:
                 self.metrics.resolves.labels("error").inc()
                 if allow_fetch and not allow:
@@ -312,7 +326,7 @@ class Core:
                     )
                 raise
         memo: dict[str, object] = {}
-        if not res.stale:
+        if not res.stale and cacheable:
             until = self._fresh_until(store, res)
             trees = tuple(dict.fromkeys(r.hit.digest for r in _walk(res)))
             with self._hits_lock:
@@ -324,6 +338,73 @@ class Core:
             if r.fetched is not None:
                 self.record_fetch(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
         return self._served(res, memo, lease_s, holder, spec)
+
+    def _gated(
+        self,
+        caller: Caller | None,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        allow: bool,
+        variant: str,
+        holder: str,
+    ) -> tuple[Resolution, bool]:
+        """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
+        when the store alone cannot give the answer a fetch would (a ref unknown or past its
+        TTL, a variant or dependency missing, a commit never listed upstream); only those pass
+        `[fetch] allow_groups` and the caller's rate limit, each with one audit line. A refused
+        caller still gets what is cached, if anything fits."""
+        resolver = self.resolver
+
+        def run(fetch: bool) -> Resolution:
+            return resolver.resolve(
+                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder
+            )
+
+        if caller is None or not allow:
+            return run(allow), True
+        local: Resolution | None = None
+        with contextlib.suppress(FetchNotAllowed, NoCompatibleVariant):
+            local = run(False)
+        if local is not None and self._complete(local, variant):
+            return local, True
+        cfg = self.config
+        what = f"repo={spec.repo_id} ref={spec.ref}"
+        try:
+            allowed = cfg.fetch_allow_gids()
+            if not self.fetch_gate.may_fetch(caller, allowed):
+                raise FetchNotAllowed(
+                    "not in this host's store, and the fetch policy ([fetch] allow_groups = "
+                    f"{list(cfg.fetch_allow_groups)}) lets only members of those groups download; "
+                    f"the caller ({caller}) is not one",
+                    repo_id=spec.repo_id,
+                    revision=spec.ref,
+                )
+            self.fetch_gate.take(
+                caller,
+                per_minute=cfg.fetch_per_uid_rate,
+                burst=cfg.fetch_per_uid_burst,
+                what=f"{spec.repo_id}@{spec.ref}/{variant}",
+            )
+        except (FetchNotAllowed, RateLimited) as exc:
+            served = "; served the cached build" if local is not None else ""
+            audit(caller, "Resolve", what, f"fetch refused ({type(exc).__name__}){served}")
+            if local is not None:
+                return local, False
+            raise
+        audit(caller, "Resolve", what, "fetch allowed")
+        return run(True), True
+
+    def _complete(self, res: Resolution, variant: str) -> bool:
+        """Is a no-fetch answer the one a fetch would give (fresh refs, the best variant of
+        every kernel here, every commit's upstream listing known)?"""
+        store = self.store
+        for r in _walk(res):
+            if r.stale or store.upstream_variants(r.spec.repo_id, r.commit) is None:
+                return False
+            best = next((d.variant for d in r.decisions if d.accepted), None)
+            if r.variant != (variant if r is res and variant else best):
+                return False
+        return True
 
     def _served(
         self,
@@ -366,10 +447,17 @@ class Core:
         return set(self.store.variants(repo, commit))
 
     def list_variants(
-        self, spec: KernelSpec, facts: PlatformFacts, *, allow_fetch: bool
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool,
+        caller: Caller | None = None,
     ) -> tuple[str, bool, list[Decision]]:
         store, resolver = self.store, self.resolver
         allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
+        if allow and caller is not None:  # asks upstreams, downloads nothing: groups only
+            allow = self.fetch_gate.may_fetch(caller, self.config.fetch_allow_gids())
         store.check_denied(spec.repo_id, spec.ref)
         commit, stale = resolver.commit_for(spec, allow_network=allow)
         store.check_denied(spec.repo_id, spec.ref, commit)
@@ -551,6 +639,9 @@ class Core:
             )
         if self._prefetcher is not None:
             self._prefetcher.configured_torch = _torch(effective.prefetch_torch)
+        if self._leases is not None:
+            self._leases.per_client = effective.lease_limit_per_client
+            self._leases.total = effective.lease_limit
         if "log_level" in applied:
             logs.set_level(effective.log_level)
         self.config = effective

@@ -17,6 +17,8 @@ without parsing messages. The mapping (gRPC status, ErrorCode):
     MetadataError           DATA_LOSS            INTEGRITY_ERROR
     BlobMissingError        DATA_LOSS            INTEGRITY_ERROR
     ResourceExhaustedError  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED
+    RateLimited             RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (per-uid fetch rate limit)
+    Unauthenticated         UNAUTHENTICATED      INVALID_ARGUMENT (a bad caller token)
     InvalidInputError,
     ValueError, ConfigError,
     DependencyCycle         INVALID_ARGUMENT     INVALID_ARGUMENT
@@ -46,6 +48,7 @@ from kerneld.resolve import (
     NoCompatibleVariant,
     ResolveError,
 )
+from kerneld.server.logs import redact
 from kerneld.store import (
     BlobMissingError,
     DeniedError,
@@ -82,6 +85,18 @@ class Unimplemented(Exception):
     """An RPC this build cannot serve (e.g. mirror sync without the mirror module)."""
 
 
+class RateLimited(Exception):
+    """A caller asked for more downloads than `[fetch] per_uid_rate` allows."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Unauthenticated(Exception):
+    """A caller token that is forged, expired or not its sender's (see server/identity.py)."""
+
+
 @dataclass(frozen=True)
 class Failure:
     status: grpc.StatusCode
@@ -105,6 +120,8 @@ _TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType
     (MetadataError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
     (BlobMissingError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED),
+    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, Code.INVALID_ARGUMENT),
     (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
@@ -131,6 +148,13 @@ def _hint(exc: BaseException, repo: str) -> str:
         return "an admin can raise [store] cap, unpin kernels or run `kerneldctl gc`"
     if isinstance(exc, NotReady):
         return "retry in a moment"
+    if isinstance(exc, RateLimited):
+        return (
+            "kernels already on this host still load; an admin can prefetch this one "
+            "(`kerneldctl prefetch`) or raise [fetch] per_uid_rate"
+        )
+    if isinstance(exc, Unauthenticated):
+        return "connect to the socket's .cred side-channel for a token of your own, or send none"
     if isinstance(exc, LeaseNotFoundError):
         return "resolve the kernel again for a new lease"
     return ""
@@ -185,7 +209,8 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
             break
     e_repo, e_rev, e_variant = _context(exc)
     repo = e_repo or repo
-    message = str(exc) or type(exc).__name__
+    # Callers of the user socket read this: an upstream's credentials (a URL's userinfo) go.
+    message = redact(str(exc) or type(exc).__name__)
     hint = _hint(exc, repo)
     fault = store_fault(exc) if status is grpc.StatusCode.INTERNAL else None
     if fault is not None:

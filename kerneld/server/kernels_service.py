@@ -11,8 +11,8 @@ UPSTREAM_UNAVAILABLE naming every upstream and what it said so far, while the fe
 
 from __future__ import annotations
 
+import contextvars
 import logging
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 import grpc
 
 from kerneld import __version__
-from kerneld.server import convert
+from kerneld.server import convert, identity, logs
 from kerneld.server.core import Core, Served
 from kerneld.server.errors import abort, classify
-from kerneld.store import client_index
+from kerneld.store import InvalidInputError, client_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure
 from kerneld_client._convert import facts_to_proto
@@ -43,6 +43,8 @@ ANSWER_MARGIN_S = 0.25
 BOUNDED_WORKERS = 8
 #: A deadline further away than this is treated as none (grpc reports "none" as a huge one).
 NO_DEADLINE_S = 10 * 86400.0
+#: GetStatus shows at most this much of an upstream's last error.
+MAX_STATUS_ERROR = 1024
 
 
 def _selector(kernel: pb.KernelRef) -> str:
@@ -54,8 +56,8 @@ def _selector(kernel: pb.KernelRef) -> str:
 
 
 def _shown(location: str) -> str:
-    """An upstream's location without userinfo (`https://user:token@host` -> `https://host`)."""
-    return re.sub(r"//[^/@]*@", "//", location)
+    """An upstream's location without credentials (`https://user:token@host` -> `https://host`)."""
+    return logs.redact(location)
 
 
 def daemon_status(core: Core) -> pb.DaemonStatus:
@@ -78,12 +80,13 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         status.index_path = str(core.store.layout.client_index)
     for up in core.upstreams:
         item = pb.UpstreamStatus(
-            name=up.name,
+            name=_shown(up.name),
             kind=up.kind,
-            location=up.location,
+            location=_shown(up.location),
             priority=up.priority,
             reachable=up.reachable,
-            last_error=up.last_error,
+            # Any user may ask: an upstream's credentials (URL userinfo, tokens) never show.
+            last_error=convert.clip(logs.redact(up.last_error), MAX_STATUS_ERROR),
         )
         if up.last_success is not None:
             item.last_success.CopyFrom(convert.ts(up.last_success))
@@ -113,8 +116,8 @@ class KernelsService(pb_grpc.KernelsServicer):
 
     def _start(self, fn: Callable[[], T], by: float | None) -> Future[T]:
         """Run `fn` on a worker when it must end by a deadline, else here and now."""
-        if by is not None:
-            return self._bounded.submit(fn)
+        if by is not None:  # the caller's identity (server/identity.py) goes along
+            return self._bounded.submit(contextvars.copy_context().run, fn)
         future: Future[T] = Future()
         try:
             future.set_result(fn())
@@ -166,6 +169,7 @@ class KernelsService(pb_grpc.KernelsServicer):
     # ---- resolution ---------------------------------------------------------------------------
 
     def _served(self, request: pb.ResolveRequest) -> Served:
+        convert.check_resolve(request)
         spec = convert.spec_from_ref(request.kernel)
         facts = self.facts.get(request.platform, request.HasField("platform"))
         return self.core.resolve(
@@ -175,6 +179,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             variant=request.variant,
             lease_s=request.lease_seconds,
             holder=request.client,
+            caller=identity.current(),
         )
 
     def _to_proto(self, served: Served) -> pb.ResolvedKernel:
@@ -195,12 +200,12 @@ class KernelsService(pb_grpc.KernelsServicer):
         self, method: str, exc: BaseException, request: pb.ResolveRequest | None = None
     ) -> pb.ErrorDetail:
         kernel = request.kernel if request is not None else pb.KernelRef()
-        failure = classify(exc, repo=kernel.repo_id)
+        failure = classify(exc, repo=convert.clip(kernel.repo_id))
         self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
         log.info(
             "%s failed repo=%s selector=%s code=%s: %s",
             method,
-            kernel.repo_id or "-",
+            convert.clip(kernel.repo_id) or "-",
             kernel.WhichOneof("selector") or "main",
             pb.ErrorCode.Name(failure.detail.code),
             failure.detail.message,
@@ -219,7 +224,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             kernel = self._to_proto(served)
         except Exception as exc:
             self._failed("Resolve", exc, request)
-            abort(context, exc, repo=request.kernel.repo_id)
+            abort(context, exc, repo=convert.clip(request.kernel.repo_id))
         return pb.ResolveResponse(kernel=kernel)
 
     def _one(
@@ -235,6 +240,14 @@ class KernelsService(pb_grpc.KernelsServicer):
         self, request: pb.ResolveManyRequest, context: grpc.ServicerContext
     ) -> pb.ResolveManyResponse:
         started = time.monotonic()
+        limit = self.core.config.max_resolve_many
+        if len(request.requests) > limit:  # each entry costs CPU, a lease and ~1 KB of answer
+            exc = InvalidInputError(
+                f"ResolveMany asked for {len(request.requests)} kernels; at most {limit} per "
+                "call ([server] max_resolve_many): split the request"
+            )
+            self._failed("ResolveMany", exc)
+            abort(context, exc)
         requests = list(request.requests)
         fetching = any(r.allow_fetch for r in requests)
         by = self._answer_by(context) if fetching else None
@@ -244,7 +257,9 @@ class KernelsService(pb_grpc.KernelsServicer):
         else:
             # Misses download in parallel (each kernel is single-flight on its own).
             pool = self._bounded if by is not None else self.core.pool
-            futures = [pool.submit(self._served, r) for r in requests]
+            futures = [
+                pool.submit(contextvars.copy_context().run, self._served, r) for r in requests
+            ]
         return pb.ResolveManyResponse(
             results=[self._one(r, f, by, started) for r, f in zip(requests, futures, strict=True)]
         )
@@ -255,11 +270,14 @@ class KernelsService(pb_grpc.KernelsServicer):
         started = time.monotonic()
         by = self._answer_by(context) if request.allow_fetch else None
         try:
+            convert.check_list_variants(request)
             spec = convert.spec_from_ref(request.kernel)
             facts = self.facts.get(request.platform, request.HasField("platform"))
             commit, stale, decisions = self._finish(
                 self._start(
-                    lambda: self.core.list_variants(spec, facts, allow_fetch=request.allow_fetch),
+                    lambda: self.core.list_variants(
+                        spec, facts, allow_fetch=request.allow_fetch, caller=identity.current()
+                    ),
                     by,
                 ),
                 by,
@@ -269,7 +287,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             cached = self.core.cached_variants(spec.repo_id, commit)
         except Exception as exc:
             self._failed("ListVariants", exc)
-            abort(context, exc, repo=request.kernel.repo_id)
+            abort(context, exc, repo=convert.clip(request.kernel.repo_id))
         return pb.ListVariantsResponse(
             repo_id=spec.repo_id,
             commit=commit,
@@ -279,6 +297,7 @@ class KernelsService(pb_grpc.KernelsServicer):
 
     def RenewLease(self, request: pb.RenewLeaseRequest, context: grpc.ServicerContext) -> pb.Lease:
         try:
+            convert.check_lease_id(request.lease_id)
             lease = self.core.renew_lease(request.lease_id, request.lease_seconds)
         except Exception as exc:
             self._failed("RenewLease", exc)
@@ -289,6 +308,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseLeaseResponse:
         try:
+            convert.check_lease_id(request.lease_id)
             self.core.release_lease(request.lease_id)
         except Exception as exc:
             self._failed("ReleaseLease", exc)

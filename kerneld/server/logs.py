@@ -4,12 +4,17 @@ Under systemd (`JOURNAL_STREAM` or `INVOCATION_ID` set) each line starts with a 
 prefix (`<6>`) that journald turns into the entry's priority, and carries no timestamp (journald
 adds its own). Elsewhere lines carry a timestamp and the level name. A record's newlines (and a
 traceback's) are folded into ` | ` so one event is always one line and one journal entry.
+
+Every line is redacted (URL userinfo, Hub tokens: an upstream's credentials must not reach a
+journal every admin reads) and cut at `MAX_LINE` characters, so no caller can make one event
+cost megabytes of log.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -23,6 +28,22 @@ _PRIORITY = {
 }
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 LEVELS["error"] = logging.ERROR
+
+#: journald's own default LineMax is 48 KiB; a traceback fits in this, a flood does not.
+MAX_LINE = 16384
+
+_USERINFO = re.compile(r"(?<=//)[^/@\s]*@")
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{20,}")
+
+
+def redact(text: str) -> str:
+    """`text` without credentials: URL userinfo (`https://user:token@host` -> `https://host`)
+    and Hugging Face tokens (`hf_...` -> `hf_***`)."""
+    if "@" in text:
+        text = _USERINFO.sub("", text)
+    if "hf_" in text:
+        text = _HF_TOKEN.sub("hf_***", text)
+    return text
 
 
 def under_systemd(env: Mapping[str, str] | None = None) -> bool:
@@ -42,6 +63,9 @@ class OneLineFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[1] is not None:
             message += " | " + self.formatException(record.exc_info)
         message = " | ".join(line for line in message.splitlines() if line.strip())
+        message = redact(message)
+        if len(message) > MAX_LINE:
+            message = f"{message[:MAX_LINE]}... (cut: {len(message)} characters)"
         if self.journald:
             prio = _PRIORITY.get(record.levelno, 6)
             return f"<{prio}>{record.name}: {message}"

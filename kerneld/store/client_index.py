@@ -24,7 +24,7 @@ Per-repo document, format version 1 (all paths are relative to the store root)::
             "torch-cpu": {
               "tree": "v1/trees/<64 hex>",       # the variant folder, read-only
               "digest": "sha256:<64 hex>",       # tree digest (canonical manifest hash)
-              "lock": "locks/<64 hex>.lock",     # take LOCK_SH on it while using the tree
+              "lock": "locks/<64 hex>.lock",     # hold an OFD read lock while using the tree
               "metadata_id": "..." | null,       # metadata.json "id": the module name
               "backend": "cpu" | null,
               "archs": ["8.0", "9.0a", ...]
@@ -46,9 +46,10 @@ How a client uses it (see :func:`lookup` below, the reference implementation):
 3. If a deny has ``revision`` ``"*"``, the requested revision or the resolved commit: refuse.
 4. Pick the best variant for this process from ``commits[commit].variants``. If
    ``upstream_variants`` lists a better one that is not published yet, it is a miss.
-5. Open ``lock`` read-only, ``flock(LOCK_SH)``, check the lock path still names the same inode
-   (GC unlinks a lock file while it holds ``LOCK_EX``), check the tree exists, then import from
-   ``tree``. Keep the lock for the life of the process.
+5. Open ``lock`` read-only, take the OFD read lock (``F_OFD_SETLK``, ``F_RDLCK``; not ``flock``,
+   whose exclusive lock any user who can read the file could hold), check the lock path still
+   names the same inode (GC unlinks a lock file while it holds the OFD write lock), check the
+   tree exists, then import from ``tree``. Keep the lock for the life of the process.
 """
 
 from __future__ import annotations

@@ -121,6 +121,18 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
+#: Indexes added after schema 1, created when a store is opened read-write (an older kerneld
+#: opens such a database unchanged: it just does not use them). They keep the bounds on what
+#: callers make the daemon store (leases per holder, expired rows) cheap to enforce.
+_EXTRA_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS leases_holder ON leases (holder, expires_at)",
+    "CREATE INDEX IF NOT EXISTS leases_expires ON leases (expires_at)",
+    "CREATE INDEX IF NOT EXISTS negative_expires ON negative (expires_at)",
+)
+
+#: Rows the negative cache keeps at most (each is a failed upstream lookup a caller caused).
+MAX_NEGATIVE = 10_000
+
 ALL = "*"
 
 
@@ -263,6 +275,9 @@ class Index:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
             self._migrate()
+            if not read_only:
+                for statement in _EXTRA_INDEXES:
+                    conn.execute(statement)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise SchemaError(f"store index {path} is unreadable: {exc}") from exc
@@ -642,7 +657,66 @@ class Index:
         r = self._one("SELECT * FROM leases WHERE id = ?", (lease_id,))
         return None if r is None else LeaseRow(r[0], r[1], r[2], r[3], r[4])
 
+    @staticmethod
+    def trim_leases(
+        conn: sqlite3.Connection,
+        holders: Iterable[str],
+        now: float,
+        *,
+        per_holder: int,
+        total: int,
+    ) -> int:
+        """Bound the lease table: each of `holders` keeps its `per_holder` latest-expiring
+        leases, the table its `total` latest (expired rows go first); 0 means no bound. The
+        `holder` is self-reported, so both bounds are needed: one caller under many names still
+        meets the total. Returns the rows dropped (their trees lose that protection early)."""
+        dropped = 0
+        if per_holder > 0:
+            for holder in set(holders):
+                dropped += conn.execute(
+                    "DELETE FROM leases WHERE id IN (SELECT id FROM leases WHERE holder = ? "
+                    "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+                    (holder, per_holder),
+                ).rowcount
+        if total > 0:
+            count = int(conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0])
+            if count > total:
+                dropped += conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,)).rowcount
+                dropped += conn.execute(
+                    "DELETE FROM leases WHERE id IN (SELECT id FROM leases "
+                    "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+                    (total,),
+                ).rowcount
+        return dropped
+
     # negative cache
+
+    @staticmethod
+    def put_negative(
+        conn: sqlite3.Connection,
+        row: NegativeRow,
+        *,
+        limit: int = MAX_NEGATIVE,
+    ) -> None:
+        """Remember a failed lookup; expired rows are purged on the way and at most `limit`
+        rows kept (the oldest go): callers choose what is looked up, so the table must not
+        grow with what they ask."""
+        conn.execute("DELETE FROM negative WHERE expires_at <= ?", (row.created_at,))
+        conn.execute(
+            "INSERT OR REPLACE INTO negative VALUES (?,?,?,?,?,?)",
+            (row.repo, row.revision, row.variant, row.reason, row.created_at, row.expires_at),
+        )
+        count = int(conn.execute("SELECT COUNT(*) FROM negative").fetchone()[0])
+        if count > limit:
+            conn.execute(
+                "DELETE FROM negative WHERE rowid IN (SELECT rowid FROM negative "
+                "ORDER BY expires_at LIMIT ?)",
+                (count - limit,),
+            )
+
+    def negative_count(self) -> int:
+        row = self._one("SELECT COUNT(*) FROM negative")
+        return int(row[0]) if row else 0
 
     def get_negative(self, repo: str, revision: str, variant: str) -> NegativeRow | None:
         r = self._one(

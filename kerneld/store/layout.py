@@ -19,7 +19,8 @@
     │       └── <time>-<tree|blob|unknown>-<id>/  could not prove replaceable: the object as it
     │           ├── tree/ | blob | unknown        was found, and entry.json (why, which variants,
     │           └── entry.json                    the manifest); restored or dropped by an admin
-    ├── locks/<64 hex>.lock              0444  one per published tree; clients hold LOCK_SH
+    ├── locks/<64 hex>.lock              0644  one per published tree; clients hold an OFD read
+    │                                          lock, GC the OFD write lock (owner only)
     └── index/v1/                        0755  the read-only client index (see client_index.py)
         ├── denies.json
         └── <org>/<name>.json
@@ -53,7 +54,9 @@ DIR_MODE_PRIVATE = 0o700
 DIR_MODE_TREE = 0o555
 FILE_MODE_BLOB = 0o444
 FILE_MODE_EXEC = 0o555
-FILE_MODE_LOCK = 0o444
+FILE_MODE_LOCK = 0o644
+"""Tree lock files: readable by every client (OFD read lock), writable only by the store owner
+(the OFD write lock GC takes needs a writable descriptor, so no other user can hold it)."""
 FILE_MODE_PUBLIC = 0o644
 FILE_MODE_DB = 0o600
 

@@ -1,11 +1,23 @@
 """Liveness locks: the store's owner lock and the per-tree lock files clients hold.
 
-Per-tree protocol. Each published tree has ``<root>/locks/<hex>.lock`` (mode 0444, so any user
-can open it read-only; ``flock`` needs no write access). A client holds ``LOCK_SH`` on it for as
-long as it uses the tree. GC probes with ``LOCK_EX | LOCK_NB``: if that fails the tree is in use
-and is kept. When GC does delete a tree it keeps ``LOCK_EX`` while it unlinks the lock file and
-moves the tree away, so a client that raced it sees, after its own ``LOCK_SH`` succeeds, that the
-lock path no longer names the inode it locked (see :func:`hold_tree_lock`).
+Per-tree protocol. Each published tree has ``<root>/locks/<hex>.lock`` (mode 0644: any user can
+open it read-only, only the store owner for writing). A client holds an open-file-description
+(OFD) *read* lock on it for as long as it uses the tree. GC probes with the OFD *write* lock,
+non-blocking: if that fails the tree is in use and is kept. When GC does delete a tree it keeps
+the write lock while it unlinks the lock file and moves the tree away, so a client that raced it
+sees, after its own read lock succeeds, that the lock path no longer names the inode it locked
+(see :func:`hold_tree_lock`).
+
+Why OFD locks and not ``flock``: ``flock(LOCK_EX)`` needs only a read-only descriptor, so any
+user who can open the file could hold it and make every job fall back for that kernel. An OFD
+write lock needs a descriptor open for writing, which only the owner (the daemon) can get; what
+another user can take (``flock`` of either kind, OFD or classic read locks) never keeps a job
+from its read lock. At worst they keep a tree alive, exactly as a job that uses it does.
+
+Compatibility: clients before OFD locks hold ``flock(LOCK_SH)``. GC also probes and holds
+``flock(LOCK_EX)`` so it never deletes a tree such a client uses (a ``flock`` another user holds
+keeps a tree alive, which a read lock allows anyway); those old clients still fall back while a
+user holds ``LOCK_EX`` on the file, as before.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld_client._index import TreeGone, lock_shared
+from kerneld_client._index import OFD_WRITE, TreeGone, lock_shared, ofd_lock
 
 from .errors import StoreLockedError
 from .layout import FILE_MODE_LOCK
@@ -89,7 +101,7 @@ def owner_is_running(path: Path) -> bool:
 
 
 def create_tree_lock(path: Path) -> None:
-    """Create a tree's lock file (mode 0444) if it does not exist yet."""
+    """Create a tree's lock file (mode 0644: only the owner may write it) if it does not exist."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE_LOCK)
     except FileExistsError:
@@ -102,8 +114,8 @@ def create_tree_lock(path: Path) -> None:
 
 @dataclass
 class Probe:
-    """Result of probing a tree lock: ``held`` by someone, or free (``fd`` holds LOCK_EX; None
-    when there is no lock file at all)."""
+    """Result of probing a tree lock: ``held`` by someone, or free (``fd`` holds the OFD write
+    lock and ``flock(LOCK_EX)``; None when there is no lock file at all)."""
 
     held: bool
     fd: int | None = None
@@ -114,13 +126,32 @@ class Probe:
             self.fd = None
 
 
-def try_lock_exclusive(path: Path) -> Probe:
-    """Probe a tree lock for GC with ``LOCK_EX | LOCK_NB``; the caller releases the probe."""
+def _open_for_write(path: Path) -> int:
+    """Open a tree lock file read-write; lock files made before OFD locks are 0444 and are made
+    0644 here (the owner may chmod them; that is the only way to get a writable descriptor)."""
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return os.open(path, flags)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                raise
+            os.fchmod(fd, FILE_MODE_LOCK)
+        finally:
+            os.close(fd)
+        return os.open(path, flags)
+
+
+def try_lock_exclusive(path: Path) -> Probe:
+    """Probe a tree lock for GC with the OFD write lock and ``flock(LOCK_EX)`` (clients older than
+    OFD locks), both non-blocking; the caller releases the probe."""
+    try:
+        fd = _open_for_write(path)
     except FileNotFoundError:
         return Probe(held=False)
     try:
+        ofd_lock(fd, OFD_WRITE, blocking=False)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
@@ -139,8 +170,8 @@ def is_held(path: Path) -> bool:
 
 @contextlib.contextmanager
 def hold_tree_lock(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> Iterator[int]:
-    """Hold ``LOCK_SH`` on a tree for the duration of the block (the client protocol, whose one
-    implementation is ``kerneld_client._index.lock_shared``).
+    """Hold the OFD read lock on a tree for the duration of the block (the client protocol, whose
+    one implementation is ``kerneld_client._index.lock_shared``).
 
     Raises :class:`TreeGone` if GC removed the tree meanwhile, ``BlockingIOError`` if
     non-blocking and GC is deleting it right now.

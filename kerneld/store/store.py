@@ -843,11 +843,9 @@ class Store:
         """Remember a failed lookup upstream (no such repo/revision/variant) for ``ttl_s``."""
         self._writable()
         now = time.time()
+        row = NegativeRow(repo, revision, variant or ALL, reason[:1024], now, now + ttl_s)
         with self._lock, self.index.tx() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO negative VALUES (?,?,?,?,?,?)",
-                (repo, revision, variant or ALL, reason, now, now + ttl_s),
-            )
+            self.index.put_negative(conn, row)
 
     def get_negative(self, repo: str, revision: str, variant: str = ALL) -> NegativeRow | None:
         row = self.index.get_negative(repo, revision, variant or ALL)
@@ -949,14 +947,20 @@ class Store:
         return lease
 
     def record_leases(
-        self, leases: Sequence[Lease], *, resolved: Iterable[tuple[str, float]] = ()
+        self,
+        leases: Sequence[Lease],
+        *,
+        resolved: Iterable[tuple[str, float]] = (),
+        per_holder: int = 0,
+        total: int = 0,
     ) -> int:
         """Record leases granted ahead of the write, in one transaction (one fsync for a
         batch: the daemon answers Resolve at once and writes its leases behind), together with
         the resolve times (LRU) of trees served from its memory, ``(tree digest, unix time)``.
         Leases on trees that are no longer live (or already expired) are skipped; returns how
         many were recorded. The rows go in with ``executemany`` so a large batch costs little
-        Python time (request threads wait for the GIL meanwhile)."""
+        Python time (request threads wait for the GIL meanwhile). ``per_holder``/``total``
+        bound the table in the same transaction (``Index.trim_leases``)."""
         self._writable()
         now = time.time()
         touches = [(at, _hex(tree), at) for tree, at in resolved]
@@ -979,7 +983,11 @@ class Store:
                 "SELECT ?1, digest, ?2, ?3, ?4 FROM trees WHERE digest = ?5 AND state = 'live'",
                 rows,
             )
-            return conn.total_changes - before
+            recorded = conn.total_changes - before
+            if rows and (per_holder or total):
+                holders = {lease.holder for lease in leases}
+                self.index.trim_leases(conn, holders, now, per_holder=per_holder, total=total)
+            return recorded
 
     def renew_lease(self, lease_id: str, ttl_s: float) -> Lease:
         self._writable()

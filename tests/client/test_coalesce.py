@@ -129,6 +129,7 @@ def test_an_unsafe_lock_directory_turns_coalescing_off(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)
@@ -136,6 +137,12 @@ def test_an_unsafe_lock_directory_turns_coalescing_off(
     folder = tmp_path / f"kerneld-{os.geteuid()}"
     folder.chmod(0o777)  # another user could swap the lock files
     assert _coalesce._lock_dir() is None
+    # The user's runtime directory, when there is one, takes over.
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert _coalesce._lock_dir() == runtime / "kerneld" / "resolving"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
     req = KernelRequest("org/k", version=1)
     with (
         _coalesce.turn(tmp_path / "s", req, 0.1) as a,

@@ -48,12 +48,12 @@ def test_warm_load_in_fresh_process_needs_no_daemon_and_no_grpc(
 mod = kerneld_client.get_kernel("kerneld-examples/activation", version=1, policy="error")
 checked = check_activation(mod, 1)
 info = loaded_kernels()[0]
-# The shared lock is held by this process: an exclusive probe on another descriptor fails.
-import fcntl
+# The OFD read lock is held by this process: a write lock on another descriptor fails.
+from kerneld_client._index import OFD_WRITE, ofd_lock
 fd = os.open(os.path.join(os.environ["KERNELD_STORE"], "locks", info.digest[7:] + ".lock"),
-             os.O_RDONLY)
+             os.O_RDWR)
 try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    ofd_lock(fd, OFD_WRITE, blocking=False)
     held = False
 except BlockingIOError:
     held = True

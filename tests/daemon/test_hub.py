@@ -136,7 +136,7 @@ def test_sigterm_past_the_drain_timeout_leaves_no_partial_tree(
     assert isinstance(result.get("error"), grpc.RpcError), result
     assert "drain timeout" in d.logs()
     trees = d.store_root / "v1" / "trees"
-    assert list(trees.iterdir()) == []  # nothing half-published is visible
+    assert list(trees.iterdir()) == [], d.logs()  # nothing half-published is visible
     hub_server.latency_s = 0
     d.start()  # recovery cleans up; the same download now completes
     with d.admin() as admin:

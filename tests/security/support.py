@@ -30,6 +30,20 @@ CPU_FACTS = '{"torch_version": "2.13", "cxx11_abi": true, "backend": "cpu"}'
 
 NOBODY = pwd.getpwnam("nobody")
 
+#: A victim job (`% {"repo": ...}`): what it imported, or the error it got, as JSON; then what
+#: the default policy (fallback to PyTorch) gives it.
+VICTIM = """
+import json, kerneld_client
+out = {}
+try:
+    out["kid"] = kerneld_client.get_kernel(%(repo)r, version=1, policy="error").KID
+except kerneld_client.KernelError as exc:
+    out["error"] = type(exc).__name__
+    out["message"] = str(exc)
+out["default"] = str(kerneld_client.get_kernel(%(repo)r, version=1, fallback="torch"))
+print(json.dumps(out))
+"""
+
 
 def as_user(uid: int, gid: int, fn: Callable[[], Any], *, timeout: float = 60.0) -> Any:
     """Run `fn` in a forked child as uid/gid (no supplementary groups); its JSON-able result.

@@ -28,7 +28,14 @@ from kerneld.server.sockets import write_advert
 from kerneld_client import UntrustedPath, _trust
 from kerneld_client.locations import Advert, advert_path, read_advert
 from tests.client.support import client_env, publish_synthetic, run_client, synthetic_metadata
-from tests.security.support import CPU_FACTS, NOBODY, as_nobody, needs_root, public_dir
+from tests.security.support import (
+    CPU_FACTS,
+    NOBODY,
+    VICTIM,
+    as_nobody,
+    needs_root,
+    public_dir,
+)
 
 pytestmark = [
     needs_root,
@@ -79,19 +86,6 @@ def attacker_store(shared: Path) -> Iterator[tuple[Path, Path]]:
         as_nobody(copy)
     assert target.stat().st_uid == NOBODY.pw_uid
     yield target, marker
-
-
-VICTIM = """
-import json, kerneld_client
-out = {}
-try:
-    out["kid"] = kerneld_client.get_kernel(%(repo)r, version=1, policy="error").KID
-except kerneld_client.KernelError as exc:
-    out["error"] = type(exc).__name__
-    out["message"] = str(exc)
-out["default"] = str(kerneld_client.get_kernel(%(repo)r, version=1, fallback="torch"))
-print(json.dumps(out))
-"""
 
 
 def _victim(tmp_path: Path, store: Path | None, **extra: str) -> dict[str, Any]:

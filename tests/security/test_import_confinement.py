@@ -26,7 +26,14 @@ from kerneld.store import Store, TreeFile
 from kerneld.store.errors import MetadataError
 from kerneld_client import KernelLoadError, importer
 from tests.client.support import client_env, publish_synthetic, run_client, synthetic_metadata
-from tests.security.support import CPU_FACTS, NOBODY, as_nobody, needs_root, public_dir
+from tests.security.support import (
+    CPU_FACTS,
+    NOBODY,
+    VICTIM,
+    as_nobody,
+    needs_root,
+    public_dir,
+)
 
 pytestmark = [
     needs_root,
@@ -140,19 +147,6 @@ def _rewrite_name(tree: Path, name: object) -> None:
     meta.write_bytes(_variant("_sec_conf_load", name)["metadata.json"])
     meta.chmod(old_file)
     tree.chmod(old_dir)
-
-
-VICTIM = """
-import json, kerneld_client
-out = {}
-try:
-    out["kid"] = kerneld_client.get_kernel(%(repo)r, version=1, policy="error").KID
-except kerneld_client.KernelError as exc:
-    out["error"] = type(exc).__name__
-    out["message"] = str(exc)
-out["default"] = str(kerneld_client.get_kernel(%(repo)r, version=1, fallback="torch"))
-print(json.dumps(out))
-"""
 
 
 def _victim(store: Path, tmp_path: Path) -> dict[str, Any]:

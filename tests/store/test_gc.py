@@ -96,7 +96,7 @@ def test_roots_are_kept_and_dry_run_explains(store_root, monkeypatch):
         s.pin(REPO, "v1")  # pins via a ref
         s.acquire_lease(infos[1].digest, 600)
         fd = os.open(infos[2].lock_path, os.O_RDONLY)
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a client older than OFD locks: GC still respects it
         with s.index.tx() as conn:  # infos[3] was resolved just now
             conn.execute(
                 "UPDATE trees SET last_resolved = ? WHERE digest = ?",

@@ -79,7 +79,7 @@ def test_publish_is_read_only_everywhere(store):
     blob = store.layout.blob_path(sha256(b"x = 1\n"))
     assert os.stat(blob).st_ino == os.stat(info.path / "pkg/sub/x.py").st_ino
     lock = info.lock_path
-    assert stat.S_IMODE(lock.stat().st_mode) == 0o444
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o644  # only the owner can take the write lock
 
 
 def test_identical_content_is_stored_once(store):

@@ -963,8 +963,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_WR)
 
     def _write_body(self, data: bytes) -> None:
-        self.wfile.write(data)
+        # Counted before the write: once a client has the bytes, the count must already hold
+        # them (a test that reads the counters, or resets them for the next test, right after
+        # its last response would otherwise race this thread).
         self.server.hub._count_bytes(self._record.kind, len(data))
+        self.wfile.write(data)
 
 
 def _kind(method: str, raw_path: str) -> str:
