@@ -1,15 +1,18 @@
-"""Fixtures of the security tests: a store holding the compiled example kernels."""
+"""Fixtures of the security tests: a store holding the compiled example kernels, and a
+directory every user can traverse (pytest's tmp dirs are 0700)."""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from examples.kernels.build import BuiltExamples
 from kerneld.store import Store, TreeFile
+from tests.security.support import public_dir
 
 COMMIT = "7" * 40
 
@@ -40,3 +43,9 @@ def example_copy(example_store: Path, tmp_path: Path) -> Path:
     root = tmp_path / "store"
     shutil.copytree(example_store, root, symlinks=True)
     return root
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    with public_dir() as base:
+        yield base

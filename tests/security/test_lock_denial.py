@@ -30,7 +30,7 @@ from kerneld_client._types import KernelRequest
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_daemon import ACT
-from tests.security.support import CPU_FACTS, NOBODY, as_nobody, as_user, needs_root, public_dir
+from tests.security.support import CPU_FACTS, NOBODY, as_nobody, as_user, needs_root
 from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_root
@@ -127,12 +127,6 @@ def _every_path(*roots: Path) -> list[str]:
         for dirpath, dirnames, filenames in os.walk(root):
             out += [os.path.join(dirpath, n) for n in dirnames + filenames]
     return out
-
-
-@pytest.fixture
-def public() -> Iterator[Path]:
-    with public_dir() as base:
-        yield base
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from kerneld_client._index import OFD_READ, ofd_lock
 from kerneld_client._proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_daemon import ACT, DEP_TOP
-from tests.security.support import as_nobody, needs_root, public_dir
+from tests.security.support import as_nobody, needs_root
 from tests.support.daemon import DaemonProcess
 
 pytestmark = needs_root
@@ -84,12 +84,6 @@ def _every_path(root: Path) -> list[tuple[str, bool]]:
         out += [(os.path.join(dirpath, d), True) for d in dirnames]
         out += [(os.path.join(dirpath, f), False) for f in filenames]
     return out
-
-
-@pytest.fixture
-def public() -> Iterator[Path]:
-    with public_dir() as base:
-        yield base
 
 
 @pytest.fixture
