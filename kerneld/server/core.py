@@ -295,16 +295,14 @@ class Core:
         (leases and resolve times are written behind by the LeaseBook).
         """
         store = self.store
-        self.platforms.record(facts)
+        hit = self.resolve_remembered(
+            spec, facts, allow_fetch=allow_fetch, variant=variant, lease_s=lease_s, holder=holder
+        )
+        if hit is not None:
+            return hit
         allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
         generation = self._generation(store)
-        with self._hits_lock:
-            entry = self._hits.get(key)
-        if entry is not None and entry.generation == generation and time.time() < entry.until:
-            for tree in entry.trees:
-                self.leases.resolved(tree)
-            return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
         with self.work():
             try:
                 res, cacheable = self._gated(caller, spec, facts, allow, variant, holder)
@@ -338,6 +336,31 @@ class Core:
             if r.fetched is not None:
                 self.record_fetch(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
         return self._served(res, memo, lease_s, holder, spec)
+
+    def resolve_remembered(
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool,
+        variant: str = "",
+        lease_s: float = 0,
+        holder: str = "",
+    ) -> Served | None:
+        """The warm path of `resolve` alone: an answer computed before, while the store's
+        generation is unchanged and its refs are within their TTL; None otherwise. Never does
+        I/O beyond one indexed read, so callers may run it where they cannot wait."""
+        self.platforms.record(facts)
+        allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
+        key = (spec, facts, variant, allow)
+        generation = self._generation(self.store)
+        with self._hits_lock:
+            entry = self._hits.get(key)
+        if entry is None or entry.generation != generation or time.time() >= entry.until:
+            return None
+        for tree in entry.trees:
+            self.leases.resolved(tree)
+        return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
 
     def _gated(
         self,

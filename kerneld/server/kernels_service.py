@@ -102,7 +102,9 @@ class KernelsService(pb_grpc.KernelsServicer):
         self.core = core
         self.facts = convert.FactsCache()
         self.metadata = convert.MetadataCache()
-        self._bounded = ThreadPoolExecutor(BOUNDED_WORKERS, thread_name_prefix="resolve-fetch")
+        # One worker per RPC thread: each waits on at most one resolution at a time.
+        workers = max(BOUNDED_WORKERS, core.config.threads)
+        self._bounded = ThreadPoolExecutor(workers, thread_name_prefix="resolve-fetch")
 
     # ---- answers within the caller's deadline -------------------------------------------------
 
@@ -168,6 +170,20 @@ class KernelsService(pb_grpc.KernelsServicer):
 
     # ---- resolution ---------------------------------------------------------------------------
 
+    def _remembered(self, request: pb.ResolveRequest) -> Served | None:
+        """A warm answer, here and now (no thread hop for the common case); None: resolve."""
+        convert.check_resolve(request)
+        spec = convert.spec_from_ref(request.kernel)
+        facts = self.facts.get(request.platform, request.HasField("platform"))
+        return self.core.resolve_remembered(
+            spec,
+            facts,
+            allow_fetch=request.allow_fetch,
+            variant=request.variant,
+            lease_s=request.lease_seconds,
+            holder=request.client,
+        )
+
     def _served(self, request: pb.ResolveRequest) -> Served:
         convert.check_resolve(request)
         spec = convert.spec_from_ref(request.kernel)
@@ -218,7 +234,8 @@ class KernelsService(pb_grpc.KernelsServicer):
         started = time.monotonic()
         by = self._answer_by(context) if request.allow_fetch else None
         try:
-            served = self._finish(
+            warm = self._remembered(request) if by is not None else None
+            served = warm or self._finish(
                 self._start(lambda: self._served(request), by), by, started, request.kernel
             )
             kernel = self._to_proto(served)
