@@ -26,7 +26,7 @@ import platform
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,8 @@ class RunData:
     deadline_s: float
     config: dict[str, Any]
     wall_s: float
+    phase_timeline: Sequence[tuple[float, str]] = ()
+    """(wall-clock start, name) of every fault phase, in order (`FaultPhases.timeline`)."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -299,7 +301,70 @@ def figures(d: RunData) -> dict[str, Any]:
         "gc_evictions_logged": sum(1 for ln in deletions if "(evicted" in ln),
         "pins": len(d.admin.pins),
         "denies": len(d.admin.denies),
+        "by_phase": by_phase(d),
+        "fallback_causes": dict(
+            Counter(fallback_cause(r) for r in recs if r["outcome"] == "fallback").most_common()
+        ),
     }
+
+
+def phase_at(timeline: Sequence[tuple[float, str]], t: float) -> str:
+    """The fault phase in force at wall-clock `t` (calm before the first one)."""
+    name = "calm"
+    for start, phase in timeline:
+        if start > t:
+            break
+        name = phase
+    return name
+
+
+def fallback_cause(r: dict[str, Any]) -> str:
+    """Why a load fell back, in the words of the report: which part of the chaos caused it,
+    or what the daemon answered when no injected cause explains it."""
+    first = str(r.get("error", "")).split("+", 1)[0]
+    msg = str(r.get("message", ""))
+    if first == "DaemonUnavailable":
+        return "daemon down (killer)"
+    if first == "KernelDenied":
+        return "denied (admin churn)"
+    if first == "KernelNotFound":
+        return "absent kernel (asked on purpose)" if r.get("kind") == "absent" else "not found"
+    if first == "KernelUnavailable":
+        for needle, cause in (
+            ("resource exhausted", "store cap"),
+            ("malformed answer", "Hub faults (a corrupted answer)"),
+            ("every upstream is unreachable", "Hub faults (retries spent, nothing cached)"),
+            ("failed after", "Hub faults (retries spent, nothing cached)"),
+            ("does not match the Hub", "Hub faults (`hub` fallback refused corrupted bytes)"),
+            ("trusted kernel publisher", "Hub faults (`hub` fallback's publisher check)"),
+            ("the Hub could not be used", "Hub faults (`hub` fallback)"),
+            ("disappeared", "tree gone before import"),
+            ("did not answer in time", "deadline"),
+        ):
+            if needle in msg:
+                return cause
+        return "unavailable: " + (re.sub(r"[0-9a-f]{12,}", "…", msg)[:80] or "?")
+    return first or str(r.get("outcome"))
+
+
+def by_phase(d: RunData) -> dict[str, dict[str, Any]]:
+    """Per fault phase (the one a load started in): loads, fallbacks, their share and why."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in d.records:
+        if "t_start" not in r:
+            continue
+        row = out.setdefault(
+            phase_at(d.phase_timeline, float(r["t_start"])),
+            {"loads": 0, "fallbacks": 0, "causes": Counter()},
+        )
+        row["loads"] += 1
+        if r["outcome"] == "fallback":
+            row["fallbacks"] += 1
+            row["causes"][fallback_cause(r)] += 1
+    for row in out.values():
+        row["share"] = round(row["fallbacks"] / row["loads"], 3) if row["loads"] else 0.0
+        row["causes"] = dict(row["causes"].most_common())
+    return dict(sorted(out.items()))
 
 
 def _fmt_counter(c: dict[str, Any]) -> str:
@@ -325,7 +390,7 @@ def render_markdown(fig: dict[str, Any], invs: list[Invariant], command: str) ->
         f"| operations (one fresh process each) | {fig['operations']} ({fig['ops_per_s']}/s) |",
         f"| outcomes | {_fmt_counter(fig['outcomes'])} |",
         f"| served from | {_fmt_counter(fig['served_by'])} |",
-        f"| fallbacks (to PyTorch) | {fig['fallbacks']} |",
+        f"| fallbacks (to PyTorch) | {fig['fallbacks']} ({_fmt_counter(fig['fallback_causes'])}) |",
         f"| loads via the `hub` fallback | {fig['hub_fallback_loads']} |",
         f"| errors by kind (why not served from the store) | "
         f"{_fmt_counter(fig['errors_by_kind'])} |",
@@ -349,6 +414,15 @@ def render_markdown(fig: dict[str, Any], invs: list[Invariant], command: str) ->
         f"{fig['gc_tree_deletions_logged']} ({fig['gc_evictions_logged']} LRU evictions) |",
         f"| kerneldctl commands | {_fmt_counter(fig['admin_ops'])} |",
         f"| pins / denies in force at some point | {fig['pins']} / {fig['denies']} |",
+        "",
+        "| fault phase (a load counts in the phase it started in) | loads | fell back | share "
+        "| why |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {name} | {row['loads']} | {row['fallbacks']} | {row['share']:.0%} | "
+            f"{_fmt_counter(row['causes'])} |"
+            for name, row in fig["by_phase"].items()
+        ),
         "",
         "| invariant | checked | result |",
         "| --- | --- | --- |",

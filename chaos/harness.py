@@ -277,6 +277,7 @@ def run(cfg: ChaosConfig, *, say: Callable[[str], None] = print) -> ChaosResult:
         hub_statuses=statuses,
         faults_injected=hub.injected,
         phase_seconds=phases.seconds,
+        phase_timeline=phases.timeline,
         file_bytes=hub.file_bytes,
         daemon_logs=daemon.logs(),
         deadline_s=cfg.deadline,

@@ -132,6 +132,9 @@ class FaultPhases(threading.Thread):
             (Phase("outage", 1.0, {"error": 2.0, "rate_limit": 1.0, "reset": 1.0}), 1.0),
         ]
         self.seconds: dict[str, float] = defaultdict(float)
+        self.timeline: list[tuple[float, str]] = []
+        """(wall-clock start, phase name) of every phase, in order: loads are attributed to the
+        phase they started in."""
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -139,10 +142,12 @@ class FaultPhases(threading.Thread):
             # An outage is short: long enough to matter, short enough that work goes on.
             span = self.period_s * (0.5 if phase.name == "outage" else self.rng.uniform(0.5, 1.5))
             self.hub.set_phase(phase)
+            self.timeline.append((time.time(), phase.name))
             t0 = time.monotonic()
             self.stop_event.wait(span)
             self.seconds[phase.name] += time.monotonic() - t0
         self.hub.set_phase(Phase("calm", 0.0, {}))
+        self.timeline.append((time.time(), "calm"))
 
     def stop(self) -> None:
         self.stop_event.set()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kerneld.store.verify import DEFAULT_QUARANTINE_MAX_BYTES
 from kerneld.upstream.base import check_repo_id
 from kerneld_client import locations
 
@@ -137,6 +138,8 @@ class Config:
     """Seconds between background re-hashes of the whole store; 0: never."""
     scrub_rate_bytes: int = DEFAULT_SCRUB_RATE
     """Bytes per second a scrub may read; 0: as fast as the disk goes."""
+    quarantine_max_bytes: int = DEFAULT_QUARANTINE_MAX_BYTES
+    """Bytes the quarantine may hold; over it the oldest entries are dropped; 0: no bound."""
     user_socket: SocketConfig = field(
         default_factory=lambda: SocketConfig(locations.user_run_dir() / "kerneld.sock", 0o666)
     )
@@ -253,6 +256,7 @@ _KNOWN: dict[str, set[str]] = {
         "orphan_grace",
         "scrub_interval",
         "scrub_rate",
+        "quarantine_max",
     },
     "sockets": {"user", "admin", "user_mode", "admin_mode", "user_group", "admin_group"},
     "upstream": {"name", "kind", "endpoint", "path", "url", "token_file", "require_signatures"},
@@ -392,6 +396,10 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
     if "scrub_rate" in store:
         updates["scrub_rate_bytes"] = parse_size(
             store["scrub_rate"], source=source, key="store.scrub_rate"
+        )
+    if "quarantine_max" in store:
+        updates["quarantine_max_bytes"] = parse_size(
+            store["quarantine_max"], source=source, key="store.quarantine_max"
         )
 
     sockets = _table(doc, "sockets", source)
@@ -761,6 +769,7 @@ FIELD_KEYS: dict[str, str] = {
     "orphan_grace_s": "[store] orphan_grace",
     "scrub_interval_s": "[store] scrub_interval",
     "scrub_rate_bytes": "[store] scrub_rate",
+    "quarantine_max_bytes": "[store] quarantine_max",
     "user_socket": "[sockets] user/user_mode/user_group",
     "admin_socket": "[sockets] admin/admin_mode/admin_group",
     "upstreams": "[[upstream]]",
@@ -820,6 +829,7 @@ def dump_config(cfg: Config) -> str:
                 "orphan_grace": format_duration(cfg.orphan_grace_s),
                 "scrub_interval": format_duration(cfg.scrub_interval_s),
                 "scrub_rate": format_size(cfg.scrub_rate_bytes),
+                "quarantine_max": format_size(cfg.quarantine_max_bytes),
             },
         ),
         (

@@ -28,7 +28,9 @@ from pathlib import Path
 from kerneld.fetch import FetchEvent, FetchResult
 from kerneld.hardware import Hardware
 from kerneld.resolve import KernelSpec, Resolver
-from kerneld.store import ResourceExhaustedError, Store
+from kerneld.store import Hold, Store, TreeNotFoundError
+from kerneld.upstream.base import is_commit
+from kerneld.upstream.errors import EntryNotFound
 from kerneld_client.variants import (
     Backend,
     BackendType,
@@ -307,24 +309,32 @@ class Prefetcher:
         queue = list(dict.fromkeys(specs))
         seen = set(queue)
         torch = set(torch_versions)
-        while queue:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("prefetch cancelled")
-            spec = queue.pop(0)
-            try:
-                deps = self._one(spec, variants, torch, platforms, refresh, send, summary, cancel)
-            except Cancelled:
-                raise
-            except Exception as exc:
-                summary.kernels_failed += 1
-                summary.errors.append((str(spec), exc))
-                log.warning("prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc)
-                send(PrefetchUpdate("kernel-failed", spec.repo_id, error=exc))
-                continue
-            for dep in deps:
-                if dep not in seen:
-                    seen.add(dep)
-                    queue.append(dep)
+        # Everything this prefetch fetched or found stays held until it ends: a later variant's
+        # reservation may not evict an earlier one. What does not fit under the cap beside the
+        # rest fails with ResourceExhaustedError (RESOURCE_EXHAUSTED), never silently.
+        with self.store.holds.hold() as hold:
+            while queue:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("prefetch cancelled")
+                spec = queue.pop(0)
+                try:
+                    deps = self._one(
+                        spec, variants, torch, platforms, refresh, send, summary, cancel, hold
+                    )
+                except Cancelled:
+                    raise
+                except Exception as exc:
+                    summary.kernels_failed += 1
+                    summary.errors.append((str(spec), exc))
+                    log.warning(
+                        "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
+                    )
+                    send(PrefetchUpdate("kernel-failed", spec.repo_id, error=exc))
+                    continue
+                for dep in deps:
+                    if dep not in seen:
+                        seen.add(dep)
+                        queue.append(dep)
         send(
             PrefetchUpdate(
                 "finished", kernels_ok=summary.kernels_ok, kernels_failed=summary.kernels_failed
@@ -342,10 +352,13 @@ class Prefetcher:
         send: Emit,
         summary: PrefetchSummary,
         cancel: threading.Event | None,
+        hold: Hold,
     ) -> list[KernelSpec]:
         repo = spec.repo_id
         self.store.check_denied(repo, spec.ref)
-        commit, stale = self.resolver.commit_for(spec, refresh=refresh)
+        asked_at = self.resolver.clock()
+        # The ref is moved below, once the new commit's trees are here (record=False).
+        commit, stale = self.resolver.commit_for(spec, refresh=refresh, record=False)
         self.store.check_denied(repo, spec.ref, commit)
         names = self.resolver.variant_names(repo, commit)
         plan = self._plan(names, variants, torch, platforms)
@@ -358,7 +371,12 @@ class Prefetcher:
                 raise Cancelled("prefetch cancelled")
             try:
                 if variant not in names:
-                    raise LookupError(f"variant {variant} does not exist at {repo}@{commit}")
+                    raise EntryNotFound(
+                        f"no variant {variant} (it has: {', '.join(sorted(names)) or 'none'})",
+                        repo_id=repo,
+                        revision=commit,
+                    )
+                hold.add(repo, commit, variant)
                 hit = self.store.lookup(repo, commit, variant)
                 already = hit is not None
                 if hit is None:
@@ -366,13 +384,10 @@ class Prefetcher:
                     summary.bytes += result.bytes_downloaded
                     hit = self.store.lookup(repo, commit, variant)
                     if hit is None:
-                        # GC made room for the next download by collecting this one: the cap
-                        # cannot hold what is being prefetched (a typed answer, not INTERNAL).
-                        raise ResourceExhaustedError(
-                            result.tree.size,
-                            0,
-                            "store cap (the tree was collected right after its fetch to make "
-                            "room for others; prefetch fewer variants at once)",
+                        # Held, so GC did not take it; a repair or an admin's deny did.
+                        raise TreeNotFoundError(
+                            "the tree was taken out of service right after its fetch (a repair "
+                            "or a deny); prefetch it again",
                             repo=repo,
                             commit=commit,
                             variant=variant,
@@ -424,6 +439,8 @@ class Prefetcher:
             present,
             len(failures),
         )
+        if not stale:
+            self._move_ref(spec, commit, asked_at, complete=not failures)
         if failures:
             bad_variant, error = failures[0]
             summary.kernels_failed += 1
@@ -433,6 +450,25 @@ class Prefetcher:
             summary.kernels_ok += 1
             send(PrefetchUpdate("kernel-done", repo, commit, files_done=len(plan)))
         return deps
+
+    def _move_ref(self, spec: KernelSpec, commit: str, asked_at: float, *, complete: bool) -> None:
+        """Record the upstream's answer for `spec`'s ref. A ref that moves to a new commit moves
+        only when every planned variant of that commit is in the store (jobs then switch to
+        it without downloading); until then they keep the commit they had."""
+        if spec.locked_commit is not None or is_commit(spec.ref):
+            return
+        known = self.store.get_ref(spec.repo_id, spec.ref)
+        if complete or known is None or known.commit == commit:
+            self.store.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
+        else:
+            log.warning(
+                "not moving ref repo=%s ref=%s from %s to %s: some of its variants could not "
+                "be fetched; jobs keep the old commit until they are",
+                spec.repo_id,
+                spec.ref,
+                known.commit,
+                commit,
+            )
 
     def _plan(
         self,

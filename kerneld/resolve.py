@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
-from kerneld.store import MetadataError, Resolved, Store
+from kerneld.store import Hold, MetadataError, Resolved, ResourceExhaustedError, Store
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
     RepoNotFound,
@@ -118,30 +118,51 @@ class Resolver:
         self.negative_ttl_s = negative_ttl_s
         self.fetcher = fetcher or Fetcher(store, self.upstreams)
         self.clock = clock
-        self._ref_flight: SingleFlight[tuple[str, str, bool, bool], tuple[str, bool]] = (
+        self._ref_flight: SingleFlight[tuple[str, str, bool, bool, bool], tuple[str, bool]] = (
             SingleFlight()
         )
+        self._failing: dict[tuple[str, str], float] = {}
+        """(repo, ref) -> when every upstream last failed to answer for it; cleared by the next
+        answer. Only these refs are served *stale*: a ref merely past its TTL is being
+        re-checked in the background (`kerneld.server.refresh`), which is not a failure."""
         self._variants_flight: SingleFlight[tuple[str, str, bool], list[str]] = SingleFlight()
 
     # -- refs ----------------------------------------------------------------------------------
 
     def commit_for(
-        self, spec: KernelSpec, *, allow_network: bool = True, refresh: bool = False
+        self,
+        spec: KernelSpec,
+        *,
+        allow_network: bool = True,
+        refresh: bool = False,
+        record: bool = True,
     ) -> tuple[str, bool]:
-        """(commit, stale); concurrent callers asking for the same ref share one lookup."""
+        """(commit, stale); concurrent callers asking for the same ref share one lookup.
+
+        `record=False` asks without moving the recorded ref: the caller moves it (`set_ref`)
+        once the new commit's trees are in the store, so the published index never names a
+        commit that jobs would have to download first."""
         result, _ = self._ref_flight.do(
-            (spec.repo_id, spec.ref, allow_network, refresh),
-            lambda: self._commit_for(spec, allow_network=allow_network, refresh=refresh),
+            (spec.repo_id, spec.ref, allow_network, refresh, record),
+            lambda: self._commit_for(
+                spec, allow_network=allow_network, refresh=refresh, record=record
+            ),
         )
         return result
 
+    def failing(self, repo_id: str, ref: str) -> bool:
+        """Did every upstream fail the last time `ref` was asked for (served stale since)?"""
+        return (repo_id, ref) in self._failing
+
     def _commit_for(
-        self, spec: KernelSpec, *, allow_network: bool, refresh: bool
+        self, spec: KernelSpec, *, allow_network: bool, refresh: bool, record: bool
     ) -> tuple[str, bool]:
         """(commit, stale). Commits need no lookup; refs are cached for `ref_ttl_s`.
 
         `refresh` asks the upstreams even within the TTL (prefetch: a moved `vN` branch is
         fetched before clients need it); the cached commit is still served if all are down.
+        Without the network a ref past its TTL is answered from the store: stale only if the
+        upstreams failed the last time they were asked.
         """
         if spec.locked_commit is not None:
             return spec.locked_commit, False
@@ -151,7 +172,7 @@ class Resolver:
         row = self.store.get_ref(spec.repo_id, ref)
         fresh = row is not None and not refresh and self.clock() - row.fetched_at < self.ref_ttl_s
         if row is not None and (fresh or not allow_network):
-            return row.commit, not fresh
+            return row.commit, not fresh and self.failing(spec.repo_id, ref)
         negative = self.store.get_negative(spec.repo_id, ref)
         if negative is not None and row is None:
             cls = RepoNotFound if negative.reason.startswith("repo:") else RevisionNotFound
@@ -183,12 +204,15 @@ class Resolver:
                 )
                 failures.append(exc)
                 continue
-            self.store.set_ref(spec.repo_id, ref, commit, fetched_at=self.clock())
+            self._failing.pop((spec.repo_id, ref), None)
+            if record:
+                self.store.set_ref(spec.repo_id, ref, commit, fetched_at=self.clock())
             return commit, False
         # A malformed answer (a corrupted or cut body) says nothing about the ref either way:
         # like an outage, it must neither be cached as "not found" nor hide the known commit.
         unavailable = [f for f in failures if not isinstance(f, RevisionNotFound | RepoNotFound)]
         if row is not None and unavailable:
+            self._failing[(spec.repo_id, ref)] = self.clock()
             log.warning(
                 "serving stale ref repo=%s ref=%s commit=%s age=%.0fs reason=%s",
                 spec.repo_id,
@@ -265,8 +289,13 @@ class Resolver:
         lease_ttl_s: float | None = None,
         holder: str = "",
         progress: ProgressFn | None = None,
+        hold: Hold | None = None,
         _stack: tuple[str, ...] = (),
     ) -> Resolution:
+        """Choose, and fetch if allowed, the variant of `spec` for `facts` (and of every
+        kernel it depends on). With `hold`, every variant looked up or fetched is held from GC
+        until the caller closes the hold: a dependency's fetch, or another request's, cannot
+        evict what this answer names before the caller has leased it."""
         if spec.repo_id in _stack:
             raise DependencyCycle(
                 "kernel-depends cycle: " + " -> ".join((*_stack, spec.repo_id)),
@@ -288,11 +317,15 @@ class Resolver:
         if not candidates:
             raise NoCompatibleVariant(decisions, repo_id=spec.repo_id, revision=commit)
         best = candidates[0].variant
+        if hold is not None:
+            hold.add(spec.repo_id, commit, best)
         hit = self.store.lookup(spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder)
         fetched: FetchResult | None = None
         if hit is None and not allow_fetch:
             # Without a fetch, the best accepted variant that is already here will do.
             for cand in candidates[1:]:
+                if hold is not None:
+                    hold.add(spec.repo_id, commit, cand.variant)
                 hit = self.store.lookup(
                     spec.repo_id, commit, cand.variant, lease_ttl_s=lease_ttl_s, holder=holder
                 )
@@ -310,11 +343,17 @@ class Resolver:
             hit = self.store.lookup(
                 spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder
             )
-            if hit is None:  # pragma: no cover - published a moment ago; only GC could race
-                raise UpstreamUnavailable(
-                    "fetched tree vanished before it could be served",
-                    repo_id=spec.repo_id,
-                    revision=commit,
+            if hit is None:
+                # Without a hold, a reservation's GC may collect a tree between its publish
+                # and this lookup; under the cap that is the cap doing its job, not a fault.
+                raise ResourceExhaustedError(
+                    fetched.tree.size,
+                    0,
+                    "store cap (the tree was collected right after its fetch to make room "
+                    "for others)",
+                    repo=spec.repo_id,
+                    commit=commit,
+                    variant=best,
                 )
         deps = [
             self.resolve(
@@ -324,6 +363,7 @@ class Resolver:
                 lease_ttl_s=lease_ttl_s,
                 holder=holder,
                 progress=progress,
+                hold=hold,
                 _stack=(*_stack, spec.repo_id),
             )
             for dep in self.dependencies_of(hit)

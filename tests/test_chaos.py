@@ -152,3 +152,31 @@ def test_invariants_catch_what_they_claim_to() -> None:
     assert "the daemon logged no internal error" in failing(_run_data([_served()], logs=logs))
     bad_verify = _run_data([_served()], verify=(1, {"problems": ["corrupt blob"]}))
     assert "store verifies clean (kerneldctl verify, online and offline)" in failing(bad_verify)
+
+
+def test_fallbacks_are_attributed_to_the_phase_they_started_in_and_explained() -> None:
+    """RELIABILITY.md's per-phase table: a load counts in the fault phase in force when it
+    started, and each fallback gets the cause the report names."""
+    from chaos.checks import by_phase, fallback_cause
+
+    def fell_back(t: float, error: str, message: str = "", kind: str = "scale") -> dict:
+        return _served(
+            t_start=t, outcome="fallback", error=error, message=message, kind=kind, files=None
+        )
+
+    data = _run_data(
+        [
+            _served(t_start=5.0),  # before the first phase: calm
+            fell_back(11.0, "DaemonUnavailable"),
+            fell_back(12.0, "KernelUnavailable", "resource exhausted: 5 bytes (size cap)"),
+            _served(t_start=21.0),
+            fell_back(22.0, "KernelNotFound", kind="absent"),
+        ]
+    )
+    data.phase_timeline = [(10.0, "outage"), (20.0, "flaky")]
+    phases = by_phase(data)
+    assert phases["calm"] == {"loads": 1, "fallbacks": 0, "causes": {}, "share": 0.0}
+    assert phases["outage"]["fallbacks"] == 2 and phases["outage"]["share"] == 1.0
+    assert phases["outage"]["causes"] == {"daemon down (killer)": 1, "store cap": 1}
+    assert phases["flaky"]["causes"] == {"absent kernel (asked on purpose)": 1}
+    assert fallback_cause({"error": "KernelNotFound", "kind": "scale"}) == "not found"

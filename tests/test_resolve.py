@@ -163,6 +163,16 @@ def test_malformed_ref_answer_without_cache_is_not_a_verdict(store, hub, hub_ser
     assert store.get_negative(REPO, "v1") is None  # not remembered as "no such revision"
 
 
+def test_a_malformed_answer_once_is_asked_again(store, hub, hub_server, synthetic_hub) -> None:
+    # Issue 19: in the chaos run every corrupted API answer was a fallback; one bad body (a
+    # proxy or the network mangled it) is asked again once, persistent garbage still fails
+    # (the test above).
+    fault = hub_server.inject(Fault("/api/kernels/*", "corrupt", times=1))
+    res = Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+    assert fault.fired == 1
+    assert res.commit == synthetic_hub.commits["v1"] and not res.stale
+
+
 @pytest.mark.parametrize("kind", ["error", "rate_limit", "reset", "truncate"])
 def test_transient_download_faults_are_retried(store, hub, hub_server, synthetic_hub, kind):
     fault = hub_server.inject(Fault("*/resolve/*/data.bin", kind, times=1, retry_after=0))

@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "has_kernel": "kerneld_client.loader",
     "load_kernel": "kerneld_client.loader",
     "loaded_kernels": "kerneld_client.loader",
+    "report_suspect": "kerneld_client._report",
+    "SuspectReport": "kerneld_client._types",
     "FallbackPolicy": "kerneld_client._config",
     "KernelFallbackWarning": "kerneld_client._config",
     "CorruptTree": "kerneld_client.errors",
@@ -82,6 +84,7 @@ __all__ = [
     "NoCompatibleVariant",
     "PlatformFacts",
     "ROCMProperties",
+    "SuspectReport",
     "UntrustedPath",
     "VariantReason",
     "__version__",
@@ -97,6 +100,7 @@ __all__ = [
     "platform_facts",
     "register_kernel_mapping",
     "replace_kernel_forward_from_hub",
+    "report_suspect",
     "set_platform_facts",
     "unkernelize",
     "use_kernel_forward_from_hub",
@@ -108,6 +112,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from kerneld_client._config import FallbackPolicy, KernelFallbackWarning
+    from kerneld_client._report import report_suspect
+    from kerneld_client._types import SuspectReport
     from kerneld_client.errors import (
         CorruptTree,
         DaemonUnavailable,

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kerneld_client import _config
-from kerneld_client._types import KernelRequest
+from kerneld_client._types import KernelRequest, SuspectReport
 from kerneld_client.errors import (
     GROUP_HINT,
     DaemonUnavailable,
@@ -55,6 +55,7 @@ __all__ = [
     "Resolved",
     "daemon_down_reason",
     "list_variants",
+    "report_suspect",
     "reset_backoff",
     "resolve",
 ]
@@ -510,3 +511,80 @@ def list_variants(
         return ask(False, _config.timeout_s())
     except _FetchNeeded:
         return ask(True, _config.fetch_timeout_s())
+
+
+# ------------------------------------------------------------------------------- reports
+
+#: What the daemon accepts of a report (kerneld/server/convert.py): longer text is clipped here.
+_REPORT_LIMITS = {"repo_id": 193, "commit": 255, "variant": 255, "reason": 512}
+_VERDICT_NAMES = {1: "intact", 2: "damaged", 3: "unknown"}
+
+
+def _report_text(text: str, limit: int) -> str:
+    """One line of at most `limit` UTF-8 bytes without control characters (the daemon refuses
+    those: they would break its log line)."""
+    line = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return line.encode("utf-8")[:limit].decode("utf-8", "ignore")
+
+
+def report_suspect(
+    socket_path: Path,
+    digest: str,
+    *,
+    repo_id: str = "",
+    commit: str = "",
+    variant: str = "",
+    reason: str = "",
+    timeout: float | None = None,
+) -> SuspectReport:
+    """Tell the daemon that tree `digest` ("sha256:<hex>") looks damaged: ReportSuspect.
+
+    Best effort on a path that is already failing: never raises, and waits about `timeout`
+    (KERNELD_TIMEOUT) at most, whatever the daemon does; the daemon goes on checking after a
+    caller that stopped waiting. A daemon in back-off (found down moments ago) is not asked.
+    """
+    wait = _config.timeout_s() if timeout is None else timeout
+    deadline = time.monotonic() + wait
+    down = daemon_down_reason()
+    if down is not None:
+        return SuspectReport("unavailable", f"{down} (not retried for a while)", tree_digest=digest)
+    try:
+        _probe(socket_path, wait)
+        _import_grpc()
+        import grpc
+
+        from kerneld_client._proto import kerneld_pb2
+    except DaemonUnavailable as exc:
+        return SuspectReport("unavailable", exc.message, tree_digest=digest)
+    except ImportError as exc:  # grpc or protobuf missing or broken
+        return SuspectReport("unavailable", f"cannot talk to kerneld: {exc}", tree_digest=digest)
+    fields = {"repo_id": repo_id, "commit": commit, "variant": variant, "reason": reason}
+    request = kerneld_pb2.ReportSuspectRequest(
+        tree_digest=digest,
+        **{k: _report_text(v, _REPORT_LIMITS[k]) for k, v in fields.items()},
+    )
+    try:
+        answer = _call(
+            socket_path,
+            "ReportSuspect",
+            request,
+            kerneld_pb2.ReportSuspectResponse,
+            max(0.05, deadline - time.monotonic()),
+        )
+    except grpc.RpcError as exc:
+        code = exc.code()
+        detail = _detail(exc)
+        message = (detail.message if detail else "") or str(exc.details() or code)
+        verdict = "rate-limited" if code == grpc.StatusCode.RESOURCE_EXHAUSTED else "unavailable"
+        return SuspectReport(
+            verdict, f"kerneld answered {code.name}: {message}", tree_digest=digest
+        )
+    except Exception as exc:  # never let a report break the load it comes from
+        return SuspectReport("unavailable", f"report failed: {exc!r}", tree_digest=digest)
+    return SuspectReport(
+        _VERDICT_NAMES.get(int(answer.verdict), "unknown"),
+        answer.detail,
+        tree_digest=answer.tree_digest or digest,
+        refetch_scheduled=answer.refetch_scheduled,
+        remembered=answer.remembered,
+    )

@@ -6,7 +6,7 @@ loads a kernel, and defining a frozen dataclass costs about a millisecond each.
 
 from __future__ import annotations
 
-__all__ = ["KernelRequest"]
+__all__ = ["KernelRequest", "SuspectReport"]
 
 
 class KernelRequest:
@@ -47,3 +47,34 @@ class KernelRequest:
 
     def __repr__(self) -> str:
         return f"KernelRequest({self.repo_id}@{self.ref})"
+
+
+class SuspectReport:
+    """What the daemon answered to `report_suspect` (or why it could not be asked).
+
+    `verdict` is the daemon's own finding, never an echo of the report: "intact" (its re-hash
+    found the tree as published), "damaged" (confirmed: taken out of service and quarantined,
+    its variants re-fetched in the background), "unknown" (the store serves no such tree);
+    or, without a finding, "rate-limited" (too many reports from this user: retry later) or
+    "unavailable" (no daemon answered within the timeout; it may still be checking).
+    """
+
+    __slots__ = ("detail", "refetch_scheduled", "remembered", "tree_digest", "verdict")
+
+    def __init__(
+        self,
+        verdict: str,
+        detail: str = "",
+        *,
+        tree_digest: str = "",
+        refetch_scheduled: bool = False,
+        remembered: bool = False,
+    ) -> None:
+        self.verdict = verdict
+        self.detail = detail
+        self.tree_digest = tree_digest
+        self.refetch_scheduled = refetch_scheduled
+        self.remembered = remembered
+
+    def __repr__(self) -> str:
+        return f"SuspectReport({self.verdict!r}, {self.detail!r})"

@@ -40,6 +40,7 @@ from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     GROUP_HINT,
+    CorruptTree,
     DaemonUnavailable,
     KernelDenied,
     KernelError,
@@ -351,7 +352,11 @@ def _load_store_tree(
     try:
         real = _trust.check_tree(root, tree)
         if _config.verify_trees():
-            _verify_before_import(real, digest, req, variant)
+            try:
+                _verify_before_import(real, digest, req, variant)
+            except CorruptTree as exc:
+                _report_corrupt(exc, digest, req, commit, variant)
+                raise
         return _import_tree(
             real,
             req=req,
@@ -397,6 +402,44 @@ def _verify_before_import(real: Path, digest: str | None, req: KernelRequest, va
             variant,
             real,
         )
+
+
+def _report_corrupt(
+    exc: CorruptTree, digest: str, req: KernelRequest, commit: str, variant: str
+) -> None:
+    """Tell the daemon about a store tree that failed `KERNELD_VERIFY` (ReportSuspect), so it
+    re-checks the tree itself and, if it agrees, takes it out of service and fetches it again:
+    the next job does not meet the same damage, and nobody waits for the weekly scrub. Best
+    effort: at most KERNELD_TIMEOUT, never raises; the fallback follows either way."""
+    if not digest:
+        return
+    try:
+        from kerneld_client import _rpc
+
+        answer = _rpc.report_suspect(
+            locations.default_socket(),
+            digest,
+            repo_id=req.repo_id,
+            commit=commit,
+            variant=variant,
+            # what differs, without the tree's path (the daemon knows where its trees are)
+            reason=f"CorruptTree (KERNELD_VERIFY): {exc.message.split(' verification: ')[-1]}",
+        )
+    except Exception as err:  # a report must never change how the load fails
+        _config.log.debug("could not report %s to kerneld: %r", digest, err)
+        return
+    if answer.verdict in ("unavailable", "rate-limited"):
+        _config.log.debug("could not report %s to kerneld: %s", digest, answer.detail)
+        return
+    _config.log.warning(
+        "KERNELD_VERIFY: reported %s@%s [%s] (tree %s) to kerneld; its verdict: %s (%s)",
+        req.repo_id,
+        req.ref,
+        variant,
+        digest,
+        answer.verdict,
+        answer.detail,
+    )
 
 
 # ------------------------------------------------------------------------------- index

@@ -44,6 +44,10 @@ def cmd_status(ctx: Ctx) -> int:
 
             from kerneld.store.locks import owner_is_running
 
+            try:
+                entries, held = store.quarantine_usage()
+            except PermissionError:  # the quarantine is the owner's alone (0700)
+                entries = held = None
             doc: dict[str, Any] = {
                 "source": "store",
                 "store_root": str(store.layout.root),
@@ -52,6 +56,9 @@ def cmd_status(ctx: Ctx) -> int:
                 "blobs": usage.blobs,
                 "store_bytes": usage.bytes_used,
                 "free_bytes": usage.free_bytes,
+                # the bound is the daemon's setting ([store] quarantine_max): not known here
+                "quarantine_entries": entries,
+                "quarantine_bytes": held,
                 "pins": len(store.pins()),
                 "denies": len(store.denies()),
                 "active_leases": sum(1 for x in store.leases() if x.expires_at > time.time()),
@@ -88,6 +95,8 @@ def cmd_status(ctx: Ctx) -> int:
             f"pins: {doc.get('pins', 0)}  denies: {doc.get('denies', 0)}  "
             f"active leases: {doc.get('active_leases', 0)}"
         )
+    if doc.get("quarantine_entries") is not None:
+        ctx.say(_quarantine_line(doc))
     for up in doc.get("upstreams") or []:
         state = up["state"]
         if state == "unreachable":
@@ -98,6 +107,22 @@ def cmd_status(ctx: Ctx) -> int:
     if not doc.get("admin", True):
         ctx.say(f"pins, denies, leases and refs: {doc['admin_detail']}")
     return EXIT_OK
+
+
+def _quarantine_line(doc: dict[str, Any]) -> str:
+    """ "quarantine: 2 entries, 1.2 MiB of 1.0 GiB (kerneldctl verify lists them)": what the
+    daemon took out of service and keeps, against its bound (`[store] quarantine_max`)."""
+    entries = int(doc.get("quarantine_entries") or 0)
+    held = human_bytes(int(doc.get("quarantine_bytes") or 0))
+    bound = doc.get("quarantine_max_bytes")
+    if bound is None:
+        of = ""
+    elif int(bound):
+        of = f" of {human_bytes(int(bound))}"
+    else:
+        of = " (no bound)"
+    where = " (kerneldctl verify lists them)" if entries else ""
+    return f"quarantine: {entries} entr{'y' if entries == 1 else 'ies'}, {held}{of}{where}"
 
 
 def _upstream_state(up: dict[str, Any]) -> str:
@@ -521,16 +546,40 @@ def cmd_gc(ctx: Ctx) -> int:
 # ---- verify -----------------------------------------------------------------------------------
 
 
-_Pass = tuple[list[dict[str, Any]], list[str], int, dict[str, int]]
+#: (problems, repaired, exit mask, counts, quarantine entries) of one verification pass.
+_Pass = tuple[list[dict[str, Any]], list[str], int, dict[str, int], list[dict[str, Any]]]
 
 
-def _report_pass(report: Any) -> _Pass:
+def _quarantined(q: Any) -> dict[str, Any]:
+    """A store's quarantine entry (kerneld.store.verify.Quarantined) as `verify` shows it."""
+    import datetime
+
+    at = datetime.datetime.fromtimestamp(q.quarantined_at, tz=datetime.timezone.utc)
+    return {
+        "name": q.name,
+        "path": str(q.path),
+        "object": q.object,
+        "id": q.id,
+        "bytes": q.size_bytes,
+        "reason": q.reason,
+        "by": q.by,
+        "quarantined_at": at.isoformat() if q.quarantined_at else None,
+        "variants": [{"repo_id": r, "commit": c, "variant": v} for r, c, v in q.variants],
+        "moved": q.moved,
+    }
+
+
+def _report_pass(report: Any, store: Any) -> _Pass:
     problems = [
         {"problem": p.kind, "object": p.object, "path": p.path, "detail": p.detail}
         for p in report.problems
     ]
     checked = {"blobs_checked": report.blobs_checked, "trees_checked": report.trees_checked}
-    return problems, list(report.repaired), int(report.exit_code), checked
+    try:
+        held = [_quarantined(q) for q in store.quarantine()]
+    except PermissionError:  # the quarantine is the store owner's alone (0700)
+        held = []
+    return problems, list(report.repaired), int(report.exit_code), checked, held
 
 
 def _daemon_pass(admin: Admin, repair: bool) -> _Pass:
@@ -538,22 +587,54 @@ def _daemon_pass(admin: Admin, repair: bool) -> _Pass:
 
     problems: list[dict[str, Any]] = []
     repaired: list[str] = []
+    held: list[dict[str, Any]] = []
     mask = 0
     checked: dict[str, int] | None = None
-    for ev in admin.stream(admin.stub.Verify, kerneld_pb2.VerifyRequest(repair=repair)):
+    for ev in admin.stream(
+        admin.stub.Verify, kerneld_pb2.VerifyRequest(repair=repair, quarantine=True)
+    ):
         kind = kerneld_pb2.VerifyEvent.Problem.Name(ev.problem)
         if kind == "SUMMARY":
             mask = int(ev.exit_mask)
             checked = {"blobs_checked": ev.blobs_checked, "trees_checked": ev.trees_checked}
         elif kind == "REPAIRED":
             repaired.append(ev.path or ev.detail)
+        elif kind == "QUARANTINED":
+            entry = proto_to_dict(ev.entry)
+            held.append({"path": ev.path, **entry})
         else:
             problems.append(
                 {"problem": kind.lower(), "object": "", "path": ev.path, "detail": ev.detail}
             )
     if checked is None:
         raise CtlError("the daemon ended the verification without a summary")
-    return problems, repaired, mask, checked
+    return problems, repaired, mask, checked, held
+
+
+def _say_quarantine(ctx: Ctx, held: list[dict[str, Any]]) -> None:
+    """One line per quarantine entry: name, what, size, who put it there, when and why."""
+    if not held:
+        return
+    total = sum(int(q.get("bytes") or 0) for q in held)
+    ctx.say(
+        f"quarantine: {len(held)} entr{'y' if len(held) == 1 else 'ies'}, "
+        f"{human_bytes(total)} (kept, never deleted by verify; restore or drop one with the "
+        "daemon stopped: kerneldctl verify --store <store> --restore|--drop NAME)"
+    )
+    for q in held:
+        what = {"tree": f"tree sha256:{str(q['id'])[:16]}", "blob": f"blob {str(q['id'])[:16]}"}
+        used = ", ".join(
+            f"{v['repo_id']}@{str(v['commit'])[:7]}/{v['variant']}" for v in q.get("variants") or []
+        )
+        when = str(q.get("quarantined_at") or "")[:19].replace("T", " ")
+        ctx.say(
+            f"  {q['name']}: {what.get(str(q['object']), 'stray file')}, "
+            f"{human_bytes(int(q.get('bytes') or 0))}, by {q.get('by') or '?'}"
+            + (f" at {when} UTC" if when else "")
+            + (f": {q['reason']}" if q.get("reason") else "")
+            + (f"; used by {used}" if used else "")
+            + ("" if q.get("moved", True) else "; NOT MOVED (left in place, out of service)")
+        )
 
 
 def cmd_verify(ctx: Ctx) -> int:
@@ -566,16 +647,18 @@ def cmd_verify(ctx: Ctx) -> int:
     try:
         if offline(ctx):
             with open_store(ctx, writable=repair) as store:
-                problems, repaired, found, checked = _report_pass(store.verify(repair=repair))
+                problems, repaired, found, checked, held = _report_pass(
+                    store.verify(repair=repair), store
+                )
                 mask = found
                 if repair and problems:
-                    remaining, _, mask, _ = _report_pass(store.verify(repair=False))
+                    remaining, _, mask, _, held = _report_pass(store.verify(repair=False), store)
         else:
             with Admin(ctx) as admin:
-                problems, repaired, found, checked = _daemon_pass(admin, repair)
+                problems, repaired, found, checked, held = _daemon_pass(admin, repair)
                 mask = found
                 if repair and problems:
-                    remaining, _, mask, _ = _daemon_pass(admin, False)
+                    remaining, _, mask, _, held = _daemon_pass(admin, False)
     except CtlError as exc:
         exc.code = EXIT_VERIFY_NOT_RUN
         raise
@@ -584,6 +667,7 @@ def cmd_verify(ctx: Ctx) -> int:
         "found_mask": found,
         "problems": problems,
         "repaired": repaired,
+        "quarantine": held,
         **checked,
     }
     if remaining is not None:
@@ -603,6 +687,7 @@ def cmd_verify(ctx: Ctx) -> int:
             "the daemon re-fetches their variants where an upstream has them and then drops the "
             "copies, the rest stay until restored (--restore) or dropped (--drop)"
         )
+    _say_quarantine(ctx, held)
     state = "clean" if not problems else f"{len(problems)} problem(s), exit mask {found}"
     ctx.say(
         f"verified {checked['blobs_checked']} blobs and {checked['trees_checked']} trees: {state}"

@@ -59,6 +59,7 @@ from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.store import (
     BlobMissingError,
     DeniedError,
+    Hold,
     IntegrityError,
     ResourceExhaustedError,
     Store,
@@ -299,6 +300,7 @@ def _import_kernel(
     report: ImportReport,
     state: dict[str, Any],
     progress: ProgressFn | None,
+    hold: Hold,
 ) -> None:
     manifest = kernel.manifest
     repo, commit = manifest.repo_id, manifest.commit
@@ -372,6 +374,7 @@ def _import_kernel(
             )
             for f in files
         ]
+        hold.add(repo, commit, variant)
         try:
             tree = store.publish_tree(repo, commit, variant, tree_files)
         except (BlobMissingError, IntegrityError, DeniedError, ResourceExhaustedError) as exc:
@@ -542,7 +545,10 @@ def _import(
                     total += f.size
                 seen.add(sha)
     state: dict[str, Any] = {"bad": {}, "done": 0, "total": total, "manifests": 0}
-    for k in kernels:
-        state["manifests"] += 1
-        _import_kernel(store, bundle, k, report, state, progress)
-    _apply_refs(store, parsed_refs, report)
+    # What the import published stays held until it ends: a later kernel's reservation must
+    # not evict an earlier one that the report (and the refs) then claim is here.
+    with store.holds.hold() as hold:
+        for k in kernels:
+            state["manifests"] += 1
+            _import_kernel(store, bundle, k, report, state, progress, hold)
+        _apply_refs(store, parsed_refs, report)

@@ -25,6 +25,7 @@ from kerneld.server.errors import Unimplemented, abort, classify
 from kerneld.server.kernels_service import daemon_status
 from kerneld.store.gc import pinned_trees
 from kerneld.store.index import ALL
+from kerneld.store.verify import Quarantined
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client._convert import facts_from_proto
 from kerneld_client._proto import kerneld_pb2 as pb
@@ -49,6 +50,22 @@ _VERIFY_KINDS = {
     "io": pb.VerifyEvent.IO_ERROR,
 }
 _DONE = object()
+
+
+def quarantine_entry(q: Quarantined) -> pb.QuarantineEntry:
+    """One quarantine entry on the wire (`kerneldctl verify` lists them)."""
+    entry = pb.QuarantineEntry(
+        name=q.name,
+        object=q.object,
+        id=q.id,
+        bytes=q.size_bytes,
+        reason=q.reason,
+        by=q.by,
+        moved=q.moved,
+        quarantined_at=convert.ts(q.quarantined_at),
+    )
+    entry.variants.extend(pb.VariantRef(repo_id=r, commit=c, variant=v) for r, c, v in q.variants)
+    return entry
 
 
 def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
@@ -439,6 +456,15 @@ class AdminService(pb_grpc.AdminServicer):
             )
         for repaired in report.repaired:
             yield pb.VerifyEvent(problem=pb.VerifyEvent.REPAIRED, detail=repaired)
+        for q in store.quarantine() if request.quarantine else []:
+            if wanted and q.id not in wanted:
+                continue
+            yield pb.VerifyEvent(
+                problem=pb.VerifyEvent.QUARANTINED,
+                path=str(q.path),
+                detail=q.describe(),
+                entry=quarantine_entry(q),
+            )
         log.info(
             "admin: verify repair=%s blobs=%d trees=%d problems=%d exit_mask=%d repaired=%d",
             request.repair,
@@ -507,11 +533,15 @@ class AdminService(pb_grpc.AdminServicer):
             self.core.leases.flush()
             cfg = self.core.config
             now = time.time()
+            entries, held = store.quarantine_usage()
             out = pb.AdminStatus(
                 status=status,
                 active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
                 pins=len(store.pins()),
                 denies=len(store.index.denies()),
+                quarantine_entries=entries,
+                quarantine_bytes=held,
+                quarantine_max_bytes=store.quarantine_max_bytes,
             )
             for repo in store.index.repos():
                 for ref in store.index.refs_of(repo):
@@ -521,7 +551,8 @@ class AdminService(pb_grpc.AdminServicer):
                             ref=ref.ref,
                             commit=ref.commit,
                             fetched_at=convert.ts(ref.fetched_at),
-                            stale=now - ref.fetched_at >= cfg.ref_ttl_s,
+                            stale=now - ref.fetched_at >= cfg.ref_ttl_s
+                            and self.core.resolver.failing(repo, ref.ref),
                         )
                     )
             for rec in list(self.core.fetches)[::-1]:

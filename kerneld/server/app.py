@@ -261,6 +261,9 @@ class Daemon:
             self.notifier.status(f"opening store {self.config.store_path}")
             started = time.monotonic()
             store = self.core.open()
+            self.metrics.watch_quarantine(
+                lambda: (*store.quarantine_usage(), store.quarantine_max_bytes)
+            )
             apply_store_access(store.layout.root, self.config.user_socket)
             self._metrics_server = MetricsServer(
                 self.metrics,

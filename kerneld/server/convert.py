@@ -45,6 +45,11 @@ MAX_LEASE_ID = 64
 MAX_FACT = 64
 #: Devices of one process.
 MAX_DEVICES = 64
+#: A tree digest: "sha256:" and 64 hex digits.
+MAX_DIGEST = 71
+#: Why a caller suspects a tree (ReportSuspect): one line of an error message, clipped by the
+#: client; it goes into a log line and a quarantine entry.
+MAX_REASON = 512
 
 
 class RequestTooLarge(ValueError):
@@ -108,6 +113,23 @@ def check_list_variants(request: pb.ListVariantsRequest) -> None:
 
 def check_lease_id(lease_id: str) -> None:
     _bound(lease_id, MAX_LEASE_ID, "lease_id")
+
+
+def check_report(request: pb.ReportSuspectRequest) -> str:
+    """The hex digest a ReportSuspect names; RequestTooLarge for a field over its bound,
+    ValueError for a digest that is not one (both INVALID_ARGUMENT)."""
+    _bound(request.tree_digest, MAX_DIGEST, "tree_digest")
+    _bound(request.repo_id, MAX_REPO_ID, "repo_id")
+    _bound(request.commit, MAX_REVISION, "commit")
+    _bound(request.variant, MAX_VARIANT, "variant")
+    _bound(request.reason, MAX_REASON, "reason")
+    hexd = request.tree_digest.removeprefix("sha256:")
+    if len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
+        raise ValueError(
+            f"tree_digest must be 'sha256:' and 64 lowercase hex digits (the tree's directory "
+            f"name in the store), got {clip(request.tree_digest, 80)!r}"
+        )
+    return hexd
 
 
 def spec_from_ref(ref: pb.KernelRef) -> KernelSpec:

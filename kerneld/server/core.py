@@ -32,9 +32,10 @@ from kerneld.server.errors import NotReady, RateLimited
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
+from kerneld.server.refresh import RefRefresher
 from kerneld.server.scrub import Scrubber
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
-from kerneld.store import IntegrityError, Lease, Store
+from kerneld.store import Hold, IntegrityError, Lease, Store
 from kerneld.upstream.base import is_commit
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide
@@ -121,6 +122,7 @@ class Core:
         self._resolver: Resolver | None = None
         self._leases: LeaseBook | None = None
         self._prefetcher: Prefetcher | None = None
+        self._refresher: RefRefresher | None = None
         self.upstreams: list[TrackedUpstream] = []
         self.hardware: Hardware | None = None
         self.platforms = ClientPlatforms(None)
@@ -152,6 +154,7 @@ class Core:
             min_age_s=cfg.gc_min_age_s,
             orphan_grace_s=cfg.orphan_grace_s,
         )
+        store.quarantine_max_bytes = cfg.quarantine_max_bytes
         try:
             self.hardware = detect(self.hardware_root)
             self.platforms = ClientPlatforms(cfg.store_path / "daemon" / "platforms.json")
@@ -166,6 +169,7 @@ class Core:
             self._leases = LeaseBook(
                 store, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
             )
+            store.guard_from_gc(self._leases.unwritten_trees)
             self._prefetcher = Prefetcher(
                 store,
                 resolver,
@@ -173,6 +177,14 @@ class Core:
                 client_platforms=self.platforms,
                 on_fetch=self.record_fetch,
                 configured_torch=_torch(cfg.prefetch_torch),
+            )
+            self._refresher = RefRefresher(
+                store,
+                resolver,
+                lambda specs, variants: self.prefetch(
+                    specs, variants=variants, cancel=self._timer_cancel
+                ),
+                lambda outcome: self.metrics.ref_rechecks.labels(outcome).inc(),
             )
         except BaseException:
             store.close()
@@ -303,9 +315,10 @@ class Core:
         allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
         generation = self._generation(store)
-        with self.work():
+        # The hold keeps every tree the answer names from GC until its leases are granted.
+        with self.work(), store.holds.hold() as hold:
             try:
-                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder)
+                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder, hold)
             except FetchNotAllowed as exc:
                 self.metrics.resolves.labels("error").inc()
                 if allow_fetch and not allow:
@@ -323,19 +336,19 @@ class Core:
                         spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
                     )
                 raise
-        memo: dict[str, object] = {}
-        if not res.stale and cacheable:
-            until = self._fresh_until(store, res)
-            trees = tuple(dict.fromkeys(r.hit.digest for r in _walk(res)))
-            with self._hits_lock:
-                self._hits[key] = _Hit(res, generation, until, trees, memo)
-                self._hits.move_to_end(key)
-                while len(self._hits) > HIT_CACHE_SIZE:
-                    self._hits.popitem(last=False)
-        for r in _walk(res):
-            if r.fetched is not None:
-                self.record_fetch(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
-        return self._served(res, memo, lease_s, holder, spec)
+            memo: dict[str, object] = {}
+            if not res.stale and cacheable:
+                until = self._fresh_until(store, res)
+                trees = tuple(dict.fromkeys(r.hit.digest for r in _walk(res)))
+                with self._hits_lock:
+                    self._hits[key] = _Hit(res, generation, until, trees, memo)
+                    self._hits.move_to_end(key)
+                    while len(self._hits) > HIT_CACHE_SIZE:
+                        self._hits.popitem(last=False)
+            for r in _walk(res):
+                if r.fetched is not None:
+                    self.record_fetch(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
+            return self._served(res, memo, lease_s, holder, spec)
 
     def resolve_remembered(
         self,
@@ -370,6 +383,7 @@ class Core:
         allow: bool,
         variant: str,
         holder: str,
+        hold: Hold,
     ) -> tuple[Resolution, bool]:
         """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
         when the store alone cannot give the answer a fetch would (a ref unknown or past its
@@ -380,7 +394,7 @@ class Core:
 
         def run(fetch: bool) -> Resolution:
             return resolver.resolve(
-                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder
+                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder, hold=hold
             )
 
         if caller is None or not allow:
@@ -587,12 +601,17 @@ class Core:
         threading.Thread(target=warm, name="upstream-warm-up", daemon=True).start()
 
     def start_timer(self) -> None:
-        """Prefetch the configured kernels now (if `on_start`) and every `interval`."""
+        """Prefetch the configured kernels now (if `on_start`) and every `interval`; re-check
+        every served ref once its TTL is up (`refresh`)."""
         self._timer = threading.Thread(target=self._timer_loop, name="prefetch-timer", daemon=True)
         self._timer.start()
+        if self._refresher is not None:
+            self._refresher.start()
 
     def wake_timer(self) -> None:
         self._timer_wake.set()
+        if self._refresher is not None:
+            self._refresher.wake()
 
     def stop_timer(self) -> None:
         """Stop scheduled prefetching and scrubbing: a prefetch in progress ends after its
@@ -601,6 +620,8 @@ class Core:
         self._timer_stop.set()
         self._timer_cancel.set()
         self._timer_wake.set()
+        if self._refresher is not None:
+            self._refresher.stop()
         self.scrubber.stop()
 
     def _timer_loop(self) -> None:
@@ -660,6 +681,8 @@ class Core:
                 min_age_s=effective.gc_min_age_s,
                 orphan_grace_s=effective.orphan_grace_s,
             )
+        if self._store is not None:
+            self._store.quarantine_max_bytes = effective.quarantine_max_bytes
         if self._prefetcher is not None:
             self._prefetcher.configured_torch = _torch(effective.prefetch_torch)
         if self._leases is not None:
@@ -669,7 +692,7 @@ class Core:
             logs.set_level(effective.log_level)
         self.config = effective
         self.forget_hits()
-        if any(c.startswith("prefetch") for c in applied):
+        if any(c.startswith("prefetch") or c == "ref_ttl_s" for c in applied):
             self.wake_timer()
         if any(c.startswith("scrub") for c in applied):
             self.scrubber.wake()

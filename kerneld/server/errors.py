@@ -18,6 +18,7 @@ without parsing messages. The mapping (gRPC status, ErrorCode):
     BlobMissingError        DATA_LOSS            INTEGRITY_ERROR
     ResourceExhaustedError  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED
     RateLimited             RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (per-uid fetch rate limit)
+    ReportsRateLimited      RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (per-uid ReportSuspect limit)
     Unauthenticated         UNAUTHENTICATED      INVALID_ARGUMENT (a bad caller token)
     InvalidInputError,
     ValueError, ConfigError,
@@ -93,6 +94,11 @@ class RateLimited(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ReportsRateLimited(RateLimited):
+    """A caller sent more ReportSuspect calls than the daemon re-checks per uid (each may
+    re-hash a whole tree); its own hint, since no fetch setting is involved."""
+
+
 class Unauthenticated(Exception):
     """A caller token that is forged, expired or not its sender's (see server/identity.py)."""
 
@@ -148,6 +154,11 @@ def _hint(exc: BaseException, repo: str) -> str:
         return "an admin can raise [store] cap, unpin kernels or run `kerneldctl gc`"
     if isinstance(exc, NotReady):
         return "retry in a moment"
+    if isinstance(exc, ReportsRateLimited):
+        return (
+            "the daemon already re-checks what it was told about (and its scrub re-hashes the "
+            "whole store); retry later, or ask an admin to run `kerneldctl verify`"
+        )
     if isinstance(exc, RateLimited):
         return (
             "kernels already on this host still load; an admin can prefetch this one "

@@ -1,7 +1,9 @@
 """The `Kernels` service on the user socket: read-only RPCs any training process may call.
 
 "Read-only" for the caller: a Resolve may download a missing kernel, but only where the
-daemon's fetch policy allows it, and it never changes pins, denies or config.
+daemon's fetch policy allows it, and it never changes pins, denies or config. A ReportSuspect
+only asks for a re-check: the daemon takes a tree out of service on its own finding, never on
+the caller's word (suspect.py).
 
 A call that may download is answered within the caller's gRPC deadline whatever the upstreams
 do: the work runs on a worker thread, and when the deadline is near the caller gets
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 import grpc
 
 from kerneld import __version__
-from kerneld.server import convert, identity, logs
+from kerneld.server import convert, identity, logs, suspect
 from kerneld.server.core import Core, Served
 from kerneld.server.errors import abort, classify
 from kerneld.store import InvalidInputError, client_index
@@ -105,6 +107,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         # One worker per RPC thread: each waits on at most one resolution at a time.
         workers = max(BOUNDED_WORKERS, core.config.threads)
         self._bounded = ThreadPoolExecutor(workers, thread_name_prefix="resolve-fetch")
+        self.suspects = suspect.SuspectDesk(core)
 
     # ---- answers within the caller's deadline -------------------------------------------------
 
@@ -331,6 +334,21 @@ class KernelsService(pb_grpc.KernelsServicer):
             self._failed("ReleaseLease", exc)
             abort(context, exc)
         return pb.ReleaseLeaseResponse()
+
+    def ReportSuspect(
+        self, request: pb.ReportSuspectRequest, context: grpc.ServicerContext
+    ) -> pb.ReportSuspectResponse:
+        """A caller's word that a tree is damaged, checked by the daemon itself (suspect.py);
+        the desk writes the one log line per report, so a failure is only counted here."""
+        try:
+            finding = self.suspects.handle(identity.current(), request)
+        except Exception as exc:
+            failure = classify(exc)
+            self.core.metrics.errors.labels(
+                "ReportSuspect", pb.ErrorCode.Name(failure.detail.code)
+            ).inc()
+            abort(context, exc)
+        return suspect.to_proto(finding)
 
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext

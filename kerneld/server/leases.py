@@ -45,6 +45,7 @@ class LeaseBook:
         self.per_client = per_client
         self.total = total
         self._pending: list[Lease] = []
+        self._writing: list[Lease] = []
         self._resolved: dict[str, float] = {}
         self._random: list[bytes] = []
         self._lock = threading.Lock()
@@ -89,6 +90,7 @@ class LeaseBook:
             with self._lock:
                 pending, self._pending = self._pending, []
                 resolved, self._resolved = self._resolved, {}
+                self._writing = pending
             if not pending and not resolved:
                 return 0
             try:
@@ -101,6 +103,19 @@ class LeaseBook:
             except Exception as exc:
                 log.error("could not record %d leases: %s", len(pending), exc)
                 return 0
+            finally:
+                with self._lock:
+                    self._writing = []
+
+    def unwritten_trees(self) -> set[str]:
+        """Trees of granted leases not yet in the index (pending or being written), still
+        valid: GC keeps them (`Store.guard_from_gc`), so a tree handed out a moment ago is not
+        evicted by a reservation before its lease row exists."""
+        now = time.time()
+        with self._lock:
+            return {
+                lease.tree for lease in (*self._pending, *self._writing) if lease.expires_at > now
+            }
 
     def _run(self) -> None:
         # Sleeps until a lease is granted (an idle daemon never wakes), then lets a batch

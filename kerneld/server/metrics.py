@@ -99,7 +99,15 @@ class Metrics:
         self.leases = Counter("kerneld_leases_granted", "Leases granted", registry=r)
         self.stale = Counter(
             "kerneld_stale_serves",
-            "Resolves answered with a stale ref (upstreams down)",
+            "Resolves answered with a ref past its TTL because every upstream failed to "
+            "re-check it (a ref merely due is re-checked in the background, not counted)",
+            registry=r,
+        )
+        self.ref_rechecks = Counter(
+            "kerneld_ref_rechecks",
+            "Background re-checks of refs past their TTL, by outcome: unchanged, moved (the "
+            "new commit fetched and the index moved), failed (upstreams down: stale), gone",
+            ["outcome"],
             registry=r,
         )
         self.prefetches = Counter(
@@ -140,12 +148,49 @@ class Metrics:
             "Unix time the last complete scrub pass ended (0: none since start)",
             registry=r,
         )
+        self.suspect_reports = Counter(
+            "kerneld_suspect_reports",
+            "ReportSuspect calls by outcome (intact, damaged, unknown: the daemon's own verdict; "
+            "rate_limited, invalid, error: refused)",
+            ["verdict"],
+            registry=r,
+        )
+        self.quarantine_entries = Gauge(
+            "kerneld_quarantine_entries",
+            "Entries in the store's quarantine (damaged objects kept, not deleted)",
+            registry=r,
+        )
+        self.quarantine_bytes = Gauge(
+            "kerneld_quarantine_bytes", "Bytes the quarantine's entries hold", registry=r
+        )
+        self.quarantine_max_bytes = Gauge(
+            "kerneld_quarantine_max_bytes",
+            "The quarantine's bound, [store] quarantine_max (0: none)",
+            registry=r,
+        )
         self._collector: _StoreCollector | None = None
 
     def watch_store(self, read: Callable[[], StoreGauges | None]) -> None:
         if self._collector is None:
             self._collector = _StoreCollector(read)
             self.registry.register(self._collector)
+
+    def watch_quarantine(self, read: Callable[[], tuple[int, int, int]]) -> None:
+        """Read (entries, bytes, bound) of the quarantine at scrape time; a store that cannot
+        be read (closing) shows 0 rather than failing the whole scrape."""
+
+        def part(i: int) -> Callable[[], float]:
+            def value() -> float:
+                try:
+                    return float(read()[i])
+                except Exception:
+                    return 0.0
+
+            return value
+
+        self.quarantine_entries.set_function(part(0))
+        self.quarantine_bytes.set_function(part(1))
+        self.quarantine_max_bytes.set_function(part(2))
 
 
 class _UnixHTTPServer(ThreadingHTTPServer):

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from kerneld.store import DeniedError
+from kerneld.store import DeniedError, Hold
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
 from kerneld.store.scrub import scrub_pass as run_pass
 
@@ -105,7 +105,7 @@ class Scrubber:
             f"{rate / (1 << 20):.1f}MiB/s" if rate else "unlimited",
         )
         try:
-            report = run_pass(store, rate=rate, stop=self._stop, on_damage=self._damage)
+            report = run_pass(store, rate=rate, stop=self._stop, on_damage=self.record_damage)
         except ScrubCancelled:
             metrics.scrub_runs.labels("cancelled").inc()
             log.info("scrub: pass cancelled (the daemon is stopping); it resumes at the next start")
@@ -115,8 +115,7 @@ class Scrubber:
         metrics.scrub_trees.inc(report.trees_checked)
         metrics.scrub_invalidated.inc(len(report.dead_trees))
         metrics.scrub_last_completed.set(time.time())
-        refetched = self._refetch(report)
-        self._settle_quarantine(report)
+        refetched = self.heal(report)
         log.info(
             "scrub: pass completed trees=%d blobs=%d bytes=%d seconds=%.2f rate=%.1fMiB/s "
             "damaged=%d invalidated_trees=%d refetched=%d/%d%s",
@@ -134,6 +133,16 @@ class Scrubber:
         self.last_report = report
         return report
 
+    def heal(self, report: ScrubReport) -> int:
+        """Re-fetch what `report` invalidated, then drop the quarantined copies the re-fetch
+        replaced; how many variants came back. The re-fetched variants are held until the
+        quarantine is settled: evicted in between, they would look never replaced and their
+        damaged copies would stay."""
+        with self.core.store.holds.hold() as hold:
+            refetched = self._refetch(report, hold)
+            self._settle_quarantine(report)
+        return refetched
+
     def _settle_quarantine(self, report: ScrubReport) -> None:
         """Drop quarantined copies that the re-fetch replaced; log what stays, and why."""
         if not report.quarantined:
@@ -150,7 +159,8 @@ class Scrubber:
                     q.describe(),
                 )
 
-    def _damage(self, damage: Damage) -> None:
+    def record_damage(self, damage: Damage) -> None:
+        """Count and log one damaged object, whoever found it (a scrub pass, a job's report)."""
         p = damage.problem
         self.core.metrics.scrub_problems.labels(p.kind).inc()
         used_by = " ".join(f"repo={r} commit={c} variant={v}" for r, c, v in damage.variants)
@@ -164,11 +174,12 @@ class Scrubber:
             used_by or "used by no variant",
         )
 
-    def _refetch(self, report: ScrubReport) -> int:
+    def _refetch(self, report: ScrubReport, hold: Hold) -> int:
         """Fetch every invalidated variant again; how many came back."""
         ok = 0
         metrics = self.core.metrics
         for repo, commit, variant in dict.fromkeys(report.invalidated):
+            hold.add(repo, commit, variant)
             try:
                 self._check_denied(repo, commit)
             except DeniedError as exc:

@@ -30,6 +30,7 @@ from .errors import (
     UnsupportedFileTypeError,
 )
 from .gc import GcPolicy, GcReport, TreeDecision
+from .holds import Hold
 from .locks import TreeGone, hold_tree_lock
 from .manifest import TreeFile, VariantMetadata, tree_digest
 from .store import Lease, Resolved, Store, TreeInfo, Usage
@@ -45,6 +46,7 @@ __all__ = [
     "Expected",
     "GcPolicy",
     "GcReport",
+    "Hold",
     "IndexHit",
     "IngestInProgressError",
     "IntegrityError",

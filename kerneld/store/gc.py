@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from .index import ALL, BlobRow, PinRow, RefRow, TreeRow, VariantRow
@@ -48,7 +49,7 @@ class TreeDecision:
     action: str
     """``delete`` or ``keep``."""
     reason: str
-    """Why: pinned, leased, in-use (lock held), recent, unreferenced, evicted (lru), ..."""
+    """Why: pinned, leased, held, in-use (lock held), recent, unreferenced, evicted (lru), ..."""
     bytes_freed: int
     last_resolved: float
     variants: list[tuple[str, str, str]] = field(default_factory=list)
@@ -124,6 +125,7 @@ def plan(
     usage: int,
     free: int,
     all_or_nothing: bool = False,
+    held: AbstractSet[str] = frozenset(),
 ) -> GcPlan:
     """Decide what to delete. With ``all_or_nothing`` (GC on behalf of a reservation) no tree is
     evicted unless evicting every candidate would relieve the pressure: evicting caches for a
@@ -166,6 +168,8 @@ def plan(
             return pinned[tree.digest]
         if tree.digest in leased:
             return "leased"
+        if tree.digest in held:
+            return "held (a request in flight is fetching or serving it)"
         if not unreferenced and tree.last_resolved >= now - policy.min_age_s:
             return f"recent (resolved within {policy.min_age_s:g}s)"
         return None

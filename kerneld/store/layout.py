@@ -15,10 +15,12 @@
     │       │                                   period, then deleted)
     │       ├── staging/<random>/               trees being built (always deleted at open)
     │       └── trash/<random>                  trees/blobs being deleted (always deleted at open)
-    │   └── quarantine/                  0700  what repair or the scrub took out of service but
-    │       └── <time>-<tree|blob|unknown>-<id>/  could not prove replaceable: the object as it
-    │           ├── tree/ | blob | unknown        was found, and entry.json (why, which variants,
-    │           └── entry.json                    the manifest); restored or dropped by an admin
+    │   └── quarantine/                  0700  what repair, the scrub or a confirmed report took
+    │       └── <time>-<tree|blob|unknown>-<id>/  out of service but could not prove replaceable:
+    │           ├── tree/ | blob | unknown        the object as it was found, and entry.json (why,
+    │           └── entry.json                    which variants, the manifest, its size, who
+    │                                             reported it); restored or dropped by an admin,
+    │                                             the oldest dropped past [store] quarantine_max
     ├── locks/<64 hex>.lock              0644  one per published tree; clients hold an OFD read
     │                                          lock, GC the OFD write lock (owner only)
     └── index/v1/                        0755  the read-only client index (see client_index.py)

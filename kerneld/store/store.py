@@ -51,6 +51,7 @@ from .errors import (
     TreeNotFoundError,
     UnsupportedFileTypeError,
 )
+from .holds import Holds
 from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, RefRow
 from .layout import DIR_MODE_PRIVATE, DIR_MODE_PUBLIC, Layout, check_root, fsync_dir, user_name
 from .locks import OwnerLock, Probe, create_tree_lock, is_held
@@ -182,6 +183,12 @@ class Store:
         self._lock = threading.RLock()
         self._reserved = 0
         self._closed = False
+        self.quarantine_max_bytes = verify_mod.DEFAULT_QUARANTINE_MAX_BYTES
+        """The quarantine's bound (``[store] quarantine_max``; the daemon sets it from its
+        config, 0: none). Checked whenever an entry is added (`_bound_quarantine`)."""
+        self.holds = Holds()
+        """Variants requests in flight keep from GC until they answered (see ``holds``)."""
+        self._gc_guards: list[Callable[[], Iterable[str]]] = []
         self.generation = int(index.get_meta("generation") or 0)
         """The client index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
@@ -1037,6 +1044,7 @@ class Store:
                 tree_files.setdefault(tree_hex, []).append(blob)
             variants = self.index.all_variants()
             leased = {lease.tree for lease in self.index.leases() if lease.expires_at > now}
+            held = self._held_trees(variants)
             usage = self.index.usage() + self._reserved + extra_bytes
             free = self._free_bytes() - self._reserved - extra_bytes
             plan = gc_mod.plan(
@@ -1050,6 +1058,7 @@ class Store:
                 pins=self.index.pins(),
                 refs=self.index.all_refs(),
                 leased=leased,
+                held=held,
                 usage=usage,
                 free=free,
                 all_or_nothing=extra_bytes > 0,
@@ -1089,6 +1098,20 @@ class Store:
             plan.report.usage_after,
         )
         return plan.report
+
+    def guard_from_gc(self, trees: Callable[[], Iterable[str]]) -> None:
+        """Let GC ask ``trees()`` (digests, ``sha256:`` or bare hex) for trees to keep: leases
+        the daemon granted but has not written yet. It is called under the store lock, so it
+        must not call back into the store."""
+        self._gc_guards.append(trees)
+
+    def _held_trees(self, variants: Sequence[Any]) -> set[str]:
+        """Trees that open holds name, and trees the guards vouch for (bare hex)."""
+        names = self.holds.held()
+        held = {v.tree for v in variants if (v.repo, v.commit, v.variant) in names}
+        for guard in self._gc_guards:
+            held.update(_hex(t) for t in guard())
+        return held
 
     def _purge_dead(self, probes: dict[str, Probe]) -> None:
         """Delete the files of dead rows, then the rows (short lock holds, batched)."""
@@ -1282,6 +1305,8 @@ class Store:
             "original_path": str(path),
             "quarantined_at": time.time(),
             "moved": moved,
+            # Recorded once, so that listings and the bound need not walk the entries.
+            "bytes": verify_mod.entry_bytes(moved_to) if moved else 0,
             **note,
         }
         tmp = qdir / "entry.json.tmp"
@@ -1291,6 +1316,7 @@ class Store:
         fsync_dir(self.layout.quarantine)
         entry = verify_mod.Quarantined.from_doc(qdir, doc)
         log.warning("quarantine: %s", entry.describe())
+        self._bound_quarantine(keep=entry.name)
         return entry
 
     def quarantine(self) -> list[verify_mod.Quarantined]:
@@ -1391,6 +1417,75 @@ class Store:
         remove_tree(q.path)
         log.warning("quarantine: %s restored (%d variant(s))", q.name, len(published))
         return published
+
+    def quarantine_usage(self) -> tuple[int, int]:
+        """(entries, bytes they hold) of the quarantine: what status and metrics show."""
+        entries = self.quarantine()
+        return len(entries), sum(q.size_bytes for q in entries)
+
+    def _bound_quarantine(self, keep: str) -> list[verify_mod.Quarantined]:
+        """Drop entries until the quarantine is within `quarantine_max_bytes`, never ``keep``
+        (the entry just added: the newest damage is the one an admin still has to look at).
+
+        Entries served again go first (nothing is lost with them), then the oldest; entries
+        that hold no bytes (left in place) are kept, dropping them frees nothing. One log line
+        per entry dropped, saying what it was and why it went.
+        """
+        bound = self.quarantine_max_bytes
+        if bound <= 0:
+            return []
+        entries = self.quarantine()
+        total = sum(q.size_bytes for q in entries)
+        if total <= bound:
+            return []
+        others = [q for q in entries if q.name != keep and q.size_bytes > 0]
+        replaced = {q.name for q in others if q.moved and self._replaced(q)}
+        order = sorted(others, key=lambda q: (q.name not in replaced, q.quarantined_at, q.name))
+        dropped = []
+        for q in order:
+            if total <= bound:
+                break
+            remove_tree(q.path)
+            total -= q.size_bytes
+            dropped.append(q)
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(q.quarantined_at))
+            log.warning(
+                "quarantine: dropped %s (%s, %d bytes, quarantined %s UTC by %s%s): the "
+                "quarantine was over [store] quarantine_max = %d bytes with the new entry %s; "
+                "%s",
+                q.name,
+                q.what,
+                q.size_bytes,
+                when,
+                q.by or "?",
+                f", {q.reason}" if q.reason else "",
+                bound,
+                keep,
+                "it is served again" if q.name in replaced else "the oldest entries go first",
+            )
+        if total > bound:
+            log.warning(
+                "quarantine: %d bytes after dropping %d older entr(ies), over [store] "
+                "quarantine_max = %d bytes: the new entry %s alone is larger; it is kept",
+                total,
+                len(dropped),
+                bound,
+                keep,
+            )
+        return dropped
+
+    def annotate_quarantined(self, name: str, extra: dict[str, Any]) -> verify_mod.Quarantined:
+        """Add ``extra`` to an entry's entry.json (who reported the damage, and why): the
+        forensics an admin reads before restoring or dropping it."""
+        self._writable()
+        q = self._quarantine_entry(name)
+        path = q.path / "entry.json"
+        doc = {**json.loads(path.read_text()), **extra}
+        tmp = q.path / "entry.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+        fsync_dir(q.path)
+        return verify_mod.Quarantined.from_doc(q.path, doc)
 
     def invalidate(
         self,

@@ -15,6 +15,8 @@ an upstream still has a damaged tree (an air-gapped host has none), so the tree,
 file is moved into ``v1/quarantine/`` as a :class:`Quarantined` entry that an admin restores
 (``kerneldctl verify --restore NAME``: re-hashed, only intact bytes come back) or drops
 (``--drop NAME``). An entry whose variants the daemon has fetched again is dropped by itself.
+The quarantine is bounded (``Store.quarantine_max_bytes``, ``[store] quarantine_max``): an entry
+that puts it over the bound drops the oldest entries first, never itself.
 
 Ownership findings name the store's owner, which is the owner of its root directory: after a
 ``chown`` of the root alone the files still belong to the old owner, and the fix is one
@@ -44,6 +46,10 @@ log = logging.getLogger("kerneld.store.verify")
 CORRUPT = 1
 UNTRUSTED = 2
 IO_ERROR = 4
+#: The quarantine's default bound (``[store] quarantine_max``): it keeps what may be the only
+#: copy of a kernel, but a disk that keeps rotting (or a store that is repaired again and again)
+#: must not fill the file system the store needs; over it the oldest entries go first.
+DEFAULT_QUARANTINE_MAX_BYTES = 1 << 30
 _BITS = {"corrupt": CORRUPT, "missing": CORRUPT, "untrusted": UNTRUSTED, "io": IO_ERROR}
 READ_CHUNK = 1 << 20
 
@@ -74,42 +80,102 @@ class Quarantined:
     moved: bool
     """False when it could not be moved (owned by another user): it stays at ``original``."""
     variants: tuple[tuple[str, str, str], ...]
+    size_bytes: int = 0
+    """Apparent size of what it holds (hard links counted once): what the bound counts."""
+    reason: str = ""
+    """The first problem that put it here, and how many more (one line for listings)."""
+    by: str = ""
+    """Who took it out of service: repair, scrub or report."""
+    quarantined_at: float = 0.0
 
     @classmethod
     def from_doc(cls, qdir: Path, doc: dict[str, Any]) -> Quarantined:
         variants = tuple(
             (str(v["repo"]), str(v["commit"]), str(v["variant"])) for v in doc.get("variants", [])
         )
+        moved = bool(doc.get("moved", False))
+        size = doc.get("bytes")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            # Entries written before their size was recorded: measured (once per listing).
+            size = entry_bytes(qdir / str(doc.get("object", ""))) if moved else 0
+        stamp = doc.get("quarantined_at")
         return cls(
             name=qdir.name,
             path=qdir,
             object=str(doc.get("object", "")),
             id=str(doc.get("id", "")),
             original=str(doc.get("original_path", "")),
-            moved=bool(doc.get("moved", False)),
+            moved=moved,
             variants=variants,
+            size_bytes=size,
+            reason=_reason(doc.get("why")),
+            by=str(doc.get("by", "")),
+            quarantined_at=float(stamp) if isinstance(stamp, int | float) else 0.0,
         )
 
-    def describe(self) -> str:
-        """One line for the admin: what, where it went, how to restore or drop it."""
+    @property
+    def what(self) -> str:
+        """What it holds and which variants used it ("tree sha256:... (used by ...)")."""
         what = {"tree": f"tree sha256:{self.id}", "blob": f"blob {self.id}"}.get(
             self.object, f"stray file {self.original}"
         )
         used = ", ".join(f"{r}@{c[:12]}/{v}" for r, c, v in self.variants)
-        used = f" (used by {used})" if used else ""
+        return f"{what} (used by {used})" if used else what
+
+    def describe(self) -> str:
+        """One line for the admin: what, where it went, how to restore or drop it."""
+        what = self.what
         if not self.moved:
             return (
-                f"{what}{used} taken out of service but not moved (see {self.path}/entry.json): "
+                f"{what} taken out of service but not moved (see {self.path}/entry.json): "
                 f"it stays at {self.original}; remove it as root"
             )
         restore = f"restore: kerneldctl verify --restore {self.name}; "
         if self.object == "unknown":
             restore = ""
         return (
-            f"{what}{used} quarantined, not deleted: kept in {self.path} ({restore}"
+            f"{what} quarantined, not deleted: kept in {self.path} ({restore}"
             f"drop: kerneldctl verify --drop {self.name}; both with --store and the daemon "
             "stopped)"
         )
+
+
+def entry_bytes(path: Path) -> int:
+    """Apparent size of the files below ``path`` (or of ``path`` itself), each inode once: a
+    tree's files are hard links of its blobs, and a tree quarantined with its blob holds the
+    bytes once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            st = os.lstat(current)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                stack.extend(current / name for name in os.listdir(current))
+            except OSError:
+                continue
+        elif (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+def _reason(why: object) -> str:
+    """entry.json's ``why`` (a list of problems, or a short text) as one line."""
+    if isinstance(why, str):
+        return why
+    if not isinstance(why, list) or not why:
+        return ""
+    first = why[0] if isinstance(why[0], dict) else {}
+    kind = str(first.get("kind", "?"))
+    where = str(first.get("path") or "")
+    detail = str(first.get("detail") or "")
+    text = f"{kind}: {where}: {detail}" if where else f"{kind}: {detail}"
+    return text + (f" (+{len(why) - 1} more)" if len(why) > 1 else "")
 
 
 @dataclass

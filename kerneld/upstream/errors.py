@@ -38,6 +38,11 @@ class UpstreamProtocolError(UpstreamError):
     """The upstream answered with something malformed (bad JSON, impossible sizes)."""
 
 
+class MalformedAnswer(UpstreamProtocolError):
+    """The body did not parse (invalid JSON or UTF-8, a cut document): a proxy or the network
+    may have mangled it, so it is asked again once before it counts."""
+
+
 class UpstreamPending(UpstreamUnavailable):
     """The caller's deadline came before the upstreams answered; the fetch goes on without it,
     so a later call may find the kernel in the store."""

@@ -49,6 +49,7 @@ from kerneld.upstream.base import (
 )
 from kerneld.upstream.errors import (
     EntryNotFound,
+    MalformedAnswer,
     RepoNotFound,
     RevisionNotFound,
     UpstreamProtocolError,
@@ -395,14 +396,28 @@ class HubUpstream:
             except Exception as exc:
                 raise self._translate(exc, repo_id, revision) from exc
 
-        return with_retries(
-            attempt,
-            policy=self.policy,
-            what=what,
-            upstream=self.name,
-            repo_id=repo_id,
-            revision=revision,
-        )
+        def retried() -> T:
+            return with_retries(
+                attempt,
+                policy=self.policy,
+                what=what,
+                upstream=self.name,
+                repo_id=repo_id,
+                revision=revision,
+            )
+
+        try:
+            return retried()
+        except MalformedAnswer as exc:
+            log.info(
+                "asking again after a malformed answer upstream=%s repo=%s rev=%s what=%s: %s",
+                self.name,
+                repo_id,
+                revision,
+                what,
+                exc,
+            )
+            return retried()
 
     def _translate(self, exc: Exception, repo_id: str, revision: str) -> Exception:
         """Map `huggingface_hub`/httpx errors onto ours; transient ones become retryable."""
@@ -427,7 +442,7 @@ class HubUpstream:
         if isinstance(exc, httpx2.TransportError | ConnectionError | TimeoutError):
             return TransientError(repr(exc))
         if isinstance(exc, ValueError | KeyError | TypeError):
-            return UpstreamProtocolError(f"malformed answer: {exc!r}", **ctx)
+            return MalformedAnswer(f"malformed answer: {exc!r}", **ctx)
         if isinstance(exc, RecursionError):
-            return UpstreamProtocolError("malformed answer: JSON nested too deeply", **ctx)
+            return MalformedAnswer("malformed answer: JSON nested too deeply", **ctx)
         return exc

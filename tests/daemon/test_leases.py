@@ -61,6 +61,28 @@ def test_gc_respects_a_flushed_lease_and_skips_dead_trees(store: Store) -> None:
     assert store.record_leases([Lease("c" * 32, gone, time.time() + 60)]) == 0
 
 
+def test_gc_keeps_trees_of_leases_not_yet_written(store: Store) -> None:
+    """Issue 19: a lease granted a moment ago is only in the LeaseBook's memory; GC (a
+    reservation's, which does not flush) must keep its tree all the same, and stop keeping it
+    once the lease expired."""
+    handed_out = publish(store, "_k_handed_out")
+    other = publish(store, "_k_other", name="torch-cpu")
+    book = LeaseBook(store, interval=3600)
+    store.guard_from_gc(book.unwritten_trees)
+    try:
+        book.grant(handed_out, 60, "job")
+        book.grant(other, -1, "job")  # already expired: protects nothing
+        assert store.leases() == []
+        store.policy = type(store.policy)(free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0)
+        report = store.gc()
+        assert {t.digest for t in report.deleted_trees} == {other.removeprefix("sha256:")}
+        assert [t.reason for t in report.kept_trees] == [
+            "held (a request in flight is fetching or serving it)"
+        ]
+    finally:
+        book.close()
+
+
 def test_resolve_times_are_written_behind(store: Store) -> None:
     tree = publish(store, "_k_lru")
     hexd = tree.removeprefix("sha256:")

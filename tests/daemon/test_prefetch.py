@@ -114,3 +114,41 @@ def test_client_platforms_drive_auto_prefetch(
         events = list(admin.Prefetch(pb.PrefetchRequest(kernels=[ref(MULTI, 1)]), timeout=TIMEOUT))
     present = {e.variant for e in events if e.kind == pb.PrefetchEvent.VARIANT_DONE}
     assert present == done
+
+
+def test_a_prefetch_over_the_cap_keeps_what_it_reports_and_says_why_not_the_rest(
+    make_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """Issue 19: under a cap that holds two of three variants, the old code let the third's
+    reservation evict the first right after its fetch (and answered INTERNAL when it looked it
+    up). Every variant reported done must still be in the store at the end; the one that does
+    not fit fails with a typed RESOURCE_EXHAUSTED, and the daemon logs no internal error."""
+    mirror = tmp_path / "mirror"
+    names = ("torch-cpu", "torch-universal", "torch213-cxx11-cpu-x86_64-linux")
+    kernels = {
+        ACT: {
+            C1: {
+                name: variant(f"_big_{i}", extra={"payload.bin": bytes([i]) * 60_000})
+                for i, name in enumerate(names)
+            }
+        }
+    }
+    write_mirror(mirror, kernels, branches={ACT: {"v1": C1}})
+    d = make_daemon(
+        mirror_dirs=[mirror],
+        hardware_root=fakehosts.cpu_only(tmp_path / "host"),
+        config={"store": {"cap": "150KB", "gc_min_age": "0s", "orphan_grace": "0s"}},
+    )
+    with d.admin() as admin:
+        events = list(
+            admin.Prefetch(
+                pb.PrefetchRequest(kernels=[ref(ACT, 1)], variants=["all"]), timeout=TIMEOUT
+            )
+        )
+    done = {e.variant for e in events if e.kind == pb.PrefetchEvent.VARIANT_DONE}
+    failed = [e for e in events if e.kind == pb.PrefetchEvent.KERNEL_FAILED]
+    assert len(done) == 2, events
+    assert [e.error.code for e in failed] == [pb.RESOURCE_EXHAUSTED], failed
+    assert "size cap" in failed[0].error.message
+    assert variants_in_store(d, ACT) == {C1: done}
+    assert "internal error" not in d.logs()

@@ -146,6 +146,13 @@ def oversized() -> list[tuple[str, str, Any]]:
     cases.append(("platform.cpu", "ListVariants", listing))
     cases.append(("lease_id", "RenewLease", pb.RenewLeaseRequest(lease_id=HUGE)))
     cases.append(("lease_id", "ReleaseLease", pb.ReleaseLeaseRequest(lease_id=HUGE)))
+    for name in ("tree_digest", "repo_id", "commit", "variant", "reason"):
+        suspect = pb.ReportSuspectRequest(tree_digest="sha256:" + "0" * 64)
+        setattr(suspect, name, HUGE)
+        cases.append((name, "ReportSuspect", suspect))
+    suspect = pb.ReportSuspectRequest(tree_digest="sha256:" + "0" * 64)
+    suspect.reason = "bad\nkerneld.daemon: forged log line"
+    cases.append(("reason", "ReportSuspect", suspect))
     return cases
 
 

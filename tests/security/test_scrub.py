@@ -125,13 +125,8 @@ print(json.dumps(out))
 
 
 def _client(d: DaemonProcess, tmp: Path, repo: str = ACT, **env: str) -> dict[str, object]:
-    environ = client_env(
-        d.store_root,
-        tmp,
-        KERNELD_SOCKET=str(d.user_socket),
-        KERNELD_PLATFORM_JSON=CPU_FACTS,
-        **env,
-    )
+    extra = {"KERNELD_SOCKET": str(d.user_socket), "KERNELD_PLATFORM_JSON": CPU_FACTS, **env}
+    environ = client_env(d.store_root, tmp, **extra)
     return run_client(CLIENT.format(repo=repo), environ)
 
 
@@ -175,8 +170,10 @@ def test_a_rotten_blob_is_found_repaired_and_never_served_verified(
 
     # The per-load checks cannot see it: without the knob the rotten code runs...
     assert _client(d, tmp_path)["name"] == rotten.split(b"'")[1].decode()
-    # ...with KERNELD_VERIFY=1 it is refused before any of it runs.
-    refused = _client(d, tmp_path, KERNELD_VERIFY="1")
+    # ...with KERNELD_VERIFY=1 it is refused before any of it runs. (Loaded from the index;
+    # the daemon is not told, so that the scrub is what finds it here: a job's report is
+    # tests/daemon/test_report_suspect.py.)
+    refused = _client(d, tmp_path, KERNELD_VERIFY="1", KERNELD_SOCKET=str(tmp_path / "no.sock"))
     assert refused["error"] == "CorruptTree", refused
     assert "__init__.py do(es) not match" in str(refused["message"])
     # `kerneldctl verify` (Admin.Verify) sees it too.

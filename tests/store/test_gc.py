@@ -300,3 +300,57 @@ def test_expected_writer_releases_reservation_on_error(store_root):
             s.open_writer(Expected(800, sha256="1" * 64))
         w.abort()
         assert s.usage().bytes_reserved == 0
+
+
+def test_a_hold_keeps_a_variant_from_reservation_gc(store_root):
+    """Issue 19: a tree fetched for a request must survive the next reservation's GC until the
+    request has it. Without the hold the same reservation evicts it (the control half)."""
+    with Store.open(store_root, cap_bytes=10_000, min_age_s=0, orphan_grace_s=0) as s:
+        (info,) = _publish_n(s, 1, size=500)
+        data = os.urandom(8_000)
+        with s.holds.hold() as hold:
+            hold.add(REPO, info.commit, info.variant)
+            with pytest.raises(ResourceExhaustedError) as exc:
+                s.ingest(data, size=len(data), sha256=sha256(data))
+            assert exc.value.limit == "size cap"
+            assert _alive(s, info)
+            report = s.gc(dry_run=True)
+            (kept,) = [t for t in report.trees if t.digest == info.digest.removeprefix("sha256:")]
+            assert kept.reason.startswith("held")
+        assert s.holds.held() == set()
+        s.ingest(data, size=len(data), sha256=sha256(data))  # released: GC makes room
+        assert not _alive(s, info)
+
+
+def test_a_hold_counts_every_holder(store_root):
+    """Two requests hold the same variant (a shared single-flight fetch): the first to finish
+    must not release the second's protection."""
+    with Store.open(store_root, cap_bytes=10_000, min_age_s=0, orphan_grace_s=0) as s:
+        (info,) = _publish_n(s, 1, size=500)
+        key = (REPO, info.commit, info.variant)
+        with s.holds.hold() as second:
+            with s.holds.hold() as first:
+                first.add(*key)
+                second.add(*key)
+                first.add(*key)  # adding twice in one hold counts once
+            assert s.holds.held() == {key}
+            data = os.urandom(8_000)
+            with pytest.raises(ResourceExhaustedError):
+                s.ingest(data, size=len(data), sha256=sha256(data))
+        assert s.holds.held() == set()
+
+
+def test_gc_guards_keep_unwritten_leases(store_root):
+    """The daemon grants leases in memory and writes them behind: a guard vouches for them so
+    a reservation cannot evict a tree handed out a moment ago."""
+    with Store.open(store_root, cap_bytes=10_000, min_age_s=0, orphan_grace_s=0) as s:
+        (info,) = _publish_n(s, 1, size=500)
+        granted = {info.digest}
+        s.guard_from_gc(lambda: granted)
+        data = os.urandom(8_000)
+        with pytest.raises(ResourceExhaustedError):
+            s.ingest(data, size=len(data), sha256=sha256(data))
+        assert _alive(s, info)
+        granted.clear()
+        s.ingest(data, size=len(data), sha256=sha256(data))
+        assert not _alive(s, info)

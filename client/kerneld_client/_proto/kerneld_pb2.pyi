@@ -5,7 +5,8 @@ isort:skip_file
 kerneld wire contract, version 1.
 
 Two services on two unix sockets:
-  Kernels  - the user socket: read-only RPCs any training process may call.
+  Kernels  - the user socket: read-only RPCs any training process may call (ReportSuspect
+             only asks the daemon to re-check a tree; it acts on what its own check finds).
   Admin    - the admin socket (group-restricted): everything that mutates the store or policy.
 The server cannot learn a caller's uid over grpcio, so authorisation is the socket file's mode.
 
@@ -776,6 +777,157 @@ class DaemonStatus(_message.Message):
 Global___DaemonStatus: _TypeAlias = DaemonStatus  # noqa: Y015
 
 @_typing.final
+class ReportSuspectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TREE_DIGEST_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tree_digest: _builtins.str
+    """"sha256:<hex>" (or the bare 64 hex digits) of the tree: its directory name in the store."""
+    repo_id: _builtins.str
+    """What the caller loaded the tree as, for the daemon's log line only (never trusted; each at
+    most as long as in a Resolve).
+    """
+    commit: _builtins.str
+    variant: _builtins.str
+    reason: _builtins.str
+    """Why the caller suspects it ("CorruptTree: ... do(es) not match ..."), at most 512 bytes,
+    no control characters.
+    """
+    def __init__(
+        self,
+        *,
+        tree_digest: _builtins.str = ...,
+        repo_id: _builtins.str = ...,
+        commit: _builtins.str = ...,
+        variant: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "reason", b"reason", "repo_id", b"repo_id", "tree_digest", b"tree_digest", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportSuspectRequest: _TypeAlias = ReportSuspectRequest  # noqa: Y015
+
+@_typing.final
+class VariantRef(_message.Message):
+    """A variant of a commit of a repo (the variants a tree was published as)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    repo_id: _builtins.str
+    commit: _builtins.str
+    variant: _builtins.str
+    def __init__(
+        self,
+        *,
+        repo_id: _builtins.str = ...,
+        commit: _builtins.str = ...,
+        variant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "repo_id", b"repo_id", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VariantRef: _TypeAlias = VariantRef  # noqa: Y015
+
+@_typing.final
+class ReportSuspectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Verdict:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _VerdictEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ReportSuspectResponse._Verdict.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        VERDICT_UNSPECIFIED: ReportSuspectResponse._Verdict.ValueType  # 0
+        INTACT: ReportSuspectResponse._Verdict.ValueType  # 1
+        """The daemon's own check found the tree as published: nothing was changed."""
+        DAMAGED: ReportSuspectResponse._Verdict.ValueType  # 2
+        """The check confirmed damage: the tree (and any damaged blob) is out of service, moved into
+        the quarantine, and its variants are being fetched again where an upstream has them.
+        """
+        UNKNOWN_TREE: ReportSuspectResponse._Verdict.ValueType  # 3
+        """The store serves no tree with that digest (never here, collected, or already taken out of
+        service: `detail` says which, `quarantine_entries` names its entry if it has one).
+        """
+
+    class Verdict(_Verdict, metaclass=_VerdictEnumTypeWrapper): ...
+    VERDICT_UNSPECIFIED: ReportSuspectResponse.Verdict.ValueType  # 0
+    INTACT: ReportSuspectResponse.Verdict.ValueType  # 1
+    """The daemon's own check found the tree as published: nothing was changed."""
+    DAMAGED: ReportSuspectResponse.Verdict.ValueType  # 2
+    """The check confirmed damage: the tree (and any damaged blob) is out of service, moved into
+    the quarantine, and its variants are being fetched again where an upstream has them.
+    """
+    UNKNOWN_TREE: ReportSuspectResponse.Verdict.ValueType  # 3
+    """The store serves no tree with that digest (never here, collected, or already taken out of
+    service: `detail` says which, `quarantine_entries` names its entry if it has one).
+    """
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    TREE_DIGEST_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    VARIANTS_FIELD_NUMBER: _builtins.int
+    REFETCH_SCHEDULED_FIELD_NUMBER: _builtins.int
+    QUARANTINE_ENTRIES_FIELD_NUMBER: _builtins.int
+    REMEMBERED_FIELD_NUMBER: _builtins.int
+    CHECKED_AT_FIELD_NUMBER: _builtins.int
+    verdict: Global___ReportSuspectResponse.Verdict.ValueType
+    tree_digest: _builtins.str
+    """"sha256:<hex>" of the tree that was checked."""
+    detail: _builtins.str
+    """What the check found (the problems, or how much was re-hashed), in one line."""
+    refetch_scheduled: _builtins.bool
+    """DAMAGED: the invalidated variants are being fetched again in the background."""
+    remembered: _builtins.bool
+    """True when the verdict is that of an earlier check (within the last minute) of the same
+    tree: it was not hashed again for this report.
+    """
+    @_builtins.property
+    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantRef]:
+        """The variants published from the tree (for DAMAGED: the ones taken out of service)."""
+
+    @_builtins.property
+    def quarantine_entries(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Names of the quarantine entries that hold the tree (`kerneldctl verify` lists them)."""
+
+    @_builtins.property
+    def checked_at(self) -> _timestamp_pb2.Timestamp:
+        """When the tree was checked."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___ReportSuspectResponse.Verdict.ValueType = ...,
+        tree_digest: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        variants: _abc.Iterable[Global___VariantRef] | None = ...,
+        refetch_scheduled: _builtins.bool = ...,
+        quarantine_entries: _abc.Iterable[_builtins.str] | None = ...,
+        remembered: _builtins.bool = ...,
+        checked_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checked_at", b"checked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked_at", b"checked_at", "detail", b"detail", "quarantine_entries", b"quarantine_entries", "refetch_scheduled", b"refetch_scheduled", "remembered", b"remembered", "tree_digest", b"tree_digest", "variants", b"variants", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportSuspectResponse: _TypeAlias = ReportSuspectResponse  # noqa: Y015
+
+@_typing.final
 class UpstreamStatus(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1352,7 +1504,10 @@ class VerifyRequest(_message.Message):
 
     REPAIR_FIELD_NUMBER: _builtins.int
     TREE_DIGESTS_FIELD_NUMBER: _builtins.int
+    QUARANTINE_FIELD_NUMBER: _builtins.int
     repair: _builtins.bool
+    quarantine: _builtins.bool
+    """Also list the quarantine: one QUARANTINED event per entry, before SUMMARY."""
     @_builtins.property
     def tree_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Empty: the whole store."""
@@ -1362,10 +1517,11 @@ class VerifyRequest(_message.Message):
         *,
         repair: _builtins.bool = ...,
         tree_digests: _abc.Iterable[_builtins.str] | None = ...,
+        quarantine: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["repair", b"repair", "tree_digests", b"tree_digests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quarantine", b"quarantine", "repair", b"repair", "tree_digests", b"tree_digests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1393,6 +1549,11 @@ class VerifyEvent(_message.Message):
         IO_ERROR: VerifyEvent._Problem.ValueType  # 5
         REPAIRED: VerifyEvent._Problem.ValueType  # 6
         SUMMARY: VerifyEvent._Problem.ValueType  # 7
+        QUARANTINED: VerifyEvent._Problem.ValueType  # 8
+        """With VerifyRequest.quarantine: one per entry of the quarantine (what repair, the scrub or
+        a confirmed ReportSuspect took out of service), before SUMMARY; not a problem (sets no
+        exit_mask bit).
+        """
 
     class Problem(_Problem, metaclass=_ProblemEnumTypeWrapper): ...
     PROBLEM_UNSPECIFIED: VerifyEvent.Problem.ValueType  # 0
@@ -1407,6 +1568,11 @@ class VerifyEvent(_message.Message):
     IO_ERROR: VerifyEvent.Problem.ValueType  # 5
     REPAIRED: VerifyEvent.Problem.ValueType  # 6
     SUMMARY: VerifyEvent.Problem.ValueType  # 7
+    QUARANTINED: VerifyEvent.Problem.ValueType  # 8
+    """With VerifyRequest.quarantine: one per entry of the quarantine (what repair, the scrub or
+    a confirmed ReportSuspect took out of service), before SUMMARY; not a problem (sets no
+    exit_mask bit).
+    """
 
     PROBLEM_FIELD_NUMBER: _builtins.int
     PATH_FIELD_NUMBER: _builtins.int
@@ -1414,6 +1580,7 @@ class VerifyEvent(_message.Message):
     EXIT_MASK_FIELD_NUMBER: _builtins.int
     BLOBS_CHECKED_FIELD_NUMBER: _builtins.int
     TREES_CHECKED_FIELD_NUMBER: _builtins.int
+    ENTRY_FIELD_NUMBER: _builtins.int
     problem: Global___VerifyEvent.Problem.ValueType
     path: _builtins.str
     detail: _builtins.str
@@ -1421,6 +1588,10 @@ class VerifyEvent(_message.Message):
     """On SUMMARY: Nix-style bitmask, 1 corrupt, 2 untrusted, 4 I/O error."""
     blobs_checked: _builtins.int
     trees_checked: _builtins.int
+    @_builtins.property
+    def entry(self) -> Global___QuarantineEntry:
+        """On QUARANTINED: the entry."""
+
     def __init__(
         self,
         *,
@@ -1430,14 +1601,73 @@ class VerifyEvent(_message.Message):
         exit_mask: _builtins.int = ...,
         blobs_checked: _builtins.int = ...,
         trees_checked: _builtins.int = ...,
+        entry: Global___QuarantineEntry | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_checked", b"blobs_checked", "detail", b"detail", "exit_mask", b"exit_mask", "path", b"path", "problem", b"problem", "trees_checked", b"trees_checked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs_checked", b"blobs_checked", "detail", b"detail", "entry", b"entry", "exit_mask", b"exit_mask", "path", b"path", "problem", b"problem", "trees_checked", b"trees_checked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VerifyEvent: _TypeAlias = VerifyEvent  # noqa: Y015
+
+@_typing.final
+class QuarantineEntry(_message.Message):
+    """One entry of the store's quarantine (<store>/v1/quarantine/<name>/)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OBJECT_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    QUARANTINED_AT_FIELD_NUMBER: _builtins.int
+    VARIANTS_FIELD_NUMBER: _builtins.int
+    MOVED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The entry's directory name: what `kerneldctl verify --store ... --restore|--drop` takes."""
+    object: _builtins.str
+    """"tree", "blob" or "unknown" (a file the index never knew)."""
+    id: _builtins.str
+    """Tree digest hex, blob sha256 or the stray file's original path."""
+    bytes: _builtins.int
+    """Bytes it holds (apparent size of its files; 0 when it could not be moved)."""
+    reason: _builtins.str
+    """Why it was taken out of service (the first problem found, and how many more)."""
+    by: _builtins.str
+    """Who took it out: "repair", "scrub" or "report" (a ReportSuspect the daemon confirmed)."""
+    moved: _builtins.bool
+    """False when it could not be moved (owned by another user): it stays where it was, out of
+    service.
+    """
+    @_builtins.property
+    def quarantined_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantRef]:
+        """The variants that used it."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        object: _builtins.str = ...,
+        id: _builtins.str = ...,
+        bytes: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        by: _builtins.str = ...,
+        quarantined_at: _timestamp_pb2.Timestamp | None = ...,
+        variants: _abc.Iterable[Global___VariantRef] | None = ...,
+        moved: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quarantined_at", b"quarantined_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "bytes", b"bytes", "id", b"id", "moved", b"moved", "name", b"name", "object", b"object", "quarantined_at", b"quarantined_at", "reason", b"reason", "variants", b"variants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuarantineEntry: _TypeAlias = QuarantineEntry  # noqa: Y015
 
 @_typing.final
 class MirrorExportRequest(_message.Message):
@@ -1753,9 +1983,18 @@ class AdminStatus(_message.Message):
     ACTIVE_LEASES_FIELD_NUMBER: _builtins.int
     PINS_FIELD_NUMBER: _builtins.int
     DENIES_FIELD_NUMBER: _builtins.int
+    QUARANTINE_ENTRIES_FIELD_NUMBER: _builtins.int
+    QUARANTINE_BYTES_FIELD_NUMBER: _builtins.int
+    QUARANTINE_MAX_BYTES_FIELD_NUMBER: _builtins.int
     active_leases: _builtins.int
     pins: _builtins.int
     denies: _builtins.int
+    quarantine_entries: _builtins.int
+    """The quarantine: entries, the bytes they hold, and its bound ([store] quarantine_max; 0: no
+    bound). Over the bound the oldest entries are dropped first.
+    """
+    quarantine_bytes: _builtins.int
+    quarantine_max_bytes: _builtins.int
     @_builtins.property
     def status(self) -> Global___DaemonStatus: ...
     @_builtins.property
@@ -1771,10 +2010,13 @@ class AdminStatus(_message.Message):
         active_leases: _builtins.int = ...,
         pins: _builtins.int = ...,
         denies: _builtins.int = ...,
+        quarantine_entries: _builtins.int = ...,
+        quarantine_bytes: _builtins.int = ...,
+        quarantine_max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "denies", b"denies", "pins", b"pins", "recent_fetches", b"recent_fetches", "refs", b"refs", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "denies", b"denies", "pins", b"pins", "quarantine_bytes", b"quarantine_bytes", "quarantine_entries", b"quarantine_entries", "quarantine_max_bytes", b"quarantine_max_bytes", "recent_fetches", b"recent_fetches", "refs", b"refs", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,6 +69,11 @@ class KernelsStub:
                 request_serializer=kerneld_dot_v1_dot_kerneld__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.DaemonStatus.FromString,
                 _registered_method=True)
+        self.ReportSuspect = channel.unary_unary(
+                '/kerneld.v1.Kernels/ReportSuspect',
+                request_serializer=kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectRequest.SerializeToString,
+                response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectResponse.FromString,
+                _registered_method=True)
 
 
 class KernelsServicer:
@@ -119,6 +124,20 @@ class KernelsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSuspect(self, request, context):
+        """Tell the daemon that a tree of its store looks damaged (a job under KERNELD_VERIFY=1 found
+        it so, or suspects it). The report is never trusted: the daemon re-hashes the tree against
+        its own manifest, and only damage it confirms itself takes the tree out of service
+        (quarantined, never deleted) and schedules a re-fetch of its variants from the upstreams in
+        the background. A tree checked within the last minute is not hashed again: the answer is
+        that check's verdict (`remembered`). Rate-limited per caller uid (anonymous callers share
+        one budget): over it the call fails with RESOURCE_EXHAUSTED; an oversized or malformed
+        request with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KernelsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +170,11 @@ def add_KernelsServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.GetStatusRequest.FromString,
                     response_serializer=kerneld_dot_v1_dot_kerneld__pb2.DaemonStatus.SerializeToString,
+            ),
+            'ReportSuspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSuspect,
+                    request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectRequest.FromString,
+                    response_serializer=kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +343,33 @@ class Kernels:
             '/kerneld.v1.Kernels/GetStatus',
             kerneld_dot_v1_dot_kerneld__pb2.GetStatusRequest.SerializeToString,
             kerneld_dot_v1_dot_kerneld__pb2.DaemonStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSuspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kerneld.v1.Kernels/ReportSuspect',
+            kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectRequest.SerializeToString,
+            kerneld_dot_v1_dot_kerneld__pb2.ReportSuspectResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,8 @@ isort:skip_file
 kerneld wire contract, version 1.
 
 Two services on two unix sockets:
-  Kernels  - the user socket: read-only RPCs any training process may call.
+  Kernels  - the user socket: read-only RPCs any training process may call (ReportSuspect
+             only asks the daemon to re-check a tree; it acts on what its own check finds).
   Admin    - the admin socket (group-restricted): everything that mutates the store or policy.
 The server cannot learn a caller's uid over grpcio, so authorisation is the socket file's mode.
 
@@ -60,6 +61,16 @@ class KernelsStub:
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ReleaseLeaseRequest, _kerneld_pb2.ReleaseLeaseResponse]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.DaemonStatus]
     """Readiness and where the store and its published client index live."""
+    ReportSuspect: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ReportSuspectRequest, _kerneld_pb2.ReportSuspectResponse]
+    """Tell the daemon that a tree of its store looks damaged (a job under KERNELD_VERIFY=1 found
+    it so, or suspects it). The report is never trusted: the daemon re-hashes the tree against
+    its own manifest, and only damage it confirms itself takes the tree out of service
+    (quarantined, never deleted) and schedules a re-fetch of its variants from the upstreams in
+    the background. A tree checked within the last minute is not hashed again: the answer is
+    that check's verdict (`remembered`). Rate-limited per caller uid (anonymous callers share
+    one budget): over it the call fails with RESOURCE_EXHAUSTED; an oversized or malformed
+    request with INVALID_ARGUMENT.
+    """
 
 @_typing.type_check_only
 class KernelsAsyncStub(KernelsStub):
@@ -80,6 +91,16 @@ class KernelsAsyncStub(KernelsStub):
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ReleaseLeaseRequest, _kerneld_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.DaemonStatus]  # type: ignore[assignment]
     """Readiness and where the store and its published client index live."""
+    ReportSuspect: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ReportSuspectRequest, _kerneld_pb2.ReportSuspectResponse]  # type: ignore[assignment]
+    """Tell the daemon that a tree of its store looks damaged (a job under KERNELD_VERIFY=1 found
+    it so, or suspects it). The report is never trusted: the daemon re-hashes the tree against
+    its own manifest, and only damage it confirms itself takes the tree out of service
+    (quarantined, never deleted) and schedules a re-fetch of its variants from the upstreams in
+    the background. A tree checked within the last minute is not hashed again: the answer is
+    that check's verdict (`remembered`). Rate-limited per caller uid (anonymous callers share
+    one budget): over it the call fails with RESOURCE_EXHAUSTED; an oversized or malformed
+    request with INVALID_ARGUMENT.
+    """
 
 class KernelsServicer(metaclass=_abc_1.ABCMeta):
     """---------------------------------------------------------------------------------------------
@@ -133,6 +154,22 @@ class KernelsServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kerneld_pb2.DaemonStatus, _abc.Awaitable[_kerneld_pb2.DaemonStatus]]:
         """Readiness and where the store and its published client index live."""
+
+    @_abc_1.abstractmethod
+    def ReportSuspect(
+        self,
+        request: _kerneld_pb2.ReportSuspectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kerneld_pb2.ReportSuspectResponse, _abc.Awaitable[_kerneld_pb2.ReportSuspectResponse]]:
+        """Tell the daemon that a tree of its store looks damaged (a job under KERNELD_VERIFY=1 found
+        it so, or suspects it). The report is never trusted: the daemon re-hashes the tree against
+        its own manifest, and only damage it confirms itself takes the tree out of service
+        (quarantined, never deleted) and schedules a re-fetch of its variants from the upstreams in
+        the background. A tree checked within the last minute is not hashed again: the answer is
+        that check's verdict (`remembered`). Rate-limited per caller uid (anonymous callers share
+        one budget): over it the call fails with RESOURCE_EXHAUSTED; an oversized or malformed
+        request with INVALID_ARGUMENT.
+        """
 
 def add_KernelsServicer_to_server(servicer: KernelsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

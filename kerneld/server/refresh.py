@@ -1,0 +1,186 @@
+"""Ref freshness: every ref the store serves is re-asked of the upstreams once its TTL is up.
+
+Jobs load warm from the published index without calling the daemon, so nothing on their path
+ever notices that a kernel author moved `v1` to a new build. The refresher does it for them,
+in the background: it wakes when the oldest ref's TTL ends, asks the upstreams where the ref
+points now, and
+
+- unchanged: records the answer's time (the ref is fresh again; one request per ref per TTL);
+- moved: fetches, for the new commit, the variants the store holds for the old one (or what
+  `auto` picks when the author renamed them) with their dependencies, and only then moves the
+  ref, which republishes the index: a job that starts after that loads the new build warm;
+- failed (every upstream down): keeps the old commit, which is then *stale* (served, counted
+  in `kerneld_stale_serves_total`, flagged in Resolve answers) and asked again after
+  `RETRY_S`.
+
+So a job started more than `ref_ttl` + one upstream round trip + the fetch after a push loads
+the new commit (docs/configuration.md, `[resolve] ref_ttl`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from kerneld.prefetch import Cancelled, PrefetchSummary
+from kerneld.resolve import KernelSpec, Resolver
+from kerneld.server.errors import NotReady
+from kerneld.store import Store
+from kerneld.store.index import RefRow
+
+log = logging.getLogger("kerneld.refresh")
+
+RETRY_S = 30.0
+"""After a failed re-check, the ref is asked again this much later (or after its TTL, if
+shorter): an outage is not hammered, a recovery is noticed within half a minute."""
+
+IDLE_S = 300.0
+"""The longest sleep, whatever the TTL."""
+
+
+Prefetch = Callable[[Sequence[KernelSpec], Sequence[str]], PrefetchSummary]
+"""Fetch these specs with these variant modes/names (the daemon's `prefetch`, bound)."""
+
+
+class RefRefresher:
+    """The background re-check of refs past their TTL (one thread, one ref at a time)."""
+
+    def __init__(
+        self,
+        store: Store,
+        resolver: Resolver,
+        prefetch: Prefetch,
+        count: Callable[[str], None],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.resolver = resolver
+        self.prefetch = prefetch
+        self.count = count
+        """Called with each re-check's outcome (the `kerneld_ref_rechecks_total` counter)."""
+        self.clock = clock
+        self._retry_at: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ref-refresher", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look again now (a reload changed the TTL, a test moved the clock)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.run_due()
+            except (Cancelled, NotReady):
+                return  # the daemon is stopping
+            except Exception as exc:  # never let the refresher die
+                log.error("ref refresh failed: %r", exc, exc_info=exc)
+                wait = RETRY_S
+            self._wake.wait(max(0.05, wait))
+            self._wake.clear()
+
+    # ---- one pass ------------------------------------------------------------------------
+
+    def run_due(self) -> float:
+        """Re-check every ref that is due; seconds until the next one is."""
+        now = self.clock()
+        due, next_at = self.due(now)
+        for row in due:
+            if self._stop.is_set():
+                break
+            self.refresh(row)
+        if due:
+            _, next_at = self.due(self.clock())
+        return next_at - self.clock()
+
+    def due(self, now: float) -> tuple[list[RefRow], float]:
+        """(refs past their TTL whose commit the store serves, when the next one will be)."""
+        ttl = self.resolver.ref_ttl_s
+        due: list[RefRow] = []
+        # A ref recorded after this pass is due a TTL after it was: looking again within a TTL
+        # finds it in time (nothing needs to wake the refresher when a ref is set).
+        next_at = now + min(IDLE_S, ttl)
+        for row in self.store.index.all_refs():
+            if not self.store.variants(row.repo, row.commit):
+                continue  # nothing of it is served: no job uses this ref from the store
+            at = max(row.fetched_at + ttl, self._retry_at.get((row.repo, row.ref), 0.0))
+            if at <= now:
+                due.append(row)
+            else:
+                next_at = min(next_at, at)
+        return due, next_at
+
+    def refresh(self, row: RefRow) -> str:
+        """Re-check one ref; the outcome: unchanged, moved, failed or gone."""
+        key = (row.repo, row.ref)
+        spec = KernelSpec(row.repo, revision=row.ref)
+        asked_at = self.clock()
+        try:
+            commit, stale = self.resolver.commit_for(spec, refresh=True, record=False)
+        except Exception as exc:  # gone upstream (RevisionNotFound, RepoNotFound), denied, ...
+            return self._failed(key, row, "gone", exc)
+        if stale:
+            return self._failed(key, row, "failed", "every upstream failed; serving it stale")
+        if commit == row.commit:
+            self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
+            self._retry_at.pop(key, None)
+            self.count("unchanged")
+            return "unchanged"
+        wanted = self._variants_for(row, commit)
+        summary = self.prefetch([KernelSpec(row.repo, revision=commit)], wanted)
+        if summary.kernels_failed:
+            _, error = summary.errors[0]
+            return self._failed(key, row, "failed", f"fetching {commit} failed: {error}")
+        self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
+        self._retry_at.pop(key, None)
+        self.count("moved")
+        log.info(
+            "ref moved repo=%s ref=%s from=%s to=%s variants=%s; jobs load the new commit now",
+            row.repo,
+            row.ref,
+            row.commit,
+            commit,
+            ",".join(wanted),
+        )
+        return "moved"
+
+    def _variants_for(self, row: RefRow, commit: str) -> list[str]:
+        """The variants jobs use for the old commit that the new one has, else `auto`."""
+        try:
+            names = set(self.resolver.variant_names(row.repo, commit))
+        except Exception:
+            return ["auto"]
+        kept = [v for v in self.store.variants(row.repo, row.commit) if v in names]
+        return kept or ["auto"]
+
+    def _failed(self, key: tuple[str, str], row: RefRow, outcome: str, why: object) -> str:
+        retry = min(RETRY_S, self.resolver.ref_ttl_s)
+        self._retry_at[key] = self.clock() + retry
+        self.count(outcome)
+        log.warning(
+            "ref re-check %s repo=%s ref=%s commit=%s: %s; jobs keep this commit, asked again "
+            "in %.0fs",
+            outcome,
+            row.repo,
+            row.ref,
+            row.commit,
+            why,
+            retry,
+        )
+        return outcome
