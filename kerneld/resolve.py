@@ -233,8 +233,31 @@ class Resolver:
             )
             raise every_upstream(failures, failures[0], **ctx)
         not_found = next(f for f in failures if isinstance(f, RevisionNotFound | RepoNotFound))
+        if spec.version is not None and isinstance(not_found, RevisionNotFound):
+            not_found = self._version_not_found(spec.repo_id, spec.version, not_found)
+            failures = [not_found]
         self.store.put_negative(spec.repo_id, ref, "", "rev:" + str(not_found), self.negative_ttl_s)
         raise every_upstream(failures, not_found, **ctx)
+
+    def _version_not_found(
+        self, repo_id: str, version: int, original: RevisionNotFound
+    ) -> RevisionNotFound:
+        """`kernels`' verdict for a missing version, with the versions that exist (one more
+        request, only on this error path; the plain "not found" if the listing fails)."""
+        versions: set[int] = set()
+        for upstream in self.upstreams:
+            try:
+                versions.update(upstream.list_refs(repo_id).versions())
+            except UpstreamError:
+                continue
+        if not versions:
+            return original
+        listed = ", ".join(str(v) for v in sorted(versions))
+        return RevisionNotFound(
+            f"Version {version} not found, available versions: {listed}",
+            repo_id=repo_id,
+            revision=f"v{version}",
+        )
 
     # -- variants ------------------------------------------------------------------------------
 

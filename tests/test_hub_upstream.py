@@ -140,3 +140,19 @@ def test_an_endless_tree_listing_is_cut_off(
     with pytest.raises(UpstreamProtocolError, match="more than 2 entries"):
         hub.list_files(REPO, commit, VARIANT)
     assert hub_server.counts["tree"] - before <= 3 < n  # stopped paging
+
+
+def test_a_revision_without_builds_says_so(tmp_path) -> None:
+    """Issue 18: `kernels` says "build does not exist on main"; huggingface_hub's own words
+    were "404 Client Error." with nothing about what is missing."""
+    from tests.support.gitrepo import GitRepo
+    from tests.support.hubserver import HubServer
+
+    repo = GitRepo(tmp_path / "kernels" / "kerneld-test" / "docs-only")
+    commit = repo.commit("docs", {"README.md": b"no builds yet\n"})
+    with HubServer(tmp_path) as server:
+        hub = HubUpstream(endpoint=server.url, token=False, policy=FAST)
+        with pytest.raises(EntryNotFound) as exc:
+            hub.list_variants("kerneld-test/docs-only", commit)
+    assert "build does not exist on this revision" in str(exc.value)
+    assert exc.value.revision == commit and exc.value.upstream == "hub"

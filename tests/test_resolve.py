@@ -163,6 +163,17 @@ def test_malformed_ref_answer_without_cache_is_not_a_verdict(store, hub, hub_ser
     assert store.get_negative(REPO, "v1") is None  # not remembered as "no such revision"
 
 
+def test_a_missing_version_names_the_versions_that_exist(store, hub) -> None:
+    # Issue 18: `kernels` 0.17.2 says "Version 2 not found, available versions: 1".
+    with pytest.raises(RevisionNotFound) as exc:
+        Resolver(store, [hub]).resolve(KernelSpec(REPO, version=9), CPU)
+    assert str(exc.value) == f"{REPO}@v9: Version 9 not found, available versions: 1, 2"
+    # Remembered (negative cache) with the same words.
+    with pytest.raises(RevisionNotFound) as again:
+        Resolver(store, [hub]).resolve(KernelSpec(REPO, version=9), CPU)
+    assert "available versions: 1, 2" in str(again.value)
+
+
 def test_a_malformed_answer_once_is_asked_again(store, hub, hub_server, synthetic_hub) -> None:
     # Issue 19: in the chaos run every corrupted API answer was a fallback; one bad body (a
     # proxy or the network mangled it) is asked again once, persistent garbage still fails

@@ -45,6 +45,8 @@ CHUNK = 1 << 20
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _VARIANTS_FILE = "variants.json"
 _NOT_HASHED = {"metadata.json", "metadata.json.sigstore"}
+#: For the author of a kernel whose files changed after the build hashed them.
+_REHASH = " (changed after the build? re-run its hash step, which rewrites metadata.json)"
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,7 @@ def _check_metadata_digest(folder: Path, files: list[_RemoteFile], ctx: dict[str
     present = {f.path for f in files} - _NOT_HASHED
     if set(listed) != present:
         diff = sorted(set(listed) ^ present)
-        raise KernelUnavailable(f"metadata.json digest and files differ: {diff}", **ctx)
+        raise KernelUnavailable(f"metadata.json digest and files differ: {diff}{_REHASH}", **ctx)
     for rel, expected in listed.items():
         h = hashlib.new(algorithm)
         with open(folder / rel, "rb") as fh:
@@ -247,7 +249,7 @@ def _check_metadata_digest(folder: Path, files: list[_RemoteFile], ctx: dict[str
         except (binascii.Error, ValueError):
             raise KernelUnavailable(f"metadata.json digest of {rel} is not base64", **ctx) from None
         if h.digest() != want:
-            raise KernelUnavailable(f"{rel} does not match metadata.json's digest", **ctx)
+            raise KernelUnavailable(f"{rel} does not match metadata.json's digest{_REHASH}", **ctx)
 
 
 def _seal(folder: Path) -> None:

@@ -35,9 +35,9 @@ from kerneld.server.metrics import Metrics, StoreGauges
 from kerneld.server.refresh import RefRefresher
 from kerneld.server.scrub import Scrubber
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
-from kerneld.store import Hold, IntegrityError, Lease, Store
+from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
 from kerneld.upstream.base import is_commit
-from kerneld.upstream.errors import UpstreamError
+from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide
 
 log = logging.getLogger("kerneld.daemon")
@@ -320,7 +320,9 @@ class Core:
             try:
                 res, cacheable = self._gated(caller, spec, facts, allow, variant, holder, hold)
             except FetchNotAllowed as exc:
-                self.metrics.resolves.labels("error").inc()
+                # Without allow_fetch this is the answer a cold client expects ("not here yet,
+                # ask again with a fetch"), not a failure; with it, a policy refused the fetch.
+                self.metrics.resolves.labels("refused" if allow_fetch else "not_cached").inc()
                 if allow_fetch and not allow:
                     raise FetchNotAllowed(
                         "not in this host's store, and the fetch policy ([fetch] allow) does not "
@@ -330,7 +332,7 @@ class Core:
                     ) from exc
                 raise
             except Exception as exc:
-                self.metrics.resolves.labels("error").inc()
+                self.metrics.resolves.labels(_outcome(exc)).inc()
                 if isinstance(exc, IntegrityError | UpstreamError):
                     self.record_fetch(
                         spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
@@ -535,7 +537,13 @@ class Core:
             self.metrics.fetch_bytes.labels(result.upstream).inc(result.bytes_downloaded)
             return
         upstream = getattr(error, "upstream", "") or ""
-        kind = "integrity_error" if isinstance(error, IntegrityError) else "error"
+        kind = (
+            "integrity_error"
+            if isinstance(error, IntegrityError)
+            else "not_found"  # an answer about the repo, not a failing upstream
+            if isinstance(error, RepoNotFound | RevisionNotFound | EntryNotFound)
+            else "error"
+        )
         if isinstance(error, IntegrityError):
             self.metrics.verify_failures.labels("download").inc()
         self.metrics.fetches.labels(upstream or "-", kind).inc()
@@ -697,6 +705,18 @@ class Core:
         if any(c.startswith("scrub") for c in applied):
             self.scrubber.wake()
         return applied, restart
+
+
+def _outcome(exc: BaseException) -> str:
+    """`kerneld_resolves_total`'s result for a failed Resolve: what the caller asked for does
+    not exist (not_found, no_variant), or something failed (error, the one to alert on)."""
+    if isinstance(exc, RepoNotFound | RevisionNotFound | EntryNotFound):
+        return "not_found"
+    if isinstance(exc, NoCompatibleVariant):
+        return "no_variant"
+    if isinstance(exc, DeniedError):
+        return "denied"
+    return "error"
 
 
 def _torch(values: Sequence[str]) -> tuple[tuple[int, int], ...]:

@@ -216,16 +216,27 @@ class KernelsService(pb_grpc.KernelsServicer):
         return out
 
     def _failed(
-        self, method: str, exc: BaseException, request: pb.ResolveRequest | None = None
+        self,
+        method: str,
+        exc: BaseException,
+        kernel: pb.KernelRef | None = None,
+        *,
+        fetching: bool = True,
     ) -> pb.ErrorDetail:
-        kernel = request.kernel if request is not None else pb.KernelRef()
+        """Map, count and log a failed call. FETCH_NOT_ALLOWED for a call that did not ask to
+        fetch is the expected first answer of every cold load: logged at debug, not counted
+        in `kerneld_rpc_errors_total` (the docs say to alert on it)."""
+        kernel = kernel if kernel is not None else pb.KernelRef()
         failure = classify(exc, repo=convert.clip(kernel.repo_id))
-        self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
-        log.info(
+        expected = not fetching and failure.detail.code == pb.FETCH_NOT_ALLOWED
+        if not expected:
+            self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
+        log.log(
+            logging.DEBUG if expected else logging.INFO,
             "%s failed repo=%s selector=%s code=%s: %s",
             method,
             convert.clip(kernel.repo_id) or "-",
-            kernel.WhichOneof("selector") or "main",
+            convert.clip(_selector(kernel)),
             pb.ErrorCode.Name(failure.detail.code),
             failure.detail.message,
         )
@@ -243,7 +254,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             )
             kernel = self._to_proto(served)
         except Exception as exc:
-            self._failed("Resolve", exc, request)
+            self._failed("Resolve", exc, request.kernel, fetching=request.allow_fetch)
             abort(context, exc, repo=convert.clip(request.kernel.repo_id))
         return pb.ResolveResponse(kernel=kernel)
 
@@ -254,7 +265,9 @@ class KernelsService(pb_grpc.KernelsServicer):
             served = self._finish(future, by, started, request.kernel)
             return pb.ResolveResult(kernel=self._to_proto(served))
         except Exception as exc:
-            return pb.ResolveResult(error=self._failed("ResolveMany", exc, request))
+            return pb.ResolveResult(
+                error=self._failed("ResolveMany", exc, request.kernel, fetching=request.allow_fetch)
+            )
 
     def ResolveMany(
         self, request: pb.ResolveManyRequest, context: grpc.ServicerContext
@@ -306,7 +319,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             )
             cached = self.core.cached_variants(spec.repo_id, commit)
         except Exception as exc:
-            self._failed("ListVariants", exc)
+            self._failed("ListVariants", exc, request.kernel, fetching=request.allow_fetch)
             abort(context, exc, repo=convert.clip(request.kernel.repo_id))
         return pb.ListVariantsResponse(
             repo_id=spec.repo_id,

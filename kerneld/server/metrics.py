@@ -71,7 +71,12 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.resolves = Counter(
-            "kerneld_resolves", "Resolve outcomes (hit, miss, error)", ["result"], registry=r
+            "kerneld_resolves",
+            "Resolve outcomes: hit, miss (fetched), not_cached (asked without a fetch: the "
+            "client asks again with one), refused (fetch policy), not_found, no_variant, "
+            "denied; error is the one to alert on",
+            ["result"],
+            registry=r,
         )
         self.errors = Counter(
             "kerneld_rpc_errors",

@@ -192,7 +192,9 @@ class MetadataDigestError(IntegrityError):
             parts.append(detail)
         super().__init__(
             "metadata.json digest check failed (" + "; ".join(parts) + "); the variant was "
-            "not published — the build on the upstream is inconsistent or was tampered with",
+            "not published — the build on the upstream is inconsistent or was tampered with. "
+            "A kernel author who changed files after the build: re-run the build's hash step "
+            "(the kernel builder writes the digest into metadata.json) and publish again",
             **ctx,
         )
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import httpx2
 from huggingface_hub import HfApi
+from huggingface_hub import constants as hf_constants
 from huggingface_hub.errors import (
     EntryNotFoundError,
     HfHubHTTPError,
@@ -64,6 +65,12 @@ from kerneld.upstream.retry import (
 )
 
 T = TypeVar("T")
+
+# kerneld talks to its configured upstreams and nothing else (an air-gapped site must see no
+# other attempt). huggingface_hub's user-agent telemetry fetches `/api/agent-harnesses` from
+# its *default* endpoint (the public Hub unless HF_ENDPOINT is set), whatever endpoint HfApi
+# was given, and looks up the torch version; both are off in a process that uses this module.
+hf_constants.HF_HUB_DISABLE_TELEMETRY = True
 log = logging.getLogger("kerneld.upstream.hub")
 
 REPO_TYPE = "kernel"
@@ -204,17 +211,25 @@ class HubUpstream:
 
     def list_variants(self, repo_id: str, commit: str) -> list[str]:
         check_repo_id(repo_id)
-        entries = self._call(
-            lambda: self._bounded(
-                self._api.list_repo_tree(
-                    repo_id, "build", revision=commit, repo_type=REPO_TYPE, recursive=False
+        try:
+            entries = self._call(
+                lambda: self._bounded(
+                    self._api.list_repo_tree(
+                        repo_id, "build", revision=commit, repo_type=REPO_TYPE, recursive=False
+                    ),
+                    f"{repo_id}@{commit}: build/",
                 ),
-                f"{repo_id}@{commit}: build/",
-            ),
-            what="list variants",
-            repo_id=repo_id,
-            revision=commit,
-        )
+                what="list variants",
+                repo_id=repo_id,
+                revision=commit,
+            )
+        except EntryNotFound:  # huggingface_hub's words are "404 Client Error."
+            raise EntryNotFound(
+                "build does not exist on this revision: it has no kernel builds (build/<variant>/)",
+                upstream=self.name,
+                repo_id=repo_id,
+                revision=commit,
+            ) from None
         names: list[str] = []
         for entry in entries:
             if not isinstance(entry, RepoFolder):

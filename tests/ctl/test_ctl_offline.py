@@ -39,6 +39,7 @@ SUBCOMMANDS = [
     ["key", "public"],
     ["reload"],
     ["env"],
+    ["publish"],
 ]
 
 

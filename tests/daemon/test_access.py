@@ -161,14 +161,31 @@ def test_metrics_over_a_unix_socket_and_loopback(
     assert metric(before, "kerneld_ready") == 1
     assert metric(before, "kerneld_store_trees") == 0
     with d.kernels() as kernels, d.admin() as admin:
+        # A cold load's first, fetch-less Resolve: the expected answer, not an error (issue 18).
+        code, detail = failure(kernels.Resolve, resolve_req(ACT, 1, allow_fetch=False))
+        assert detail.code == pb.FETCH_NOT_ALLOWED, (code, detail)
         kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT)
         kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT)
         failure(kernels.Resolve, resolve_req(ACT, 2))
+        failure(kernels.Resolve, resolve_req("kerneld-test/no-such-kernel", 1))
         admin.GarbageCollect(pb.GcRequest(dry_run=True), timeout=TIMEOUT)
     text = http_get_unix(path)
+    assert metric(text, "kerneld_resolves_total", result="not_cached") == 1
     assert metric(text, "kerneld_resolves_total", result="miss") == 1
     assert metric(text, "kerneld_resolves_total", result="hit") == 1
-    assert metric(text, "kerneld_resolves_total", result="error") == 1
+    assert metric(text, "kerneld_resolves_total", result="no_variant") == 1
+    assert metric(text, "kerneld_resolves_total", result="not_found") == 1
+    # What the docs say to alert on stays quiet on normal operation and missing kernels.
+    assert metric(text, "kerneld_resolves_total", result="error") == 0
+    assert not [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("kerneld_fetches_total{") and 'result="error"' in ln
+    ], text
+    assert metric(text, "kerneld_rpc_errors_total", method="Resolve", code="FETCH_NOT_ALLOWED") == 0
+    quiet = f"INFO kerneld.kernels: Resolve failed repo={ACT} selector=v1 code=FETCH_NOT_ALLOWED"
+    assert quiet not in d.logs()
+    assert f"Resolve failed repo={ACT} selector=v2 code=NO_COMPATIBLE_VARIANT" in d.logs()
     assert (
         metric(text, "kerneld_rpc_errors_total", method="Resolve", code="NO_COMPATIBLE_VARIANT")
         == 1

@@ -145,3 +145,61 @@ def test_sigterm_past_the_drain_timeout_leaves_no_partial_tree(
     with d.kernels() as kernels:
         kernel = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
     assert kernel.fetched and tree_files(Path(kernel.path)) == expected(synthetic_hub, "v1")
+
+
+class _Trap:
+    """A loopback listener that records every connection made to it: set as the daemon's HTTP
+    and HTTPS proxy, it receives whatever the daemon tries to reach besides loopback."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.seen: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    self.seen.append(conn.recv(4096).split(b"\r\n", 1)[0])
+                except OSError:
+                    self.seen.append(b"(connected, sent nothing)")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_the_daemon_reaches_nothing_but_its_upstreams(
+    make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, synthetic_hub: SyntheticHub
+) -> None:
+    """Issue 18: with a loopback `--hub-endpoint`, huggingface_hub's user-agent telemetry still
+    fetched `https://huggingface.co/api/agent-harnesses` once. An air-gapped site must see no
+    attempt to reach anything but its configured upstreams: every non-loopback request goes to
+    a proxy that records it, and the test fails on any."""
+    trap = _Trap()
+    try:
+        proxy = {
+            name: trap.url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy")
+        }
+        d = make_daemon(
+            hub_endpoint=hub_server.url,
+            env={**proxy, "https_proxy": trap.url, "NO_PROXY": "127.0.0.1,localhost"},
+        )
+        with d.kernels() as kernels, d.admin() as admin:
+            kernel = kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel
+            assert kernel.fetched
+            list(admin.Prefetch(pb.PrefetchRequest(kernels=[ref(REPO, 2)]), timeout=TIMEOUT))
+            kernels.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT)
+        d.stop()
+        assert trap.seen == [], trap.seen
+    finally:
+        trap.close()

@@ -186,6 +186,7 @@ def test_metadata_digest_failures(store, algorithm, kw, field):
     with pytest.raises(MetadataDigestError) as info:
         publish(store, files=files, metadata=_digest_doc(files, algorithm, **kw))
     assert getattr(info.value, field)
+    assert "re-run the build's hash step" in str(info.value)  # issue 18: the author's next step
     assert store.lookup(REPO, COMMIT_A, "torch-cpu") is None
     assert os.listdir(store.layout.trees) == []
 
