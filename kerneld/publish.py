@@ -41,10 +41,10 @@ from typing import IO, Any
 from kerneld.mirror.export import (
     DirTarget,
     ExportError,
-    _pack_tar,
-    _unpack_existing,
-    _write_signed,
     is_tar_destination,
+    pack_tar,
+    unpack_existing,
+    write_signed,
 )
 from kerneld.mirror.keys import SigningKey, sig_path
 from kerneld.mirror.layout import (
@@ -699,10 +699,10 @@ def _mirror_root(dest: Path) -> Iterator[tuple[Path, Callable[[], None]]]:
     try:
         if dest.exists():
             try:
-                _unpack_existing(dest, staging)
+                unpack_existing(dest, staging)
             except ExportError as exc:
                 raise PublishError(str(exc)) from None
-        yield staging, lambda: _pack_tar(staging, dest)
+        yield staging, lambda: pack_tar(staging, dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -754,8 +754,8 @@ def publish_to_mirror(
                 continue
             report.bytes_written += _copy_blob(root, f)
             report.blobs_written += 1
-        _write_signed(target, plan.manifest_rel, plan.manifest, sign_keys)
-        _write_signed(target, plan.refs_rel, plan.refs, sign_keys)
+        write_signed(target, plan.manifest_rel, plan.manifest, sign_keys)
+        write_signed(target, plan.refs_rel, plan.refs, sign_keys)
         finish()
     return report
 

@@ -422,7 +422,7 @@ def _merge_manifest(target: _Target, new: Manifest) -> Manifest:
     return Manifest(new.repo_id, new.commit, variants, execs)
 
 
-def _write_signed(target: _Target, rel: str, data: bytes, keys: Sequence[SigningKey]) -> bool:
+def write_signed(target: _Target, rel: str, data: bytes, keys: Sequence[SigningKey]) -> bool:
     """Write `rel` unless identical; keep, extend or drop its signatures. True if rel changed."""
     old = target.read(rel)
     changed = old != data
@@ -546,7 +546,7 @@ def _export_files(
     for (repo, commit), kernel in sorted(kernels.items()):
         manifest = _merge_manifest(target, _manifest_for(kernel))
         rel = manifest_path(repo, commit)
-        if _write_signed(target, rel, manifest.to_json(), keys):
+        if write_signed(target, rel, manifest.to_json(), keys):
             report.manifests_written += 1
         else:
             report.manifests_unchanged += 1
@@ -589,10 +589,10 @@ def _export_files(
             data = old
         else:
             data = refs_json(repo, branches, tags, now)
-        _write_signed(target, refs_path(repo), data, keys)
+        write_signed(target, refs_path(repo), data, keys)
 
 
-def _pack_tar(staging: Path, dest: Path) -> None:
+def pack_tar(staging: Path, dest: Path) -> None:
     """Write the staging mirror as a tar beside `dest`, then rename it into place."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
     mtime = int(time.time())
@@ -623,7 +623,7 @@ def _pack_tar(staging: Path, dest: Path) -> None:
         raise
 
 
-def _unpack_existing(tar_path: Path, staging: Path) -> None:
+def unpack_existing(tar_path: Path, staging: Path) -> None:
     """Copy an existing tar mirror into the staging directory (through the import checks)."""
     try:
         with open_bundle(tar_path) as bundle:
@@ -675,10 +675,10 @@ def export_mirror(
             )
             try:
                 if dest_path.exists():
-                    _unpack_existing(dest_path, staging)
+                    unpack_existing(dest_path, staging)
                 target: _Target = DirTarget(staging, name)
                 _export_files(store, target, kernels, refs, sign_keys, name, report, progress)
-                _pack_tar(staging, dest_path)
+                pack_tar(staging, dest_path)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         else:

@@ -32,12 +32,12 @@ from typing import IO
 
 from kerneld.mirror.export import (
     ExportError,
-    _pack_tar,
-    _unpack_existing,
     check_mirror_dir,
     check_stream_path,
     is_tar_destination,
     merged_signatures,
+    pack_tar,
+    unpack_existing,
 )
 from kerneld.mirror.keys import SIG_SUFFIX, SigningKey, sig_path
 from kerneld.mirror.layout import INFO, Manifest, MirrorFormatError, MirrorWriter, refs_path
@@ -120,7 +120,7 @@ class ExportReceiver:
                 ) from None
             try:
                 if dest.exists():
-                    _unpack_existing(dest, self._staging)
+                    unpack_existing(dest, self._staging)
             except BaseException:
                 shutil.rmtree(self._staging, ignore_errors=True)
                 raise
@@ -222,7 +222,7 @@ class ExportReceiver:
             self._sign()
         if self.tar:
             assert self._staging is not None
-            _pack_tar(self._staging, self.dest)
+            pack_tar(self._staging, self.dest)
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
         self._committed = True
