@@ -320,7 +320,11 @@ def _job(args: argparse.Namespace, demo: Path, server: MirrorServer, t0: float) 
         'kind = "mirror-http"\n'
         f'url = "{server.url}"\n\n'
         "[prefetch]\n"
-        "on_start = false  # the demo prefetches with kerneldctl, as an admin would\n",
+        "on_start = false  # the demo prefetches with kerneldctl, as an admin would\n\n"
+        "[trust]\n"
+        "# The site's own kernels: a mirror-only daemon cannot ask the Hub who publishes\n"
+        "# trusted kernels, so the admin vouches for the examples' organisation.\n"
+        'allow = ["kerneld-examples/*"]\n',
         encoding="utf-8",
     )
     env = child_env(

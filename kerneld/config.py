@@ -186,6 +186,20 @@ class Config:
     max_concurrent_rpcs: int = 0
     """RPCs the user socket admits at once, the rest RESOURCE_EXHAUSTED; 0: 4 x `threads`."""
     max_resolve_many: int = 256
+    trust_publishers: str = "hub"
+    """Whose kernels jobs get: "hub" (the Hub's trusted kernel publishers, and `trust_allow`),
+    "allow-list" (`trust_allow` only: air-gapped sites), "any" (every publisher; kerneld before
+    the check, and what `trust_remote_code=True` asks for in `kernels`)."""
+    trust_allow: tuple[str, ...] = ()
+    """Repo patterns ('org/*', 'org/name') trusted whatever the Hub says."""
+    trust_ttl_s: float = 3600.0
+    """How long the Hub's answer about an organisation is used before it is asked again."""
+    trust_honor_remote_code: bool = True
+    """May a job's `trust_remote_code` accept an untrusted publisher (as in `kernels`)?"""
+
+    def publisher_allowed(self, repo_id: str) -> bool:
+        """Is `repo_id` trusted by `[trust] allow` alone?"""
+        return any(fnmatch.fnmatchcase(repo_id, pat) for pat in self.trust_allow)
 
     def fetch_allowed(self, repo_id: str) -> bool:
         """May an unprivileged client's Resolve trigger a download of `repo_id`?"""
@@ -246,6 +260,7 @@ _KNOWN: dict[str, set[str]] = {
         "metrics",
         "log",
         "server",
+        "trust",
         "mode",
     },
     "store": {
@@ -273,6 +288,7 @@ _KNOWN: dict[str, set[str]] = {
     "mirror": {"trusted_keys"},
     "metrics": {"socket", "socket_mode", "socket_group", "listen"},
     "log": {"level"},
+    "trust": {"publishers", "allow", "ttl", "honor_trust_remote_code"},
     "server": {
         "drain_timeout",
         "threads",
@@ -624,6 +640,8 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
             raise ConfigError(source, "server.idle_timeout", f"must be at least 1s, got {idle:g}s")
         updates["idle_timeout_s"] = idle
 
+    updates.update(_parse_trust(_table(doc, "trust", source), source))
+
     out = replace(cfg, **updates)
     if out.lease_ttl_s > out.lease_max_s:
         raise ConfigError(
@@ -634,6 +652,33 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
     if out.lease_ttl_s <= 0:
         raise ConfigError(source, "resolve.lease_ttl", "must be longer than 0s")
     return out
+
+
+TRUST_MODES = ("hub", "allow-list", "any")
+
+
+def _parse_trust(trust: Mapping[str, Any], source: str) -> dict[str, Any]:
+    updates: dict[str, Any] = {}
+    if "publishers" in trust:
+        mode = trust["publishers"]
+        if mode not in TRUST_MODES:
+            known = ", ".join(TRUST_MODES)
+            raise ConfigError(source, "trust.publishers", f"expected one of {known}, got {mode!r}")
+        updates["trust_publishers"] = mode
+    if "allow" in trust:
+        allow = trust["allow"]
+        if not isinstance(allow, list) or not all(isinstance(p, str) and "/" in p for p in allow):
+            raise ConfigError(
+                source, "trust.allow", "must be a list of repo patterns like 'org/*' or 'org/name'"
+            )
+        updates["trust_allow"] = tuple(allow)
+    if "ttl" in trust:
+        updates["trust_ttl_s"] = parse_duration(trust["ttl"], source=source, key="trust.ttl")
+    if "honor_trust_remote_code" in trust:
+        updates["trust_honor_remote_code"] = _bool(
+            trust["honor_trust_remote_code"], source, "trust.honor_trust_remote_code"
+        )
+    return updates
 
 
 def apply_env(cfg: Config, env: Mapping[str, str]) -> Config:
@@ -802,6 +847,10 @@ FIELD_KEYS: dict[str, str] = {
     "idle_timeout_s": "[server] idle_timeout",
     "max_concurrent_rpcs": "[server] max_concurrent_rpcs",
     "max_resolve_many": "[server] max_resolve_many",
+    "trust_publishers": "[trust] publishers",
+    "trust_allow": "[trust] allow",
+    "trust_ttl_s": "[trust] ttl",
+    "trust_honor_remote_code": "[trust] honor_trust_remote_code",
 }
 
 
@@ -898,6 +947,15 @@ def dump_config(cfg: Config) -> str:
                 "idle_timeout": format_duration(cfg.idle_timeout_s),
                 "max_concurrent_rpcs": cfg.max_concurrent_rpcs,
                 "max_resolve_many": cfg.max_resolve_many,
+            },
+        ),
+        (
+            "trust",
+            {
+                "publishers": cfg.trust_publishers,
+                "allow": list(cfg.trust_allow),
+                "ttl": format_duration(cfg.trust_ttl_s),
+                "honor_trust_remote_code": cfg.trust_honor_remote_code,
             },
         ),
     ]

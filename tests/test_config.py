@@ -129,6 +129,11 @@ level = "warning"
 [server]
 drain_timeout = "3s"
 threads = 32
+[trust]
+publishers = "allow-list"
+allow = ["my-org/*", "kernels-community/activation"]
+ttl = "10m"
+honor_trust_remote_code = false
 """
 
 
@@ -169,6 +174,12 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.metrics_listen == "127.0.0.1:9464"
     assert cfg.log_level == "warning"
     assert (cfg.drain_timeout_s, cfg.threads) == (3, 32)
+    assert cfg.trust_publishers == "allow-list" and cfg.trust_ttl_s == 600
+    assert cfg.publisher_allowed("my-org/x") and cfg.publisher_allowed(
+        "kernels-community/activation"
+    )
+    assert not cfg.publisher_allowed("kernels-community/relu")
+    assert not cfg.trust_honor_remote_code
 
 
 @pytest.mark.parametrize("text", ["", FULL])
@@ -249,6 +260,11 @@ INVALID = [
     ("[server]\nthreads = 0", "server.threads"),
     ("[server]\nthreads = 1000", "server.threads"),
     ("[server]\nworkers = 2", "server.workers"),
+    ("[trust]\npublishers = 'trusted'", "trust.publishers"),
+    ("[trust]\nallow = 'org/*'", "trust.allow"),
+    ("[trust]\nallow = ['my-org']", "trust.allow"),
+    ("[trust]\nttl = 'daily'", "trust.ttl"),
+    ("[trust]\nhonor_trust_remote_code = 'yes'", "trust.honor_trust_remote_code"),
 ]
 
 

@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "KernelUnavailable": "kerneld_client.errors",
     "NoCompatibleVariant": "kerneld_client.errors",
     "UntrustedPath": "kerneld_client.errors",
+    "UntrustedPublisher": "kerneld_client.errors",
     "VariantReason": "kerneld_client.errors",
     "platform_facts": "kerneld_client.platform",
     "set_platform_facts": "kerneld_client.platform",
@@ -86,6 +87,7 @@ __all__ = [
     "ROCMProperties",
     "SuspectReport",
     "UntrustedPath",
+    "UntrustedPublisher",
     "VariantReason",
     "__version__",
     "get_kernel",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
         KernelUnavailable,
         NoCompatibleVariant,
         UntrustedPath,
+        UntrustedPublisher,
         VariantReason,
     )
     from kerneld_client.loader import (

@@ -29,9 +29,12 @@ __all__ = [
     "FORMAT",
     "OFD_READ",
     "OFD_WRITE",
+    "PUBLISHERS_FILE",
+    "PUBLISHERS_FORMAT",
     "VERSION",
     "CommitEntry",
     "IndexFormatError",
+    "Publishers",
     "RepoIndex",
     "TreeGone",
     "VariantEntry",
@@ -41,6 +44,7 @@ __all__ = [
     "ofd_lock",
     "parse_repo_doc",
     "read_denies",
+    "read_publishers",
     "read_repo_index",
     "repo_index_path",
 ]
@@ -283,6 +287,62 @@ def read_denies(store_root: Path, *, owner_uid: int | None) -> list[tuple[str, s
         ]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IndexFormatError(f"malformed {DENIES_FILE}: {exc!r}") from exc
+
+
+PUBLISHERS_FORMAT = "kerneld-publishers"
+PUBLISHERS_FILE = "publishers.json"
+
+
+class Publishers:
+    """The daemon's `[trust]` policy and the Hub's answers (kerneld/server/trust.py)."""
+
+    __slots__ = ("allow", "honor_trust_remote_code", "policy", "trusted_orgs")
+
+    def __init__(
+        self,
+        policy: str,
+        allow: tuple[str, ...],
+        honor_trust_remote_code: bool,
+        trusted_orgs: frozenset[str],
+    ) -> None:
+        self.policy = policy
+        self.allow = allow
+        self.honor_trust_remote_code = honor_trust_remote_code
+        self.trusted_orgs = trusted_orgs
+
+    def trusts(self, repo: str, *, trust_remote_code: bool) -> bool:
+        """May this process run `repo`'s code without asking the daemon? (False: ask it.)"""
+        if self.policy == "any" or (trust_remote_code and self.honor_trust_remote_code):
+            return True
+        if self.policy == "hub" and repo.split("/", 1)[0] in self.trusted_orgs:
+            return True
+        if self.allow:
+            from fnmatch import fnmatchcase  # only sites with an allow-list pay for it
+
+            return any(fnmatchcase(repo, p) for p in self.allow)
+        return False
+
+
+def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | None:
+    """The published trust policy; None when there is no file. A file of another format or
+    version raises IndexFormatError (ask the daemon)."""
+    data = _read_trusted(index_dir(store_root) / PUBLISHERS_FILE, owner_uid)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        if doc.get("format") != PUBLISHERS_FORMAT or doc.get("version") != VERSION:
+            raise IndexFormatError(f"{PUBLISHERS_FILE} is not version {VERSION} of our format")
+        allow = doc.get("allow") or []
+        orgs = doc.get("orgs") or {}
+        return Publishers(
+            policy=_str(doc["policy"], "policy"),
+            allow=tuple(_str(p, "allow pattern") for p in allow),
+            honor_trust_remote_code=doc.get("honor_trust_remote_code") is True,
+            trusted_orgs=frozenset(o for o, v in orgs.items() if v.get("trusted") is True),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise IndexFormatError(f"malformed {PUBLISHERS_FILE}: {exc!r}") from exc
 
 
 class TreeGone(Exception):

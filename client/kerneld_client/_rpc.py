@@ -43,6 +43,7 @@ from kerneld_client.errors import (
     KernelNotFound,
     KernelUnavailable,
     NoCompatibleVariant,
+    UntrustedPublisher,
     VariantReason,
 )
 from kerneld_client.variants import Decision, PlatformFacts
@@ -331,6 +332,8 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         )
     if c == kerneld_pb2.KERNEL_DENIED:
         return KernelDenied(message, **ctx)
+    if c == kerneld_pb2.UNTRUSTED_PUBLISHER:
+        return UntrustedPublisher(message, **ctx)
     if c == kerneld_pb2.NOT_READY:
         _mark_down(f"kerneld at {socket_path} is not ready: {message}")
         return DaemonUnavailable(message, **ctx)
@@ -435,6 +438,7 @@ def resolve(
     facts: PlatformFacts,
     *,
     allow_fetch: bool,
+    trust_remote_code: bool = False,
 ) -> Resolved:
     """Resolve through the daemon (see the module docstring for the two steps)."""
     _ready(socket_path, req)
@@ -442,7 +446,10 @@ def resolve(
     from kerneld_client._proto import kerneld_pb2
 
     base = kerneld_pb2.ResolveRequest(
-        kernel=_kernel_ref(req), platform=facts.to_proto(), client=_client_id()
+        kernel=_kernel_ref(req),
+        platform=facts.to_proto(),
+        client=_client_id(),
+        trust_remote_code=trust_remote_code,
     )
 
     def ask(fetch: bool, timeout: float) -> Resolved:

@@ -112,6 +112,12 @@ class KernelDenied(KernelError, FileNotFoundError):
     """An administrator disabled this kernel (or revision) on this host."""
 
 
+class UntrustedPublisher(KernelDenied):
+    """The kernel's publisher is not trusted on this host (`[trust]` in kerneld.toml: the Hub's
+    trusted kernel publishers and an allow-list), and the caller did not pass
+    `trust_remote_code`; `kernels` refuses such a kernel the same way."""
+
+
 class KernelUnavailable(KernelError, FileNotFoundError):
     """The kernel exists (or may) but cannot be had now: every upstream down, a download failed
     verification, the store is full, or the daemon failed internally."""

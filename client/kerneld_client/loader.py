@@ -30,7 +30,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
@@ -132,7 +132,7 @@ class LoadedKernel:
 
 
 class _Options:
-    __slots__ = ("allow_fetch", "check_arch", "locks")
+    __slots__ = ("allow_fetch", "check_arch", "locks", "trust")
 
     def __init__(
         self,
@@ -140,11 +140,19 @@ class _Options:
         check_arch: bool = True,
         allow_fetch: bool = True,
         locks: Mapping[str, str] | None = None,
+        trust_remote_code: bool | Sequence[str] = False,
     ) -> None:
         self.check_arch = check_arch
         self.allow_fetch = allow_fetch
         # repo -> locked commit, from a lock file (applies to dependencies too)
         self.locks: Mapping[str, str] = locks or {}
+        # `kernels`' trust_remote_code: True, or the repos whose publisher the caller trusts
+        trust = trust_remote_code
+        self.trust: bool | frozenset[str] = trust if isinstance(trust, bool) else frozenset(trust)
+
+    def trusts(self, repo_id: str) -> bool:
+        """Did the caller accept `repo_id`'s code whoever published it?"""
+        return self.trust is True or (not isinstance(self.trust, bool) and repo_id in self.trust)
 
 
 # Hub repo ids: the characters the Hub allows; ".." is refused too (it names index files).
@@ -454,8 +462,19 @@ class _Pick:
         self.stale_ref = stale_ref
 
 
+def _publisher_trusted(root: _trust.StoreRoot, repo_id: str, opts: _Options) -> bool:
+    """The daemon's `[trust]` verdict as published; anything unreadable is a question for it.
+    A store without the file was never served by a daemon that checks publishers (kerneld
+    writes it whenever it opens the store): its index is trusted as it was before the check."""
+    try:
+        publishers = _index.read_publishers(Path(root.real), owner_uid=root.owner_uid)
+    except (OSError, _index.IndexFormatError):
+        return False
+    return publishers is None or publishers.trusts(repo_id, trust_remote_code=opts.trusts(repo_id))
+
+
 def _pick_from_index(
-    root: _trust.StoreRoot, req: KernelRequest, facts: PlatformFacts
+    root: _trust.StoreRoot, req: KernelRequest, facts: PlatformFacts, opts: _Options
 ) -> _Pick | None:
     """The tree to load, or None for a miss (ask the daemon).
 
@@ -480,6 +499,8 @@ def _pick_from_index(
     reason = doc.deny_reason(req.ref, commit)
     if reason is not None:
         raise KernelDenied(reason, repo_id=req.repo_id, revision=req.ref)
+    if not _publisher_trusted(root, req.repo_id, opts):
+        return None  # the daemon decides, and says why if it refuses
     entry = doc.commits.get(commit) if commit is not None else None
     if commit is None or entry is None:
         return None
@@ -526,7 +547,7 @@ def _load(
     root = _store_root()
     stale_pick: _Pick | None = None
     if root is not None:
-        pick = _pick_from_index(root, req, facts)
+        pick = _pick_from_index(root, req, facts, opts)
         if pick is not None and pick.stale_ref:
             stale_pick = pick  # older than KERNELD_REF_MAX_AGE: the daemon re-checks the ref
         elif pick is not None:
@@ -568,7 +589,7 @@ def _load_cold(
             return _load_via_daemon(root, req, facts, opts, stack)
     root = root or _store_root()
     if root is not None:
-        pick = _pick_from_index(root, req, facts)
+        pick = _pick_from_index(root, req, facts, opts)
         if pick is not None and not pick.stale_ref:
             try:
                 return _load_pick(root, pick, req, facts, opts, stack)
@@ -612,7 +633,13 @@ def _load_via_daemon(
 
     socket_path = locations.default_socket()
     try:
-        resolved = _rpc.resolve(socket_path, req, facts, allow_fetch=opts.allow_fetch)
+        resolved = _rpc.resolve(
+            socket_path,
+            req,
+            facts,
+            allow_fetch=opts.allow_fetch,
+            trust_remote_code=opts.trusts(req.repo_id),
+        )
     except KernelError:
         raise
     except ImportError as exc:  # grpc or protobuf missing or broken
@@ -806,7 +833,8 @@ def _run(
     """Load with the fallback policy applied; the memo makes repeated calls cheap."""
     chosen = _config.fallback_policy(policy)  # ValueError for a bad name: a usage error
     facts = platform_facts(backend)  # ValueError for a bad backend, as in `kernels`
-    key = (req, backend, opts.check_arch, opts.allow_fetch, tuple(sorted(opts.locks.items())))
+    locks = tuple(sorted(opts.locks.items()))
+    key = (req, backend, opts.check_arch, opts.allow_fetch, locks, opts.trust)
     with _lock:
         memo = _memo.get(key)
         if memo is not None:
@@ -897,13 +925,15 @@ def get_kernel(
     Exactly one of `version` (branch `vN`) and `revision` (branch, tag or commit). On failure:
     `policy` (default $KERNELD_FALLBACK, else `torch`) decides; under `torch` the `fallback`
     object is returned if one was given, else the typed error is raised. `trust_remote_code`
-    and `user_agent` matter only to the `hub` fallback (the daemon applies the host's policy).
+    (True, or a list of repo ids) accepts a publisher the host's `[trust]` policy does not
+    trust, as in `kernels` (unless the admin turned that off); `user_agent` matters only to the
+    `hub` fallback.
     """
     req = _request(repo_id, version, revision)
     return _run(
         req,
         backend=backend,
-        opts=_Options(check_arch=check_arch),
+        opts=_Options(check_arch=check_arch, trust_remote_code=trust_remote_code),
         fallback=fallback,
         policy=policy,
         hub_allowed=True,
@@ -1094,7 +1124,12 @@ def get_locked_kernel(
     return _run(
         req,
         backend=backend,
-        opts=_Options(check_arch=check_arch, allow_fetch=True, locks=locks),
+        opts=_Options(
+            check_arch=check_arch,
+            allow_fetch=True,
+            locks=locks,
+            trust_remote_code=trust_remote_code,
+        ),
         fallback=fallback,
         policy=policy,
         hub_allowed=True,

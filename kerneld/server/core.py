@@ -34,6 +34,8 @@ from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
 from kerneld.server.refresh import RefRefresher
 from kerneld.server.scrub import Scrubber
+from kerneld.server.trust import FILE_NAME as TRUST_FILE
+from kerneld.server.trust import NoHubUpstream, PublisherTrust, UntrustedPublisher
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
 from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
 from kerneld.upstream.base import is_commit
@@ -123,6 +125,7 @@ class Core:
         self._leases: LeaseBook | None = None
         self._prefetcher: Prefetcher | None = None
         self._refresher: RefRefresher | None = None
+        self._trust: PublisherTrust | None = None
         self.upstreams: list[TrackedUpstream] = []
         self.hardware: Hardware | None = None
         self.platforms = ClientPlatforms(None)
@@ -178,6 +181,13 @@ class Core:
                 on_fetch=self.record_fetch,
                 configured_torch=_torch(cfg.prefetch_torch),
             )
+            trust = PublisherTrust(
+                cfg,
+                self._ask_hub,
+                lambda doc: store.publish_document(TRUST_FILE, doc),
+                saved=store.read_document(TRUST_FILE),
+            )
+            trust.publish()
             self._refresher = RefRefresher(
                 store,
                 resolver,
@@ -185,11 +195,13 @@ class Core:
                     specs, variants=variants, cancel=self._timer_cancel
                 ),
                 lambda outcome: self.metrics.ref_rechecks.labels(outcome).inc(),
+                also=trust.recheck_due,
             )
         except BaseException:
             store.close()
             raise
         self.upstreams = upstreams
+        self._trust = trust
         self._store = store
         self._resolver = resolver
         self.metrics.watch_store(self.gauges)
@@ -211,6 +223,26 @@ class Core:
         if self._store is None:
             raise NotReady("kerneld is starting: the store is being opened and scanned")
         return self._store
+
+    @property
+    def trust(self) -> PublisherTrust:
+        if self._trust is None:
+            raise NotReady("the store is not open yet")
+        return self._trust
+
+    def _ask_hub(self, org: str) -> bool:
+        """The first Hub upstream's answer: is `org` a trusted kernel publisher?"""
+        hubs = [u for u in self.upstreams if u.kind == "hub"]
+        if not hubs:
+            raise NoHubUpstream("no Hub upstream is configured")
+        error: UpstreamError | None = None
+        for hub in hubs:
+            try:
+                return hub.publisher_trusted(org)
+            except UpstreamError as exc:
+                error = exc
+        assert error is not None
+        raise error
 
     @property
     def resolver(self) -> Resolver:
@@ -298,6 +330,7 @@ class Core:
         lease_s: float = 0,
         holder: str = "",
         caller: Caller | None = None,
+        trust_remote_code: bool = False,
     ) -> Served:
         """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs;
         for a `caller` (None: the daemon itself) also `[fetch] allow_groups` and its rate limit.
@@ -308,10 +341,21 @@ class Core:
         """
         store = self.store
         hit = self.resolve_remembered(
-            spec, facts, allow_fetch=allow_fetch, variant=variant, lease_s=lease_s, holder=holder
+            spec,
+            facts,
+            allow_fetch=allow_fetch,
+            variant=variant,
+            lease_s=lease_s,
+            holder=holder,
+            trust_remote_code=trust_remote_code,
         )
         if hit is not None:
             return hit
+        try:
+            self.trust.check(spec.repo_id, trust_remote_code=trust_remote_code)
+        except UntrustedPublisher:
+            self.metrics.resolves.labels("untrusted").inc()
+            raise
         allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
         generation = self._generation(store)
@@ -338,6 +382,17 @@ class Core:
                         spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
                     )
                 raise
+            for r in _walk(res):  # dependencies are code the job runs too
+                if r is not res:
+                    try:
+                        self.trust.check(r.spec.repo_id, trust_remote_code=trust_remote_code)
+                    except UntrustedPublisher as exc:
+                        self.metrics.resolves.labels("untrusted").inc()
+                        raise UntrustedPublisher(
+                            f"dependency {r.spec.repo_id} of {spec.repo_id}: {exc.message}",
+                            repo_id=spec.repo_id,
+                            hint=exc.hint,
+                        ) from exc
             memo: dict[str, object] = {}
             if not res.stale and cacheable:
                 until = self._fresh_until(store, res)
@@ -361,6 +416,7 @@ class Core:
         variant: str = "",
         lease_s: float = 0,
         holder: str = "",
+        trust_remote_code: bool = False,
     ) -> Served | None:
         """The warm path of `resolve` alone: an answer computed before, while the store's
         generation is unchanged and its refs are within their TTL; None otherwise. Never does
@@ -373,6 +429,12 @@ class Core:
             entry = self._hits.get(key)
         if entry is None or entry.generation != generation or time.time() >= entry.until:
             return None
+        trust = self.trust
+        if not all(
+            trust.known(r.spec.repo_id, trust_remote_code=trust_remote_code)
+            for r in _walk(entry.resolution)
+        ):
+            return None  # `resolve` checks (and may ask the Hub)
         for tree in entry.trees:
             self.leases.resolved(tree)
         return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
@@ -691,6 +753,8 @@ class Core:
             )
         if self._store is not None:
             self._store.quarantine_max_bytes = effective.quarantine_max_bytes
+        if self._trust is not None and any(c.startswith("trust_") for c in applied):
+            self._trust.reconfigure(effective)
         if self._prefetcher is not None:
             self._prefetcher.configured_torch = _torch(effective.prefetch_torch)
         if self._leases is not None:

@@ -5,6 +5,9 @@ without parsing messages. The mapping (gRPC status, ErrorCode):
 
     DeniedError             PERMISSION_DENIED    KERNEL_DENIED
     FetchNotAllowed         PERMISSION_DENIED    FETCH_NOT_ALLOWED
+    UntrustedPublisher      PERMISSION_DENIED    UNTRUSTED_PUBLISHER ([trust] policy)
+    PublisherUnverified     UNAVAILABLE          UPSTREAM_UNAVAILABLE (the Hub, asked about
+                                                 trust, did not answer)
     NoCompatibleVariant     FAILED_PRECONDITION  NO_COMPATIBLE_VARIANT (+ every variant's reason)
     RepoNotFound            NOT_FOUND            KERNEL_NOT_FOUND
     EntryNotFound           NOT_FOUND            KERNEL_NOT_FOUND
@@ -50,6 +53,7 @@ from kerneld.resolve import (
     ResolveError,
 )
 from kerneld.server.logs import redact
+from kerneld.server.trust import PublisherUnverified, UntrustedPublisher
 from kerneld.store import (
     BlobMissingError,
     DeniedError,
@@ -112,6 +116,7 @@ class Failure:
 _TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType], ...] = (
     (DeniedError, grpc.StatusCode.PERMISSION_DENIED, Code.KERNEL_DENIED),
     (FetchNotAllowed, grpc.StatusCode.PERMISSION_DENIED, Code.FETCH_NOT_ALLOWED),
+    (UntrustedPublisher, grpc.StatusCode.PERMISSION_DENIED, Code.UNTRUSTED_PUBLISHER),
     (NoCompatibleVariant, grpc.StatusCode.FAILED_PRECONDITION, Code.NO_COMPATIBLE_VARIANT),
     (DependencyCycle, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
     (RepoNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
@@ -137,6 +142,8 @@ _TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType
 
 
 def _hint(exc: BaseException, repo: str) -> str:
+    if isinstance(exc, UntrustedPublisher | PublisherUnverified):
+        return exc.hint
     if isinstance(exc, DeniedError):
         return f"ask an admin to run `kerneldctl allow {repo}`" if repo else ""
     if isinstance(exc, FetchNotAllowed):

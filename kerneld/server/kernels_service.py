@@ -185,6 +185,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             variant=request.variant,
             lease_s=request.lease_seconds,
             holder=request.client,
+            trust_remote_code=request.trust_remote_code,
         )
 
     def _served(self, request: pb.ResolveRequest) -> Served:
@@ -199,6 +200,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             lease_s=request.lease_seconds,
             holder=request.client,
             caller=identity.current(),
+            trust_remote_code=request.trust_remote_code,
         )
 
     def _to_proto(self, served: Served) -> pb.ResolvedKernel:

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-hub", action="store_true", help="drop hub upstreams (air-gapped: mirrors only)"
     )
+    parser.add_argument(
+        "--trust",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="trust this publisher's kernels whatever the Hub says ('my-org/*'; added to [trust] "
+        "allow; repeatable): a mirror-only daemon has no Hub to ask",
+    )
     parser.add_argument("--metrics-socket", type=Path, help="serve metrics on this unix socket")
     parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve metrics on loopback")
     parser.add_argument("--log-level", choices=LEVELS, help="overrides [log] level")
@@ -145,6 +153,11 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
     if not chain:
         raise ConfigError(FLAGS, "--no-hub", "no upstream left; add --upstream-mirror-dir")
     updates["upstreams"] = tuple(chain)
+    if args.trust:
+        bad = [p for p in args.trust if "/" not in p]
+        if bad:
+            raise ConfigError(FLAGS, "--trust", f"expected 'org/*' or 'org/name', got {bad[0]!r}")
+        updates["trust_allow"] = (*cfg.trust_allow, *args.trust)
     if args.metrics_socket is not None:
         updates["metrics_socket"] = args.metrics_socket.absolute()
     if args.metrics_listen is not None:

@@ -73,8 +73,8 @@ class Metrics:
         self.resolves = Counter(
             "kerneld_resolves",
             "Resolve outcomes: hit, miss (fetched), not_cached (asked without a fetch: the "
-            "client asks again with one), refused (fetch policy), not_found, no_variant, "
-            "denied; error is the one to alert on",
+            "client asks again with one), refused (fetch policy), untrusted (publisher "
+            "trust), not_found, no_variant, denied; error is the one to alert on",
             ["result"],
             registry=r,
         )

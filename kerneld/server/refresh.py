@@ -54,6 +54,7 @@ class RefRefresher:
         prefetch: Prefetch,
         count: Callable[[str], None],
         *,
+        also: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -61,6 +62,9 @@ class RefRefresher:
         self.prefetch = prefetch
         self.count = count
         """Called with each re-check's outcome (the `kerneld_ref_rechecks_total` counter)."""
+        self.also = also
+        """Other re-checks of what jobs use without asking (publisher trust); seconds until
+        the next is due."""
         self.clock = clock
         self._retry_at: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
@@ -87,6 +91,8 @@ class RefRefresher:
         while not self._stop.is_set():
             try:
                 wait = self.run_due()
+                if self.also is not None:
+                    wait = min(wait, self.also())
             except (Cancelled, NotReady):
                 return  # the daemon is stopping
             except Exception as exc:  # never let the refresher die

@@ -19,6 +19,7 @@ from kerneld.upstream.errors import (
     EntryNotFound,
     RepoNotFound,
     RevisionNotFound,
+    UpstreamError,
 )
 from kerneld.upstream.retry import RetryPolicy
 
@@ -73,6 +74,13 @@ class TrackedUpstream:
         warm = getattr(self.inner, "warm_up", None)
         if callable(warm):
             warm()
+
+    def publisher_trusted(self, org: str) -> bool:
+        """The Hub's trusted-publisher answer for `org` (Hub upstreams only)."""
+        ask = getattr(self.inner, "publisher_trusted", None)
+        if ask is None:
+            raise UpstreamError(f"upstream {self.name} is not a Hub: it cannot vouch for {org}")
+        return self._call(lambda: bool(ask(org)))
 
     def list_refs(self, repo_id: str) -> Refs:
         return self._call(lambda: self.inner.list_refs(repo_id))

@@ -1573,6 +1573,24 @@ class Store:
                     client_index.atomic_write_json(path, doc)
         faults.point("index.published")
 
+    def publish_document(self, name: str, doc: dict[str, Any]) -> None:
+        """Write a store-wide document next to the client index (`index/v1/<name>`), for
+        readers of the warm path; unchanged content is not rewritten."""
+        if "/" in name or name.startswith(".") or not name.endswith(".json"):
+            raise ValueError(f"not a document name: {name!r}")
+        path = self.layout.client_index / name
+        with self._lock:
+            if not client_index.unchanged(path, doc):
+                client_index.atomic_write_json(path, doc)
+
+    def read_document(self, name: str) -> dict[str, Any] | None:
+        """A document `publish_document` wrote (None if missing or unreadable)."""
+        try:
+            doc = json.loads((self.layout.client_index / name).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
 
 def _root_owner(root: Path) -> int:
     try:

@@ -209,6 +209,21 @@ class HubUpstream:
             )
         return sha
 
+    def publisher_trusted(self, org: str) -> bool:
+        """Does the Hub list `org` as a trusted kernel publisher (`kernels`' check)?"""
+        check_repo_id(f"{org}/kernel")
+
+        def overview() -> bool:
+            try:
+                info = self._api.get_organization_overview(org)
+            except HfHubHTTPError as exc:
+                if exc.response is not None and exc.response.status_code == 404:
+                    return False  # no such organisation: nobody vouches for it
+                raise
+            return getattr(info, "trustedKernelPublisher", False) is True
+
+        return self._call(overview, what="organisation overview", repo_id=f"{org}/*")
+
     def list_variants(self, repo_id: str, commit: str) -> list[str]:
         check_repo_id(repo_id)
         try:

@@ -72,3 +72,31 @@ def test_trust_check_accepts_the_store_and_refuses_its_root(shared_store: Popula
         assert _trust.check_tree(root, Path(v.tree)) == (shared_store.root / v.tree).resolve()
     with pytest.raises(UntrustedPath, match="outside"):
         _trust.check_tree(root, Path("."))
+
+
+def test_the_published_publisher_policy_is_read_as_the_daemon_wrote_it(tmp_path: Path) -> None:
+    from kerneld.config import Config
+    from kerneld.server.trust import PublisherTrust
+
+    written: list[dict[str, object]] = []
+    cfg = Config(source="test", system=False, store_path=tmp_path, trust_allow=("site/*",))
+    trust = PublisherTrust(cfg, lambda org: org == "good", written.append)
+    trust.check("good/kernel", trust_remote_code=False)  # asks the "Hub", publishes its answer
+    index = tmp_path / "index" / f"v{_index.VERSION}"
+    index.mkdir(parents=True)
+    path = index / _index.PUBLISHERS_FILE
+    path.write_text(json.dumps(written[-1]))
+    pubs = _index.read_publishers(tmp_path, owner_uid=None)
+    assert pubs is not None
+    assert pubs.trusts("good/kernel", trust_remote_code=False)
+    assert pubs.trusts("site/anything", trust_remote_code=False)
+    assert not pubs.trusts("evil/kernel", trust_remote_code=False)
+    assert pubs.trusts("evil/kernel", trust_remote_code=True)
+
+    # Another format, or a document that does not hold together: ask the daemon.
+    for bad in ({"format": "kerneld-publishers", "version": 99}, {"format": "x"}, [1]):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(_index.IndexFormatError):
+            _index.read_publishers(tmp_path, owner_uid=None)
+    path.unlink()
+    assert _index.read_publishers(tmp_path, owner_uid=None) is None

@@ -96,7 +96,15 @@ def login(tmp_path: Path) -> Iterator[Login]:
 def _start_daemon(t: Login, mirror: Path) -> subprocess.Popen[bytes]:
     grant_traversal(mirror / "x")
     log = open(t.log, "wb")  # noqa: SIM115 - closed with the process below
-    argv = [sys.executable, "-m", "kerneld.server.main", "--user", "--no-hub"]
+    argv = [
+        sys.executable,
+        "-m",
+        "kerneld.server.main",
+        "--user",
+        "--no-hub",
+        "--trust",
+        "kerneld-*/*",
+    ]
     proc = subprocess.Popen(
         [*argv, "--upstream-mirror-dir", str(mirror)],
         user=t.pw.pw_uid,

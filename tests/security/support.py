@@ -90,10 +90,22 @@ def public_dir(prefix: str = "kd-sec-") -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+MOUNT_TIMEOUT_S = 30.0
+"""mount, mkfs and umount are bounded: a kernel that wedges one fails the test, not the run."""
+
+
+def _system(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a mount tool; a timeout is a failure (returncode -1), never a hang."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(cmd, -1, "", f"timed out: {exc}")
+
+
 def mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir(parents=True, exist_ok=True)
     cmd = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)]
-    return subprocess.run(cmd, capture_output=True).returncode == 0
+    return _system(cmd).returncode == 0
 
 
 def mount_ext4(where: Path, image: Path, size: int) -> str | None:
@@ -101,15 +113,12 @@ def mount_ext4(where: Path, image: Path, size: int) -> str | None:
     where.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size)
-    if subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True).returncode != 0:
+    if _system(["mkfs.ext4", "-q", str(image)]).returncode != 0:
         return None
-    mount = ["mount", "-o", "loop,errors=remount-ro", str(image), str(where)]
-    if subprocess.run(mount, capture_output=True).returncode != 0:
+    if _system(["mount", "-o", "loop,errors=remount-ro", str(image), str(where)]).returncode != 0:
         return None
     where.chmod(0o755)
-    found = subprocess.run(
-        ["findmnt", "-no", "SOURCE", str(where)], capture_output=True, text=True
-    ).stdout.strip()
+    found = _system(["findmnt", "-no", "SOURCE", str(where)]).stdout.strip()
     return os.path.basename(found) or None
 
 
@@ -120,21 +129,23 @@ def ext4_error(device: str) -> None:
 
 
 def umount(where: Path) -> None:
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    _system(["umount", "-l", str(where)])
 
 
 def fill(path: Path) -> int:
-    """Write zeros to `path` until the file system is full; the bytes written."""
+    """Write zeros to `path` until the file system is full; the bytes written (never more than
+    its size, so a file system that keeps freeing space cannot keep this writing)."""
+    st = os.statvfs(path.parent)
+    limit = st.f_blocks * st.f_frsize
     written = 0
     with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                written += f.write(b"\0" * 65536)
-        except OSError:
-            pass
-        try:
-            while True:
-                written += f.write(b"\0" * 512)
-        except OSError:
-            pass
+        for chunk in (65536, 512):
+            try:
+                while written < limit:
+                    n = f.write(b"\0" * chunk)
+                    if not n:
+                        break
+                    written += n
+            except OSError:
+                pass
     return written

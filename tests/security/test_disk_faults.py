@@ -99,7 +99,7 @@ def test_a_store_that_fills_up_during_prefetch(
 
         # 3) Space comes back: the same daemon fetches the big kernel; the store is intact.
         (tmpfs / "filler").unlink()
-        subprocess.run(["mount", "-o", "remount,size=16m", str(tmpfs)], check=True)
+        subprocess.run(["mount", "-o", "remount,size=16m", str(tmpfs)], check=True, timeout=30)
         assert kernels.Resolve(resolve_req(big, 1), timeout=TIMEOUT).kernel.fetched
         assert kernels.Resolve(resolve_req(mid, 1), timeout=TIMEOUT).kernel.fetched
         verify = list(admin.Verify(pb.VerifyRequest(), timeout=TIMEOUT))

@@ -217,7 +217,9 @@ def _mount_small_fs(where: Path) -> str | None:
         f.truncate(4 << 20)
     if subprocess.run(["mkfs.ext4", "-q", str(img)], capture_output=True).returncode != 0:
         return None
-    r = subprocess.run(["mount", "-o", "loop", str(img), str(where)], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-o", "loop", str(img), str(where)], capture_output=True, timeout=30
+    )
     return "loop ext4" if r.returncode == 0 else None
 
 

@@ -63,6 +63,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """gRPC UNAVAILABLE (daemon still starting or draining)"""
     INTERNAL: _ErrorCode.ValueType  # 11
     """gRPC INTERNAL"""
+    UNTRUSTED_PUBLISHER: _ErrorCode.ValueType  # 12
+    """The publisher is not trusted by this host's [trust] policy, and the caller did not pass
+    trust_remote_code (as `kernels` refuses it without trust_remote_code).
+    gRPC PERMISSION_DENIED
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
 
@@ -89,6 +94,11 @@ NOT_READY: ErrorCode.ValueType  # 10
 """gRPC UNAVAILABLE (daemon still starting or draining)"""
 INTERNAL: ErrorCode.ValueType  # 11
 """gRPC INTERNAL"""
+UNTRUSTED_PUBLISHER: ErrorCode.ValueType  # 12
+"""The publisher is not trusted by this host's [trust] policy, and the caller did not pass
+trust_remote_code (as `kernels` refuses it without trust_remote_code).
+gRPC PERMISSION_DENIED
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final
@@ -471,6 +481,7 @@ class ResolveRequest(_message.Message):
     VARIANT_FIELD_NUMBER: _builtins.int
     CLIENT_FIELD_NUMBER: _builtins.int
     LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    TRUST_REMOTE_CODE_FIELD_NUMBER: _builtins.int
     allow_fetch: _builtins.bool
     """May the daemon download on a miss? Further limited by the daemon's fetch policy."""
     variant: _builtins.str
@@ -479,6 +490,11 @@ class ResolveRequest(_message.Message):
     """Free-form caller identity for logs ("pid=123 job=train-7")."""
     lease_seconds: _builtins.int
     """Requested lease length; 0 for the daemon's default, capped by its maximum."""
+    trust_remote_code: _builtins.bool
+    """The caller accepts code from a publisher this host does not trust, for this kernel and its
+    dependencies (`kernels`' trust_remote_code); honoured unless [trust] honor_trust_remote_code
+    is false.
+    """
     @_builtins.property
     def kernel(self) -> Global___KernelRef: ...
     @_builtins.property
@@ -492,10 +508,11 @@ class ResolveRequest(_message.Message):
         variant: _builtins.str = ...,
         client: _builtins.str = ...,
         lease_seconds: _builtins.int = ...,
+        trust_remote_code: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["kernel", b"kernel", "platform", b"platform"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_fetch", b"allow_fetch", "client", b"client", "kernel", b"kernel", "lease_seconds", b"lease_seconds", "platform", b"platform", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_fetch", b"allow_fetch", "client", b"client", "kernel", b"kernel", "lease_seconds", b"lease_seconds", "platform", b"platform", "trust_remote_code", b"trust_remote_code", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

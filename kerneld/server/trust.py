@@ -1,0 +1,287 @@
+"""Publisher trust: may jobs on this host run a kernel published by this organisation?
+
+`kernels` refuses a kernel unless the Hub lists its organisation as a trusted kernel publisher
+(`GET /api/organizations/{org}/overview` -> `trustedKernelPublisher`) or the caller passes
+`trust_remote_code`. The daemon applies the same rule to every job on the host (`[trust]` in
+kerneld.toml), with an allow-list for sites whose daemon cannot ask the Hub.
+
+The Hub's answers are remembered for `[trust] ttl` and written to the published index
+(`index/v1/publishers.json`), for two reasons: the warm path reads the index and never asks the
+daemon, so it must see the same verdicts; and a restart during a Hub outage must not stop
+cached kernels of trusted publishers (the file is read back at start, and an answer past its
+TTL is still used while the Hub cannot be asked, as a stale ref is).
+
+publishers.json, format version 1::
+
+    {"format": "kerneld-publishers", "version": 1,
+     "policy": "hub" | "allow-list" | "any",
+     "allow": ["org/*", "org/name"],            # [trust] allow
+     "honor_trust_remote_code": true,
+     "orgs": {"org": {"trusted": true, "checked_at": 1767225600.0}}}   # the Hub's answers
+
+A reader trusts a repo if the policy is "any", a pattern of `allow` matches it, or `orgs` says
+its organisation is trusted; anything else (no file, an unknown format) is a question for the
+daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kerneld.config import Config
+from kerneld.resolve import ResolveError
+from kerneld.upstream.errors import UpstreamError, UpstreamUnavailable
+
+log = logging.getLogger("kerneld.trust")
+
+FORMAT = "kerneld-publishers"
+VERSION = 1
+FILE_NAME = "publishers.json"
+
+FAILED_RETRY_S = 30.0
+"""After the Hub could not be asked about an organisation, it is not asked again for this
+long: an outage costs each organisation one slow request per half minute, not one per job."""
+
+HINT_UNTRUSTED = (
+    "pass trust_remote_code=True (or list the repo in trust_remote_code) if you trust its "
+    "code, or ask an admin to add it to [trust] allow in kerneld.toml"
+)
+HINT_NO_OVERRIDE = "ask an admin to add it to [trust] allow in kerneld.toml"
+
+
+class NoHubUpstream(UpstreamError):
+    """The daemon has no Hub upstream, so only `[trust] allow` can vouch for a publisher."""
+
+
+class PublisherUnverified(UpstreamUnavailable):
+    """The Hub could not be asked whether the publisher is trusted, and it never answered
+    before: not a refusal, an outage (UNAVAILABLE: the job falls back and may try again)."""
+
+    hint = (
+        "the Hub could not be reached to check the publisher; retry later, or ask an admin to "
+        "add it to [trust] allow in kerneld.toml"
+    )
+
+
+class UntrustedPublisher(ResolveError):
+    """The kernel's publisher is not trusted by this host's `[trust]` policy."""
+
+    def __init__(self, message: str, *, repo_id: str, hint: str) -> None:
+        super().__init__(message, repo_id=repo_id)
+        self.message = message
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Verdict:
+    trusted: bool
+    checked_at: float
+
+
+AskHub = Callable[[str], bool]
+"""The Hub's answer for an organisation: is it a trusted kernel publisher? (UpstreamError when
+it cannot be asked.)"""
+
+
+def org_of(repo_id: str) -> str:
+    return repo_id.split("/", 1)[0]
+
+
+class PublisherTrust:
+    """The `[trust]` policy with the Hub's remembered answers; thread-safe."""
+
+    def __init__(
+        self,
+        config: Config,
+        ask_hub: AskHub | None,
+        publish: Callable[[dict[str, Any]], None],
+        *,
+        saved: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.ask_hub = ask_hub
+        self._publish = publish
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._asking: dict[str, threading.Lock] = {}
+        self._verdicts: dict[str, Verdict] = _read_verdicts(saved)
+        self._failed: dict[str, tuple[float, str]] = {}
+
+    # ---- the check ------------------------------------------------------------------------
+
+    def known(self, repo_id: str, *, trust_remote_code: bool) -> bool:
+        """Trusted without asking anyone (the warm path's question; False: ask `check`)."""
+        cfg = self.config
+        if self._overridden(repo_id, trust_remote_code):
+            return True
+        with self._lock:
+            verdict = self._verdicts.get(org_of(repo_id))
+        return (
+            cfg.trust_publishers == "hub"
+            and verdict is not None
+            and verdict.trusted
+            and self._clock() < verdict.checked_at + cfg.trust_ttl_s
+        )
+
+    def check(self, repo_id: str, *, trust_remote_code: bool) -> None:
+        """Return if jobs may run `repo_id`'s code; UntrustedPublisher otherwise."""
+        cfg = self.config
+        if self._overridden(repo_id, trust_remote_code):
+            return
+        org = org_of(repo_id)
+        hint = HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE
+        if cfg.trust_publishers == "allow-list":
+            raise UntrustedPublisher(
+                f"{org} is not a trusted kernel publisher on this host: it is not in [trust] "
+                "allow (this host trusts no other publishers: [trust] publishers = "
+                '"allow-list")',
+                repo_id=repo_id,
+                hint=hint,
+            )
+        verdict = self._hub_verdict(org, repo_id, hint)
+        if not verdict.trusted:
+            raise UntrustedPublisher(
+                f"{org} is not a trusted kernel publisher (the Hub's organisation overview says "
+                "trustedKernelPublisher: false)",
+                repo_id=repo_id,
+                hint=hint,
+            )
+
+    def _overridden(self, repo_id: str, trust_remote_code: bool) -> bool:
+        cfg = self.config
+        return (
+            cfg.trust_publishers == "any"
+            or cfg.publisher_allowed(repo_id)
+            or (trust_remote_code and cfg.trust_honor_remote_code)
+        )
+
+    def _hub_verdict(self, org: str, repo_id: str, hint: str) -> Verdict:
+        now = self._clock()
+        with self._lock:
+            verdict = self._verdicts.get(org)
+            failed = self._failed.get(org)
+            asking = self._asking.setdefault(org, threading.Lock())
+        if verdict is not None and now < verdict.checked_at + self.config.trust_ttl_s:
+            return verdict
+        with asking:  # one question per organisation at a time; the others wait for its answer
+            with self._lock:
+                newer = self._verdicts.get(org)
+                failed = self._failed.get(org)
+            if newer is not None and newer is not verdict:
+                return newer
+            if failed is None or now >= failed[0] + FAILED_RETRY_S:
+                try:
+                    return self._ask(org)
+                except NoHubUpstream:
+                    failed = (now, "")
+                except UpstreamError as exc:
+                    failed = (now, str(exc))
+                    with self._lock:
+                        self._failed[org] = failed
+                    log.warning("trust check failed org=%s repo=%s: %s", org, repo_id, exc)
+        if verdict is not None:  # the Hub cannot be asked: its last answer stands, as a stale ref
+            return verdict
+        if failed and failed[1]:
+            raise PublisherUnverified(
+                f"could not verify that {org} is a trusted kernel publisher: the Hub could not "
+                f"be asked ({failed[1]})",
+                repo_id=repo_id,
+            )
+        raise UntrustedPublisher(
+            f"could not verify that {org} is a trusted kernel publisher: this daemon has no Hub "
+            "upstream to ask, and [trust] allow does not list it",
+            repo_id=repo_id,
+            hint=hint,
+        )
+
+    def _ask(self, org: str) -> Verdict:
+        if self.ask_hub is None:
+            raise NoHubUpstream("no Hub upstream is configured")
+        verdict = Verdict(bool(self.ask_hub(org)), self._clock())
+        with self._lock:
+            previous = self._verdicts.get(org)
+            self._verdicts[org] = verdict
+            self._failed.pop(org, None)
+        if previous is None or previous.trusted != verdict.trusted:
+            log.info("publisher org=%s trusted=%s (the Hub's answer)", org, verdict.trusted)
+        self.publish()
+        return verdict
+
+    def recheck_due(self) -> float:
+        """Ask the Hub again about every trusted organisation whose answer is past its TTL:
+        jobs on the warm path use the published answer without asking the daemon, so nothing
+        else would notice a publisher losing the Hub's trust. Seconds until the next is due."""
+        cfg = self.config
+        if cfg.trust_publishers != "hub":
+            return cfg.trust_ttl_s
+        now = self._clock()
+        with self._lock:
+            trusted = {
+                o: v.checked_at + cfg.trust_ttl_s for o, v in self._verdicts.items() if v.trusted
+            }
+            retry = {o: f[0] + FAILED_RETRY_S for o, f in self._failed.items()}
+        next_at = now + cfg.trust_ttl_s
+        for org, expires in trusted.items():
+            due_at = max(expires, retry.get(org, 0.0))
+            if due_at > now:
+                next_at = min(next_at, due_at)
+                continue
+            try:
+                self._ask(org)
+            except UpstreamError as exc:  # its last answer stands meanwhile
+                with self._lock:
+                    self._failed[org] = (now, str(exc))
+                log.warning("trust re-check failed org=%s: %s; asked again later", org, exc)
+                next_at = min(next_at, now + FAILED_RETRY_S)
+        return max(0.0, next_at - self._clock())
+
+    # ---- the published verdicts -----------------------------------------------------------
+
+    def document(self) -> dict[str, Any]:
+        cfg = self.config
+        with self._lock:
+            orgs = {
+                org: {"trusted": v.trusted, "checked_at": v.checked_at}
+                for org, v in sorted(self._verdicts.items())
+            }
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "policy": cfg.trust_publishers,
+            "allow": list(cfg.trust_allow),
+            "honor_trust_remote_code": cfg.trust_honor_remote_code,
+            "orgs": orgs if cfg.trust_publishers == "hub" else {},
+        }
+
+    def publish(self) -> None:
+        """Write the policy and the Hub's answers for the warm path (best effort: a job that
+        cannot read them asks the daemon)."""
+        try:
+            self._publish(self.document())
+        except OSError as exc:
+            log.warning("could not publish the trusted publishers: %s", exc)
+
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.publish()
+
+
+def _read_verdicts(saved: Mapping[str, Any] | None) -> dict[str, Verdict]:
+    """The Hub's answers from a previous run's publishers.json (nothing if it is not ours)."""
+    if not saved or saved.get("format") != FORMAT or saved.get("version") != VERSION:
+        return {}
+    out: dict[str, Verdict] = {}
+    orgs = saved.get("orgs")
+    if isinstance(orgs, dict):
+        for org, raw in orgs.items():
+            if isinstance(raw, dict) and isinstance(raw.get("trusted"), bool):
+                checked = raw.get("checked_at")
+                if isinstance(checked, int | float):
+                    out[str(org)] = Verdict(raw["trusted"], float(checked))
+    return out
