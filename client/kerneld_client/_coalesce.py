@@ -23,13 +23,13 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from kerneld_client._types import KernelRequest
+from kerneld_client.locations import private_dir
 
 #: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
 ENV_COALESCE = "KERNELD_COALESCE"
@@ -48,24 +48,9 @@ def _lock_dir() -> Path | None:
     for base in bases:
         folder = base / "resolving"
         # Check each level before creating the next: nothing is made inside someone else's dir.
-        if _private_dir(base, uid) and _private_dir(folder, uid):
+        if private_dir(base, uid) and private_dir(folder, uid):
             return folder
     return None
-
-
-def _private_dir(path: Path, uid: int) -> bool:
-    """Create `path` (0700) if missing; True if it is a real directory of `uid` that no one else
-    may write (so no one else can replace the lock files in it)."""
-    try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(st.st_mode)
-        and st.st_uid == uid
-        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
 
 
 def _key(socket: Path, req: KernelRequest) -> str:

@@ -47,6 +47,7 @@ __all__ = [
     "read_publishers",
     "read_repo_index",
     "repo_index_path",
+    "tree_relpath_for",
 ]
 
 FORMAT = "kerneld-client-index"
@@ -158,6 +159,23 @@ def lock_path_for(store_root: Path, digest: str) -> Path:
     if m is None:
         raise IndexFormatError(f"not a tree digest: {digest!r}")
     return store_root / "locks" / f"{m.group(1)}.lock"
+
+
+_TREE_TAIL = re.compile(r"v[0-9]+/trees/([0-9a-f]{64})")
+
+
+def tree_relpath_for(daemon_path: str | Path, digest: str) -> Path:
+    """The store-relative path (`v1/trees/<hex>`) of the tree the daemon answered with.
+
+    The daemon's absolute path is where *it* sees the store; a job in a container sees the same
+    store elsewhere (a read-only bind mount at another path), so only the tail that names the
+    tree is used, and it must be the tree of `digest`."""
+    m = _DIGEST.fullmatch(digest)
+    tail = "/".join(Path(daemon_path).parts[-3:])
+    t = _TREE_TAIL.fullmatch(tail)
+    if m is None or t is None or t.group(1) != m.group(1):
+        raise IndexFormatError(f"not the store path of tree {digest!r}: {str(daemon_path)!r}")
+    return Path(tail)
 
 
 def _str(value: Any, what: str) -> str:

@@ -71,11 +71,22 @@ def _bytecode_dir(*, writing: bool) -> Path | None:
     elif writing and sys.dont_write_bytecode:
         folder = None
     else:
-        from kerneld_client.locations import user_cache_dir
-
-        folder = user_cache_dir() / "bytecode"
+        folder = _default_bytecode_dir()
     if not writing or not sys.dont_write_bytecode:
         _dir_memo = (raw, writing, folder)
+    return folder
+
+
+def _default_bytecode_dir() -> Path | None:
+    """The per-user cache; when the home is read-only or absent (container images), a private
+    folder in the temp directory; never the store."""
+    from kerneld_client.locations import private_tmp_dir, user_cache_dir
+
+    folder = user_cache_dir() / "bytecode"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return private_tmp_dir("bytecode")
     return folder
 
 

@@ -671,12 +671,13 @@ def _load_resolved(
         deps[dep.repo_id] = _load_resolved(root, dep, dep_req, facts, opts, stack).module
     try:
         lock = _index.lock_path_for(Path(root.real), resolved.digest)
+        tree = _index.tree_relpath_for(resolved.path, resolved.digest)
     except _index.IndexFormatError as exc:
-        raise KernelLoadError(f"kerneld answered a bad digest: {exc}", repo_id=req.repo_id) from exc
+        raise KernelLoadError(f"kerneld answered a bad tree: {exc}", repo_id=req.repo_id) from exc
     try:
         return _load_store_tree(
             root,
-            resolved.path,
+            tree,  # under this process's store root, wherever the daemon sees the store
             lock,
             req=req,
             commit=resolved.commit,
@@ -689,6 +690,14 @@ def _load_resolved(
             stack=stack,
         )
     except _Miss as exc:
+        if not (Path(root.real) / tree.parent).is_dir():
+            raise KernelUnavailable(
+                f"kerneld answered with a tree of its store, but {root.path} (this process's "
+                f"store root) holds no {tree.parent}/: the daemon's store is not there",
+                repo_id=req.repo_id,
+                hint="mount the host's store at that path (read-only is fine), or point "
+                "KERNELD_STORE at it (docs/containers.md)",
+            ) from exc
         raise KernelUnavailable(
             f"the tree kerneld returned disappeared: {exc}", repo_id=req.repo_id
         ) from exc

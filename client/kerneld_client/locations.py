@@ -40,6 +40,35 @@ def user_cache_dir() -> Path:
     return (Path(base) if base else _home() / ".cache") / "kerneld"
 
 
+def private_dir(path: Path, uid: int) -> bool:
+    """Create `path` (0700) if missing; True if it is a real directory of `uid` that no one else
+    may write (so no one else can replace the files in it)."""
+    import stat
+
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid == uid
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def private_tmp_dir(name: str) -> Path | None:
+    """`<tmp>/kerneld-<uid>/<name>`, this user's own, for what would go to a home that is
+    read-only or absent (container images); None if no safe one can be had."""
+    import tempfile
+
+    uid = os.geteuid()
+    base = Path(tempfile.gettempdir()) / f"kerneld-{uid}"
+    folder = base / name
+    # Check each level before creating the next: nothing is made inside someone else's dir.
+    return folder if private_dir(base, uid) and private_dir(folder, uid) else None
+
+
 def user_run_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return Path(runtime) / "kerneld" if runtime else user_cache_dir() / "run"

@@ -221,8 +221,10 @@ print(json.dumps(res))
 def test_daemon_answer_checked_like_an_index_hit(
     make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
 ) -> None:
-    """A path from the daemon gets the same trust checks: with a store root this process does
-    not trust (KERNELD_STORE pointing elsewhere), the daemon's answer is refused."""
+    """The daemon's answer names a tree of its store; this process loads that tree from its own
+    store root (a container sees the store elsewhere), never from the daemon's absolute path: with
+    KERNELD_STORE pointing at a directory that does not hold the store, the load fails, naming
+    the root it looked in."""
     daemon = make_daemon(mirror_dirs=[kernel_mirror])
     other = tmp_path / "other-store"
     other.mkdir()
@@ -233,13 +235,13 @@ def test_daemon_answer_checked_like_an_index_hit(
 try:
     kerneld_client.get_kernel("{ACT}", version=1, policy="error")
     res = {{"loaded": True}}
-except kerneld_client.UntrustedPath as exc:
+except kerneld_client.KernelUnavailable as exc:
     res = {{"error": str(exc)}}
 print(json.dumps(res))
 """,
         env,
     )
-    assert "outside the store root" in out["error"]
+    assert f"{other} (this process's store root) holds no v1/trees/" in out["error"], out
 
 
 def test_lockfile_through_the_daemon(

@@ -100,3 +100,22 @@ def test_the_published_publisher_policy_is_read_as_the_daemon_wrote_it(tmp_path:
             _index.read_publishers(tmp_path, owner_uid=None)
     path.unlink()
     assert _index.read_publishers(tmp_path, owner_uid=None) is None
+
+
+def test_a_daemon_answer_names_a_tree_by_its_store_relative_path() -> None:
+    hexd = "ab" * 32
+    digest = f"sha256:{hexd}"
+    assert _index.tree_relpath_for(f"/var/lib/kerneld/store/v1/trees/{hexd}", digest) == Path(
+        f"v1/trees/{hexd}"
+    )
+    for bad in (
+        f"/store/v1/trees/{'cd' * 32}",  # another tree than the digest says
+        f"/store/v1/blobs/{hexd}",
+        f"/store/v1/trees/{hexd}/..",
+        "/etc",
+        "",
+    ):
+        with pytest.raises(_index.IndexFormatError):
+            _index.tree_relpath_for(bad, digest)
+    with pytest.raises(_index.IndexFormatError):
+        _index.tree_relpath_for(f"/store/v1/trees/{hexd}", "sha256:short")

@@ -1,0 +1,83 @@
+"""The Kubernetes manifests in deploy/kubernetes/ hold together: they parse, the daemon's
+configuration (the ConfigMap) is valid kerneld.toml whose paths are the mounted host paths, the
+DaemonSet is as tight as the systemd unit (non-root, no privilege, no capabilities, read-only
+root), it has probes that ask the daemon, and a job pod mounts the same store read-only and
+the same socket directory, trusting the daemon's uid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kerneld.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+
+
+def _docs(name: str) -> dict[str, dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+    return {d["kind"]: d for d in docs}
+
+
+def _host_paths(spec: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+
+
+def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container["volumeMounts"]}
+
+
+def test_the_daemonset_runs_kerneld_as_tightly_as_the_unit(tmp_path: Path) -> None:
+    docs = _docs("kerneld-daemonset.yaml")
+    assert {"Namespace", "ConfigMap", "DaemonSet"} <= docs.keys()
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    (daemon,) = pod["containers"]
+    sec, pod_sec = daemon["securityContext"], pod["securityContext"]
+    assert pod_sec["runAsNonRoot"] is True and pod_sec["runAsUser"] != 0
+    assert pod_sec["seccompProfile"]["type"] == "RuntimeDefault"
+    assert sec["privileged"] is False and sec["allowPrivilegeEscalation"] is False
+    assert sec["capabilities"]["drop"] == ["ALL"] and "add" not in sec["capabilities"]
+    assert sec["readOnlyRootFilesystem"] is True
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    assert daemon["resources"]["limits"]["memory"] == "1Gi"  # the unit's MemoryMax
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert daemon[probe]["exec"]["command"][:2] == ["kerneldctl", "status"], probe
+
+    # Its configuration loads, and its store and sockets are on the node's host paths.
+    toml = tmp_path / "kerneld.toml"
+    toml.write_text(docs["ConfigMap"]["data"]["kerneld.toml"])
+    cfg = load_config(toml, env={})
+    assert cfg.system and cfg.trust_publishers == "hub"
+    mounts, hosts = _mounts(daemon), _host_paths(pod)
+    config_dir = daemon["command"][daemon["command"].index("--config") + 1]
+    assert Path(config_dir).parent == Path(mounts["config"]["mountPath"])
+    assert cfg.store_path.is_relative_to(mounts["store"]["mountPath"])
+    assert cfg.user_socket.path.parent == Path(mounts["run"]["mountPath"])
+    assert cfg.admin_socket.path.parent == Path(mounts["run"]["mountPath"])
+    assert cfg.admin_socket.mode == 0o600  # administration stays on the node
+    assert hosts == {"store": "/var/lib/kerneld", "run": "/run/kerneld"}
+
+
+def test_a_job_pod_mounts_the_store_read_only_and_trusts_the_daemons_uid(tmp_path: Path) -> None:
+    docs = _docs("kerneld-daemonset.yaml")
+    daemonset = docs["DaemonSet"]["spec"]["template"]["spec"]
+    toml = tmp_path / "kerneld.toml"
+    toml.write_text(docs["ConfigMap"]["data"]["kerneld.toml"])
+    store_path = load_config(toml, env={}).store_path
+    (daemon,) = daemonset["containers"]
+    in_mount = store_path.relative_to(_mounts(daemon)["store"]["mountPath"])
+    host_store = Path(_host_paths(daemonset)["store"]) / in_mount
+    pod = _docs("job-pod.yaml")["Pod"]["spec"]
+    (job,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in job["env"]}
+    mounts, hosts = _mounts(job), _host_paths(pod)
+    store = mounts["kerneld-store"]
+    assert store["readOnly"] is True and env["KERNELD_STORE"] == store["mountPath"]
+    assert Path(hosts["kerneld-store"]) == host_store
+    assert Path(env["KERNELD_SOCKET"]).parent == Path(mounts["kerneld-run"]["mountPath"])
+    assert hosts["kerneld-run"] == _host_paths(daemonset)["run"]
+    assert env["KERNELD_STORE_OWNER"] == str(daemonset["securityContext"]["runAsUser"])
+    assert not job.get("securityContext", {}).get("privileged")
