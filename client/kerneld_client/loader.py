@@ -673,7 +673,8 @@ def _load_resolved(
         lock = _index.lock_path_for(Path(root.real), resolved.digest)
         tree = _index.tree_relpath_for(resolved.path, resolved.digest)
     except _index.IndexFormatError as exc:
-        raise KernelLoadError(f"kerneld answered a bad tree: {exc}", repo_id=req.repo_id) from exc
+        # Whatever answered on the socket did not name a tree of the store by its digest.
+        raise UntrustedPath(f"kerneld's answer refused: {exc}", repo_id=req.repo_id) from exc
     try:
         return _load_store_tree(
             root,

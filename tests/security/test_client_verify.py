@@ -294,10 +294,11 @@ def _serve(servicer: _Impostor, path: Path) -> grpc.Server:
 
 
 def test_an_impostor_on_the_socket_cannot_make_a_job_import_its_files(
-    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    env: Path, tmp_path: Path
 ) -> None:
-    """The socket's answer is only a path: outside the store it is refused; inside it, it must
-    be the tree the answer's digest names (with KERNELD_VERIFY=1)."""
+    """The socket's answer only names a tree: the client loads `v1/trees/<digest>` under its own
+    store root, so a path outside the store, or a tree other than the one the answer's digest
+    names, is refused before anything is opened."""
     a = publish_synthetic(env, "kerneld-sec/a", COMMIT, {"torch-universal": _kernel("_sec_imp_a")})[
         "torch-universal"
     ]
@@ -312,7 +313,7 @@ def test_an_impostor_on_the_socket_cannot_make_a_job_import_its_files(
 
     server = _serve(_Impostor(str(evil), f"sha256:{a.name}"), sock)  # type: ignore[abstract]
     try:
-        with pytest.raises(UntrustedPath, match="outside the store root"):
+        with pytest.raises(UntrustedPath, match="not the store path of tree"):
             get_kernel("kerneld-sec/ghost", version=1, policy="error")
         assert "_sec_evil" not in sys.modules
     finally:
@@ -320,8 +321,7 @@ def test_an_impostor_on_the_socket_cannot_make_a_job_import_its_files(
     _reset()
     server = _serve(_Impostor(str(a), f"sha256:{b.name}"), sock)  # type: ignore[abstract]
     try:
-        monkeypatch.setenv("KERNELD_VERIFY", "1")
-        with pytest.raises(CorruptTree, match="is not the tree"):
+        with pytest.raises(UntrustedPath, match="not the store path of tree"):
             get_kernel("kerneld-sec/ghost", version=1, policy="error")
         assert "_sec_imp_a" not in sys.modules
     finally:

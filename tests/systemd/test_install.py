@@ -17,8 +17,9 @@ root, then works the service as its users would:
 - a `kerneld-admin` member's `kerneldctl prefetch`, published by the daemon as `User=kerneld`;
 - `systemctl stop`: clean exit, sockets gone.
 
-pip installs the docs' `pip install .` offline from a wheelhouse of kerneld's dependencies, made
-once with `pip download` (the package index) and cached under .cache/systemd-wheels/.
+pip installs the docs' `pip install ./client .` offline from a wheelhouse of the dependencies of
+kerneld and kerneld-client, made once with `pip download` (the package index) and cached under
+.cache/systemd-wheels/.
 """
 
 from __future__ import annotations
@@ -130,12 +131,15 @@ def documented_curl() -> list[str]:
 
 def wheelhouse(python: str) -> Path:
     """Wheels of kerneld's dependencies and build backend for the container's `python3`
-    (version `python`), so the docs' `pip install .` runs offline and fast; made once.
+    (version `python`), so the docs' `pip install ./client .` runs offline and fast; made once.
 
     Made with that same interpreter (a throw-away venv on the host, whose /usr is the
     container's), since binary wheels must match it and some dependencies are sdists."""
-    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    reqs = [*meta["project"]["dependencies"], *meta["build-system"]["requires"]]
+    reqs: list[str] = []
+    for project in (REPO_ROOT, REPO_ROOT / "client"):  # kerneld and the kerneld-client it needs
+        meta = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+        reqs += meta["project"]["dependencies"] + meta["build-system"]["requires"]
+    reqs = sorted({r for r in reqs if not r.startswith("kerneld-client")})  # built from client/
     key = hashlib.sha256(json.dumps([python, reqs]).encode()).hexdigest()[:16]
     cache = REPO_ROOT / ".cache" / "systemd-wheels"
     dest = cache / key

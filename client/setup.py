@@ -1,4 +1,4 @@
-"""Packaging beyond what pyproject.toml can say: install `client/kerneld_client_hook.pth` at the
+"""Packaging beyond what pyproject.toml can say: install `kerneld_client_hook.pth` at the
 top of site-packages, where the interpreter reads it at start (KERNELD_HOOK_KERNELS=1 routes the
 `kernels` package through kerneld; unset, the line costs a dictionary lookup).
 
@@ -15,7 +15,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 PTH = "kerneld_client_hook.pth"
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client", PTH)
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH)
 
 
 class BuildPyWithPth(build_py):
