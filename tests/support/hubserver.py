@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -39,6 +39,9 @@ LFS_POINTER = re.compile(
     rb"version https://git-lfs\.github\.com/spec/v1\noid sha256:([0-9a-f]{64})\nsize ([0-9]+)\n"
 )
 LFS_POINTER_MAX = 1024  # the git-lfs spec caps pointer files at 1024 bytes
+
+if TYPE_CHECKING:
+    from tests.support.cdn import Cdn
 
 FaultKind = Literal["latency", "error", "rate_limit", "reset", "truncate", "corrupt"]
 BODY_FAULTS = frozenset({"reset", "truncate", "corrupt"})
@@ -139,6 +142,7 @@ class RequestRecord:
     path: str
     kind: str
     status: int = 0
+    authorization: str = ""  # the Authorization header as sent (tokens reach the Hub only)
 
 
 # --- git access ---------------------------------------------------------------------------------
@@ -397,6 +401,7 @@ class HubServer:
         self.expand_page_size = expand_page_size
         self.latency_s = latency_s
         self.gated: set[str] = set()
+        self.cdn: Cdn | None = None  # set: LFS files redirect there, as the real Hub's do
         self.errors: list[str] = []  # unexpected handler exceptions (server bugs)
         self._lock = threading.Lock()
         self._faults: list[Fault] = []
@@ -502,6 +507,7 @@ class HubServer:
         with self._lock:
             self.trusted_orgs = dict(trusted)
         self.gated.clear()
+        self.cdn = None
         self.errors.clear()
 
     # -- counters
@@ -657,7 +663,12 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             body = self.rfile.read(length)
-        self._record = RequestRecord(method, raw_path, _kind(method, raw_path))
+        self._record = RequestRecord(
+            method,
+            raw_path,
+            _kind(method, raw_path),
+            authorization=self.headers.get("Authorization", ""),
+        )
         hub._record(self._record)
         self._fault: Fault | None = None
         try:
@@ -880,6 +891,12 @@ class _Handler(BaseHTTPRequestHandler):
             headers["ETag"] = f'"{entry.lfs_oid}"'
             headers["X-Linked-Etag"] = f'"{entry.lfs_oid}"'
             headers["X-Linked-Size"] = str(entry.size)
+            cdn = self.server.hub.cdn
+            if cdn is not None:  # the real Hub: a redirect to a signed URL on another origin
+                location = cdn.url(entry.lfs_oid, backend.lfs_object_path(entry.lfs_oid))
+                headers.update({"Location": location, "Content-Length": "0"})
+                self._send(302, b"", headers, head=True)
+                return
         else:
             headers["ETag"] = f'"{entry.oid}"'
         start, end = 0, entry.size  # [start, end)

@@ -1,4 +1,5 @@
-"""A real nginx serving a directory on 127.0.0.1, for HTTP mirror tests."""
+"""A real nginx on 127.0.0.1: serving a directory (HTTP mirror tests), or with server blocks of
+its own (the site cache of deploy/site-cache/)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,16 @@ http {{
     scgi_temp_path {run}/scgi;
     types {{ application/json json; }}
     default_type application/octet-stream;
+    {servers}
+}}
+"""
+
+STATIC_SERVER = """
     server {{
         listen 127.0.0.1:{port};
         root {root};
         location / {{ try_files $uri =404; }}
     }}
-}}
 """
 
 
@@ -50,7 +55,8 @@ def _free_port() -> int:
 class Nginx:
     """nginx in the foreground on a free loopback port; stop() ends it."""
 
-    def __init__(self, root: Path, workdir: Path) -> None:
+    def __init__(self, root: Path | None, workdir: Path, servers: str | None = None) -> None:
+        """Serve `root`, or run `servers` (http-context text, `{port}` its listen port)."""
         binary = nginx_binary()
         if binary is None:
             raise RuntimeError("nginx is not installed (scripts/bootstrap installs nginx-light)")
@@ -59,7 +65,12 @@ class Nginx:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         conf = self.run_dir / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(run=self.run_dir, port=self.port, root=root))
+        body = (
+            servers.replace("{port}", str(self.port))
+            if servers is not None
+            else STATIC_SERVER.format(port=self.port, root=root)
+        )
+        conf.write_text(NGINX_CONF.format(run=self.run_dir, servers=body))
         self.proc = subprocess.Popen(
             [binary, "-c", str(conf), "-p", str(self.run_dir)],
             stdout=subprocess.DEVNULL,
