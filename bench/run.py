@@ -15,6 +15,8 @@ against it:
 3. Resolve RPC vs a bare grpcio echo (bench/s3_rpc.py);
 4. ingest of a 1 GiB variant, 5. footprint (bench/s4_ingest.py);
 6. Resolve and GC vs the number of trees in the index (bench/s6_index.py);
+7. H hosts cold-starting at once, direct, through the site cache, from a static mirror
+   (bench/s7_hosts.py);
 plus the layer benchmark (bench/layers_bench.py: kernelized vs PyTorch layers).
 
 The defaults (the issue's sizes; 3 GC runs per index size) are estimated at 11-13 minutes on a
@@ -74,6 +76,7 @@ FULL: dict[str, object] = {
     "gc_runs": 3,
     "resolve_calls": 500,
     "layers_steps": 10,
+    "hosts": "1,4,16",
 }
 QUICK: dict[str, object] = {
     **FULL,
@@ -96,8 +99,9 @@ QUICK: dict[str, object] = {
     "gc_runs": 2,
     "resolve_calls": 100,
     "layers_steps": 5,
+    "hosts": "1,2",
 }
-SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "layers")
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "layers")
 HELP = {
     "ranks": "scenario 2: comma-separated N",
     "runs": "scenario 2: runs per N",
@@ -119,6 +123,7 @@ HELP = {
     "gc_runs": "scenario 6: GC dry-run and real runs per size (each ~10 s at 100,000 trees)",
     "resolve_calls": "scenario 6: Resolve calls per run",
     "layers_steps": "layer benchmark: timed iterations",
+    "hosts": "scenario 7: comma-separated numbers of hosts cold-starting at once",
 }
 
 
@@ -145,6 +150,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             args.overrides.append(f"--{key.replace('_', '-')} {getattr(args, key)}")
     args.ranks = sorted(int(x) for x in str(args.ranks).split(","))
     args.trees = sorted(int(x) for x in str(args.trees).split(","))
+    args.hosts = sorted(int(x) for x in str(args.hosts).split(","))
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.only) - set(SCENARIOS)
     if unknown:
@@ -183,7 +189,7 @@ def layers(ctx: Ctx) -> Section:
 
 
 def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
-    from bench import s1_warm, s2_cold, s3_rpc, s4_ingest, s6_index
+    from bench import s1_warm, s2_cold, s3_rpc, s4_ingest, s6_index, s7_hosts
 
     steps: list[tuple[str, Callable[[Ctx], Section]]] = [
         ("s1", s1_warm.run),
@@ -191,6 +197,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
         ("s3", s3_rpc.run),
         ("s4", s4_ingest.run_ingest),
         ("s6", s6_index.run),
+        ("s7", s7_hosts.run),
         ("s5", s4_ingest.run_footprint),  # last: it reports figures of s1, s3 and s6 too
         ("layers", layers),
     ]
@@ -332,13 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     sections, seconds = run_all(args)
     out_dir = args.out.parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    from bench import s2_cold, s6_index
+    from bench import s2_cold, s6_index, s7_hosts
 
     for sec in sections:
         if sec.key == "s2":
             sec.plots = s2_cold.plot(sec, out_dir)
         elif sec.key == "s6":
             sec.plots = s6_index.plot(sec, out_dir)
+        elif sec.key == "s7":
+            sec.plots = s7_hosts.plot(sec, out_dir)
     text = render(args, sections, seconds, (load0, os.getloadavg()[0]))
     args.out.write_text(text, encoding="utf-8")
     log(f"wrote {args.out} ({seconds:.0f} s)")
