@@ -154,7 +154,7 @@ def disk_bytes(path: Path) -> int:
 def base_env(home: Path) -> dict[str, str]:
     """This process's environment without anything that steers kerneld, the Hub clients or
     bytecode writing, with its own HOME."""
-    drop = ("KERNELD_", "HF_", "LOCAL_KERNELS", "KERNELS_", "PYTHONDONTWRITEBYTECODE")
+    drop = ("KERNELD_", "HF_", "GRPC_", "LOCAL_KERNELS", "KERNELS_", "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update({"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")})
     return env

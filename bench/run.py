@@ -27,8 +27,12 @@ Every size has its own flag (`--help`). Writes RESULTS.md and its PNG plots next
 
 from __future__ import annotations
 
-import argparse
 import os
+
+# Before anything imports grpc: its fork handlers off in this process (tests/support/daemon.py).
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
+import argparse
 import shlex
 import shutil
 import subprocess

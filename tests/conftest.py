@@ -5,4 +5,9 @@ Fixtures live in plugin modules, one per concern, so they can grow independently
 - tests/fixtures_hub.py: the Hub-compatible test server on 127.0.0.1.
 """
 
+import os
+
+# Before anything imports grpc: its fork handlers off in this process (tests/support/daemon.py).
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
 pytest_plugins = ["tests.fixtures_examples", "tests.fixtures_hub", "tests.fixtures_daemon"]

@@ -7,12 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import urlsplit
@@ -31,6 +26,7 @@ from tests.fixtures_hub import (
     snapshot_files,
 )
 from tests.support.hubserver import HubServer
+from tests.support.olah import Olah, run_olah
 
 pytestmark = pytest.mark.olah
 
@@ -38,70 +34,11 @@ DATA = f"build/{VARIANT}/data.bin"
 INIT = f"build/{VARIANT}/__init__.py"
 
 
-@dataclass
-class Olah:
-    url: str
-    ready_seconds: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ready(url: str) -> bool:
-    parsed = urlsplit(url)
-    try:
-        conn = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=2)
-        conn.request("GET", f"/api/kernels/{REPO}/refs")
-        ok = conn.getresponse().status == 200
-        conn.close()
-        return ok
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def olah(hub_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Olah]:
     """olah in offline mode on 127.0.0.1, serving hub_root's repos as local mirrors."""
-    work = tmp_path_factory.mktemp("olah")
-    port = _free_port()
-    config = work / "olah.toml"
-    config.write_text(
-        "[basic]\n"
-        'host = "127.0.0.1"\n'
-        f"port = {port}\n"
-        f'mirror-netloc = "127.0.0.1:{port}"\n'
-        f'mirror-lfs-netloc = "127.0.0.1:{port}"\n'
-        f"repos-path = {json.dumps(str(work / 'repos'))}\n"
-        f"mirrors-path = [{json.dumps(str(hub_root))}]\n"
-        "\n[accessibility]\noffline = true\n"
-    )
-    log = (work / "olah.out").open("wb")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "olah.server", "-c", str(config), "--log-path", str(work / "logs")],
-        cwd=work,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"olah did not start: {(work / 'olah.out').read_text()[-2000:]}")
-            time.sleep(0.02)
-        yield Olah(url=url, ready_seconds=time.perf_counter() - t0)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with run_olah(tmp_path_factory.mktemp("olah"), probe_repo=REPO, mirrors=hub_root) as server:
+        yield server
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """A job in a container: its own mount namespace, the host's store bind-mounted read-only at
-another path (the host path hidden under a tmpfs), the host's socket, no advert, and a home that
-is read-only. It loads cold (through the daemon) and warm (published index); with the daemon down
-it still loads warm; with the store absent it falls back, saying why. In a user namespace where
-the store's owner is unmapped (`nobody`), the job trusts the store only when told to.
+another path (the host path hidden under a tmpfs), the host's socket bind-mounted alone at
+another path (no advert), and a home that is read-only. It loads cold (through the daemon) and
+warm (published index); with the daemon down it still loads warm; with the store absent it
+fails, saying why. In a user namespace where the store's owner is unmapped (`nobody`), the job
+trusts the store only when told to.
 
 Real mount namespaces (`unshare -m`, `mount --bind -o ro`, tmpfs), a real daemon as its
 unprivileged user. Needs root (mounting), as CI has.
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTAINER_STORE = "/mnt/kstore"
+CONTAINER_SOCKET = "/mnt/run/kerneld.sock"
 
 JOB = """
 import json, sys, kerneld_client
@@ -56,8 +58,13 @@ def _in_container(
     host = d.store_root.parent
     setup = [
         "mount -t tmpfs tmpfs /mnt",
-        f"mkdir {CONTAINER_STORE} /mnt/home",
+        f"mkdir {CONTAINER_STORE} /mnt/home /mnt/run",
         "mount -t tmpfs -o ro tmpfs /mnt/home",  # images often have a read-only home
+        # The socket alone, at another path: no advert beside it (the host's is hidden).
+        f"touch {CONTAINER_SOCKET}",
+        f"{{ [ ! -S {shlex.quote(str(d.user_socket))} ] || "  # a stopped daemon has none
+        f"mount --bind {shlex.quote(str(d.user_socket))} {CONTAINER_SOCKET}; }}",
+        f"mount -t tmpfs tmpfs {shlex.quote(str(d.user_socket.parent))}",
     ]
     if store:
         setup += [
@@ -76,7 +83,7 @@ def _in_container(
         "PYTHONPATH": f"{REPO_ROOT}:{REPO_ROOT / 'client'}",
         "HOME": "/mnt/home",
         "KERNELD_STORE": CONTAINER_STORE,
-        "KERNELD_SOCKET": str(d.user_socket),
+        "KERNELD_SOCKET": CONTAINER_SOCKET,
         "KERNELD_PLATFORM_JSON": CPU_FACTS,
         **(env or {}),
     }

@@ -22,12 +22,13 @@ from tests.support.cdn import Cdn
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import Fault, HubServer
 from tests.support.nginx import Nginx, nginx_binary
+from tests.support.olah import run_olah
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "deploy" / "site-cache" / "kerneld-site-cache.conf.template"
 KERNELS = ((REPO, 1), (REPO, 2))  # two builds: two commits, their trees and files
 
-pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (scripts/bootstrap)")
+needs_nginx = pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (scripts/bootstrap)")
 
 
 def site_cache(hub: HubServer, workdir: Path, moving_ttl: str = "30s") -> Nginx:
@@ -88,6 +89,7 @@ def cold_start(daemons: list[DaemonProcess]) -> None:
     assert not errors, errors
 
 
+@needs_nginx
 def test_hub_requests_do_not_grow_with_hosts(
     hub_server: HubServer, hosts: Callable[..., list[DaemonProcess]], tmp_path: Path
 ) -> None:
@@ -105,6 +107,7 @@ def test_hub_requests_do_not_grow_with_hosts(
     assert direct >= 3 * counts[1], (direct, counts)
 
 
+@needs_nginx
 def test_a_warm_cache_serves_a_cold_host_while_the_hub_is_down(
     hub_server: HubServer, hosts: Callable[..., list[DaemonProcess]], tmp_path: Path
 ) -> None:
@@ -117,6 +120,7 @@ def test_a_warm_cache_serves_a_cold_host_while_the_hub_is_down(
         assert hub_server.total() >= 1  # it tried the Hub, which failed, and served stale
 
 
+@needs_nginx
 def test_cdn_redirects_are_followed_without_the_token_and_cached_once(
     make_daemon: Callable[..., DaemonProcess],
     hub_server: HubServer,
@@ -147,3 +151,24 @@ def test_cdn_redirects_are_followed_without_the_token_and_cached_once(
             before = len(cdn.gets())
             cold_start(hosts(4, cache.url))
             assert len(cdn.gets()) - before == direct  # each file once, for four hosts
+
+
+@pytest.mark.olah
+def test_olah_as_a_pull_through_mirror(
+    hub_server: HubServer, hosts: Callable[..., list[DaemonProcess]], tmp_path: Path
+) -> None:
+    """olah online in front of the Hub (it probes repos with HEAD on API routes, which the Hub,
+    and so the test server, answer): hosts cold-start through it, and a second wave of hosts
+    costs the Hub less than going direct would."""
+    hub_server.reset_counts()
+    cold_start(hosts(1, hub_server.url))
+    direct_one = hub_server.total()
+    work = tmp_path / "olah"
+    work.mkdir()
+    with run_olah(work, probe_repo=REPO, upstream=hub_server.url) as olah:
+        hub_server.reset_counts()
+        cold_start(hosts(1, olah.url))
+        first = hub_server.total()
+        hub_server.reset_counts()
+        cold_start(hosts(4, olah.url))
+        assert hub_server.total() < 4 * direct_one, (first, hub_server.total(), direct_one)

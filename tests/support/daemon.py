@@ -42,6 +42,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# The process that imports this harness talks gRPC from several threads and forks subprocesses
+# (daemons spawned as another user take fork(), not vfork()). gRPC's fork handlers, on by
+# default, run in every fork and can block it for good inside the C core, where no signal
+# reaches the main thread (a pytest-timeout cannot fire): seen as a CI run that stopped without a
+# word, and reproduced in the bench (`__libc_fork` -> grpc's prefork handler, futex wait). This
+# process never uses gRPC in a forked child, so it does not need them. gRPC reads the variable
+# when it is imported: entry points set it first (tests/conftest.py, bench/run.py, chaos), this
+# line covers any other. Children do not inherit it (`clean_env` and the client tests' and the
+# bench's environments drop GRPC_*): jobs run with gRPC's defaults, as deployed.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -166,7 +177,15 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The test process's environment without anything that would steer the daemon."""
-    drop = ("KERNELD_", "HF_", "NOTIFY_SOCKET", "WATCHDOG_", "JOURNAL_STREAM", "INVOCATION_ID")
+    drop = (
+        "KERNELD_",
+        "HF_",
+        "GRPC_",
+        "NOTIFY_SOCKET",
+        "WATCHDOG_",
+        "JOURNAL_STREAM",
+        "INVOCATION_ID",
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})

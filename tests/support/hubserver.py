@@ -698,23 +698,25 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and raw_path == "/api/agent-harnesses":
             raise NotFound(404, None, "Not Found")
         if parts[1:3] == ["api", "organizations"] and len(parts) == 5 and parts[4] == "overview":
-            if method != "GET":
+            if method not in ("GET", "HEAD"):
                 raise NotFound(405, None, "Method Not Allowed")
             self._org_overview(unquote(parts[3]))
             return
         if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
             org, name = unquote(parts[3]), unquote(parts[4])
             rest = parts[5:]
-            if not rest and method == "GET":
+            # HEAD as GET without the body, as the real Hub answers it (olah probes repos so).
+            get = method in ("GET", "HEAD")
+            if not rest and get:
                 self._info(org, name, None)
                 return
-            if rest == ["refs"] and method == "GET":
+            if rest == ["refs"] and get:
                 self._refs(org, name, query)
                 return
-            if rest and rest[0] == "revision" and len(rest) >= 2 and method == "GET":
+            if rest and rest[0] == "revision" and len(rest) >= 2 and get:
                 self._info(org, name, unquote("/".join(rest[1:])))
                 return
-            if rest and rest[0] == "tree" and len(rest) >= 2 and method == "GET":
+            if rest and rest[0] == "tree" and len(rest) >= 2 and get:
                 path = unquote("/".join(rest[2:]))
                 self._tree(org, name, unquote(rest[1]), path, query, raw_path)
                 return
@@ -950,6 +952,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, status: int, body: bytes, headers: Mapping[str, str], *, head: bool = False
     ) -> None:
         self._record.status = status
+        head = head or self.command == "HEAD"  # a HEAD gets the GET's headers, no body
         fault = self._fault if not head and body else None
         self.send_response(status)
         for key, value in headers.items():
