@@ -37,7 +37,11 @@ def step(spec: dict[str, Any]) -> dict[str, Any]:
         if op == "has":
             return {"op": op, "value": kernels.has_kernel(repo, version=spec.get("version", 1))}
         if op == "get":
-            module = kernels.get_kernel(repo, version=spec.get("version", 1))
+            module = kernels.get_kernel(
+                repo,
+                version=spec.get("version", 1),
+                trust_remote_code=spec.get("trust_remote_code", False),
+            )
         elif op == "load":
             module = kernels.load_kernel(repo, lockfile=Path(spec["lockfile"]))
         elif op == "locked":

@@ -6,10 +6,11 @@ daemon is gone."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from kerneld_client._proto import kerneld_pb2 as pb
-from tests.integrations.support import ACTIVATION, count_warnings, hook_env, run_child
+from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env, run_child
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
@@ -97,3 +98,21 @@ def test_daemon_down_falls_back_to_kernels(
     assert got["error"] == "KernelUnavailable" and got["file_not_found"] is True
     assert hub.total() == 0, dict(hub.counts)
     assert count_warnings(out["stderr"], "KernelFallbackWarning") == 1
+
+
+def test_an_untrusted_publisher_is_refused_as_kernels_refuses_it(
+    hub: HubServer, make_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """With the hook on, `trust_remote_code=False` still refuses a publisher the Hub does not
+    trust, with the ValueError `kernels` raises (the daemon checks, with the call's
+    trust_remote_code); `trust_remote_code=True` loads it through kerneld."""
+    hub.set_trusted(ORG, False)
+    daemon = make_daemon(hub_endpoint=hub.url, config={"trust": {"allow": []}})
+    env = hook_env(tmp_path, hub, daemon)
+    steps = [GET_V1, {**GET_V1, "trust_remote_code": True}]
+    refused, trusted = run_child("_kernels_child", {"steps": steps}, env)["steps"]
+    assert refused["error"] == "ValueError" and not refused["file_not_found"], refused
+    assert "is not from a trusted publisher" in refused["message"]
+    assert "trust_remote_code" in refused["message"]
+    assert trusted.get("kerneld_source") == "daemon" and trusted["ops_ok"] is True, trusted
+    assert hub.counts["org_overview"] == 1  # the daemon asked once; kernels never did

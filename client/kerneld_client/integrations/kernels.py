@@ -21,8 +21,9 @@ modes, `kernelize` fallbacks) is untouched. Local kernels (`LOCAL_KERNELS`, `get
 A routed load is what `kerneld_client.get_kernel` does (published index, else the daemon; store
 trust checks; arch check before import; kernel-depends; bytecode never written into the store),
 then kernels' own metadata validators (python-depends, kernels_minver, dirty build; the arch one
-excepted, kerneld did it) and registration in `kernels.get_loaded_kernels()`. `trust_remote_code`
-is not checked on this path: the host's daemon decides what it serves (deny, prefetch).
+excepted, kerneld did it) and registration in `kernels.get_loaded_kernels()`. Publisher trust is
+the daemon's (`[trust]`, the same rule as kernels'): the call's `trust_remote_code` goes with the
+request, and a refusal is kernels' own `ValueError`.
 
 When kerneld cannot provide the kernel, $KERNELD_FALLBACK decides (one KernelFallbackWarning per
 repository and process):
@@ -55,6 +56,7 @@ from kerneld_client.errors import (
     KernelLoadError,
     KernelUnavailable,
     NoCompatibleVariant,
+    UntrustedPublisher,
 )
 from kerneld_client.platform import platform_facts
 
@@ -209,7 +211,7 @@ def uninstall() -> None:
 class _Plan:
     """How to ask kerneld for what a `kernels` call wants."""
 
-    __slots__ = ("allow_fetch", "check_arch", "locks", "request")
+    __slots__ = ("allow_fetch", "check_arch", "locks", "request", "trust_remote_code")
 
     def __init__(
         self,
@@ -218,11 +220,13 @@ class _Plan:
         allow_fetch: bool,
         check_arch: bool,
         locks: Mapping[str, str] | None = None,
+        trust_remote_code: bool | list[str] = False,
     ) -> None:
         self.request = request
         self.allow_fetch = allow_fetch
         self.check_arch = check_arch
         self.locks = locks or {}
+        self.trust_remote_code = trust_remote_code
 
 
 def _is_local(repo_id: str) -> bool:
@@ -260,7 +264,12 @@ def _plan(api: _Api, kernel: Any, resolver: Any, validator: Any) -> _Plan | None
             else:
                 return None
             # HubCacheResolver is HF_HUB_OFFLINE: serve what the store has, download nothing.
-            return _Plan(req, allow_fetch=isinstance(item, api.HubResolver), check_arch=check_arch)
+            return _Plan(
+                req,
+                allow_fetch=isinstance(item, api.HubResolver),
+                check_arch=check_arch,
+                trust_remote_code=_trust(item),
+            )
         if isinstance(item, api.LockedHubResolver | api.LockedHubCacheResolver):
             lock = item.kernel_locks.get(kernel)
             if lock is None:
@@ -275,9 +284,16 @@ def _plan(api: _Api, kernel: Any, resolver: Any, validator: Any) -> _Plan | None
                 allow_fetch=isinstance(item, api.LockedHubResolver),
                 check_arch=check_arch,
                 locks=locks,
+                trust_remote_code=_trust(item),
             )
         return None
     return None
+
+
+def _trust(resolver: Any) -> bool | list[str]:
+    """The caller's `trust_remote_code`, as kernels' Hub resolvers carry it."""
+    trust = getattr(resolver, "trust_remote_code", False)
+    return trust if isinstance(trust, bool) else [str(r) for r in trust]
 
 
 def _through_kerneld(plan: _Plan, backend: str | None) -> loader.LoadedKernel:
@@ -286,7 +302,10 @@ def _through_kerneld(plan: _Plan, backend: str | None) -> loader.LoadedKernel:
         plan.request,
         backend=backend,
         opts=loader._Options(
-            check_arch=plan.check_arch, allow_fetch=plan.allow_fetch, locks=plan.locks
+            check_arch=plan.check_arch,
+            allow_fetch=plan.allow_fetch,
+            locks=plan.locks,
+            trust_remote_code=plan.trust_remote_code,
         ),
         fallback=loader.MISSING,
         policy=FallbackPolicy.ERROR,
@@ -383,6 +402,15 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
             return theirs()
         try:
             loaded = _through_kerneld(plan, backend)
+        except UntrustedPublisher as exc:
+            # kernels' own answer to an untrusted publisher: a ValueError, which its fallbacks
+            # do not catch (the check must not turn into a silent PyTorch layer).
+            raise ValueError(
+                f"Kernel repository '{plan.request.repo_id}' is not from a trusted publisher "
+                f"on this host ({exc.message}). Set trust_remote_code=True or add the "
+                "repository ID to the trust_remote_code allowlist to allow loading kernels "
+                "from untrusted sources."
+            ) from exc
         except KernelError as exc:
             _fall_back(exc, plan.request)
             return theirs()
