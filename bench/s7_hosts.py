@@ -21,7 +21,6 @@ metadata it cached while its upstream is down, and at H = 16 the round took minu
 from __future__ import annotations
 
 import contextlib
-import re
 import subprocess
 import sys
 import threading
@@ -29,33 +28,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import COLD_KERNELS, DAEMON_CONFIG, ROOT, Ctx, Goal, Section, log, mib, table
+from bench.common import COLD_KERNELS, DAEMON_CONFIG, Ctx, Goal, Section, log, mib, table
 from examples.kernels.build import ORG
 from tests.daemon.rpc import facts
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import Fault
-from tests.support.nginx import Nginx
+from tests.support.nginx import Nginx, site_cache
 from tests.support.olah import run_olah
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]
-TEMPLATE = ROOT / "deploy" / "site-cache" / "kerneld-site-cache.conf.template"
 TOPOLOGIES = ("direct", "site cache", "olah", "static mirror")
-
-
-def site_cache_conf(hub_url: str, cache_dir: Path) -> str:
-    """The shipped template with this run's values, as envsubst fills it in."""
-    values = {
-        "KERNELD_SITE_LISTEN": "127.0.0.1:{port}",
-        "KERNELD_SITE_CACHE_DIR": str(cache_dir),
-        "KERNELD_SITE_CACHE_MAX": "4g",
-        "KERNELD_SITE_HUB": hub_url.rstrip("/"),
-        "KERNELD_SITE_HUB_HOST": hub_url.split("://", 1)[1].rstrip("/"),
-        "KERNELD_SITE_MOVING_TTL": "30s",
-        "KERNELD_SITE_RESOLVER": "127.0.0.1",
-    }
-    return re.sub(
-        r"\$\{(KERNELD_SITE_[A-Z_]+)\}", lambda m: values[m.group(1)], TEMPLATE.read_text()
-    )
 
 
 def cold_start(daemons: list[DaemonProcess]) -> tuple[float, int]:
@@ -127,7 +109,7 @@ def one_h(ctx: Ctx, h: int) -> dict[str, Any]:
             if topology == "direct":
                 kwargs: dict[str, Any] = {"hub_endpoint": server.url}
             elif topology == "site cache":
-                nginx = Nginx(None, work / "cache", servers=site_cache_conf(server.url, work / "c"))
+                nginx = site_cache(server.url, work / "cache", cache_max="4g")
                 kwargs = {"hub_endpoint": nginx.url}
             elif topology == "olah":
                 (work / "olah").mkdir(parents=True, exist_ok=True)

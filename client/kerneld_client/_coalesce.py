@@ -23,13 +23,12 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from kerneld_client._types import KernelRequest
-from kerneld_client.locations import private_dir
+from kerneld_client.locations import private_dir, private_tmp_dir
 
 #: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
 ENV_COALESCE = "KERNELD_COALESCE"
@@ -40,17 +39,15 @@ _MAX_POLL_S = 0.025
 
 def _lock_dir() -> Path | None:
     """This user's private lock directory, created if needed; None if none is safe."""
-    uid = os.geteuid()
-    bases = [Path(tempfile.gettempdir()) / f"kerneld-{uid}"]
+    folder = private_tmp_dir("resolving")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        bases.append(Path(runtime) / "kerneld")
-    for base in bases:
-        folder = base / "resolving"
+    if folder is None and runtime:
+        uid = os.geteuid()
+        base = Path(runtime) / "kerneld"
         # Check each level before creating the next: nothing is made inside someone else's dir.
-        if private_dir(base, uid) and private_dir(folder, uid):
-            return folder
-    return None
+        if private_dir(base, uid) and private_dir(base / "resolving", uid):
+            folder = base / "resolving"
+    return folder
 
 
 def _key(socket: Path, req: KernelRequest) -> str:

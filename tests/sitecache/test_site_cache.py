@@ -8,7 +8,6 @@ Each "host" is a real daemon with its own store and sockets, on the Hub test ser
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,10 +21,9 @@ from tests.support.cdn import Cdn
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import Fault, HubServer
 from tests.support.nginx import Nginx, nginx_binary
+from tests.support.nginx import site_cache as nginx_site_cache
 from tests.support.olah import run_olah
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "deploy" / "site-cache" / "kerneld-site-cache.conf.template"
 KERNELS = ((REPO, 1), (REPO, 2))  # two builds: two commits, their trees and files
 
 needs_nginx = pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (scripts/bootstrap)")
@@ -33,22 +31,7 @@ needs_nginx = pytest.mark.skipif(nginx_binary() is None, reason="needs nginx (sc
 
 def site_cache(hub: HubServer, workdir: Path, moving_ttl: str = "30s") -> Nginx:
     """nginx running the shipped template, in front of the Hub test server."""
-    host = hub.url.split("://", 1)[1].rstrip("/")
-    values = dict(
-        KERNELD_SITE_LISTEN="127.0.0.1:{port}",
-        KERNELD_SITE_CACHE_DIR=str(workdir / "cache"),
-        KERNELD_SITE_CACHE_MAX="1g",
-        KERNELD_SITE_HUB=hub.url.rstrip("/"),
-        KERNELD_SITE_HUB_HOST=host,
-        KERNELD_SITE_MOVING_TTL=moving_ttl,
-        KERNELD_SITE_RESOLVER="127.0.0.1",
-    )
-    # As envsubst with the variable list (the nginx image's templates): nginx's own $variables
-    # stay; a ${KERNELD_SITE_...} the test does not know fails.
-    conf = re.sub(
-        r"\$\{(KERNELD_SITE_[A-Z_]+)\}", lambda m: values[m.group(1)], TEMPLATE.read_text()
-    )
-    return Nginx(None, workdir, servers=conf)
+    return nginx_site_cache(hub.url, workdir, moving_ttl=moving_ttl)
 
 
 @pytest.fixture

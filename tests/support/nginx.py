@@ -3,6 +3,7 @@ its own (the site cache of deploy/site-cache/)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -38,6 +39,38 @@ STATIC_SERVER = """
         location / {{ try_files $uri =404; }}
     }}
 """
+
+
+SITE_CACHE_TEMPLATE = (
+    Path(__file__).resolve().parents[2]
+    / "deploy"
+    / "site-cache"
+    / "kerneld-site-cache.conf.template"
+)
+
+
+def site_cache(
+    hub_url: str, workdir: Path, *, moving_ttl: str = "30s", cache_max: str = "1g"
+) -> Nginx:
+    """nginx running the shipped site-cache template in front of the Hub at `hub_url`.
+
+    Filled in as envsubst with the variable list fills it (the nginx image's templates): nginx's
+    own $variables stay, and a ${KERNELD_SITE_...} this function does not know fails."""
+    values = {
+        "KERNELD_SITE_LISTEN": "127.0.0.1:{port}",
+        "KERNELD_SITE_CACHE_DIR": str(workdir / "cache"),
+        "KERNELD_SITE_CACHE_MAX": cache_max,
+        "KERNELD_SITE_HUB": hub_url.rstrip("/"),
+        "KERNELD_SITE_HUB_HOST": hub_url.split("://", 1)[1].rstrip("/"),
+        "KERNELD_SITE_MOVING_TTL": moving_ttl,
+        "KERNELD_SITE_RESOLVER": "127.0.0.1",
+    }
+    conf = re.sub(
+        r"\$\{(KERNELD_SITE_[A-Z_]+)\}",
+        lambda m: values[m.group(1)],
+        SITE_CACHE_TEMPLATE.read_text(),
+    )
+    return Nginx(None, workdir, servers=conf)
 
 
 def nginx_binary() -> str | None:
