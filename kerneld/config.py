@@ -196,6 +196,11 @@ class Config:
     """How long the Hub's answer about an organisation is used before it is asked again."""
     trust_honor_remote_code: bool = True
     """May a job's `trust_remote_code` accept an untrusted publisher (as in `kernels`)?"""
+    hub_api_listen: str = ""
+    """Loopback HOST:PORT of the Hub-compatible HTTP endpoint (`HF_ENDPOINT` for unmodified
+    `kernels`); empty: off. Only users who may use the user socket get answers."""
+    hub_api_socket: Path | None = None
+    """A unix socket for the same endpoint, with the user socket's mode and group."""
 
     def publisher_allowed(self, repo_id: str) -> bool:
         """Is `repo_id` trusted by `[trust] allow` alone?"""
@@ -261,6 +266,7 @@ _KNOWN: dict[str, set[str]] = {
         "log",
         "server",
         "trust",
+        "hub_api",
         "mode",
     },
     "store": {
@@ -289,6 +295,7 @@ _KNOWN: dict[str, set[str]] = {
     "metrics": {"socket", "socket_mode", "socket_group", "listen"},
     "log": {"level"},
     "trust": {"publishers", "allow", "ttl", "honor_trust_remote_code"},
+    "hub_api": {"listen", "socket"},
     "server": {
         "drain_timeout",
         "threads",
@@ -642,6 +649,15 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
 
     updates.update(_parse_trust(_table(doc, "trust", source), source))
 
+    hub_api = _table(doc, "hub_api", source)
+    if "listen" in hub_api:
+        listen = hub_api["listen"]
+        updates["hub_api_listen"] = (
+            "" if listen == "" else parse_loopback(listen, source=source, key="hub_api.listen")
+        )
+    if "socket" in hub_api:
+        updates["hub_api_socket"] = _path(hub_api["socket"], source, "hub_api.socket")
+
     out = replace(cfg, **updates)
     if out.lease_ttl_s > out.lease_max_s:
         raise ConfigError(
@@ -851,6 +867,8 @@ FIELD_KEYS: dict[str, str] = {
     "trust_allow": "[trust] allow",
     "trust_ttl_s": "[trust] ttl",
     "trust_honor_remote_code": "[trust] honor_trust_remote_code",
+    "hub_api_listen": "[hub_api] listen",
+    "hub_api_socket": "[hub_api] socket",
 }
 
 
@@ -956,6 +974,13 @@ def dump_config(cfg: Config) -> str:
                 "allow": list(cfg.trust_allow),
                 "ttl": format_duration(cfg.trust_ttl_s),
                 "honor_trust_remote_code": cfg.trust_honor_remote_code,
+            },
+        ),
+        (
+            "hub_api",
+            {
+                "listen": cfg.hub_api_listen,
+                **({"socket": cfg.hub_api_socket} if cfg.hub_api_socket else {}),
             },
         ),
     ]

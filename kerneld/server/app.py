@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kerneld import __version__
 from kerneld.config import Config, ConfigError, config_key
+from kerneld.hubapi.server import HubApiServer
 from kerneld.server.access import apply_store_access
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
@@ -111,6 +112,7 @@ class Daemon:
         self._health: list[health.HealthServicer] = []
         self._bound: list[Path] = []
         self._metrics_server: MetricsServer | None = None
+        self._hub_api: HubApiServer | None = None
         self._watchdog: Watchdog | None = None
         self._tokens = TokenBook()
         self._creds: list[CredentialListener] = []
@@ -273,6 +275,13 @@ class Daemon:
                 socket_group=self.config.metrics_socket_group,
             )
             self._metrics_server.start()
+            if self.config.hub_api_listen or self.config.hub_api_socket:
+                self._hub_api = HubApiServer(
+                    self.core,
+                    listen=self.config.hub_api_listen,
+                    socket_path=self.config.hub_api_socket,
+                )
+                self._hub_api.start()
             # The advert first: a client that sees SERVING finds the index right away.
             write_advert(
                 Advert(
@@ -366,6 +375,8 @@ class Daemon:
         if grace <= 0:
             self.core.cancel.set()
         self.core.stop_timer()
+        if self._hub_api is not None:
+            self._hub_api.stop()  # no new HTTP requests; those running drain with the RPCs
         events = [server.stop(grace) for server in self._servers]
         for event in events:
             event.wait(max(0.0, deadline - time.monotonic()) + 1.0)

@@ -53,6 +53,8 @@ RESTART_FIELDS: tuple[str, ...] = (
     "metrics_socket_mode",
     "metrics_socket_group",
     "metrics_listen",
+    "hub_api_listen",
+    "hub_api_socket",
     "threads",
     "max_connections",
     "admin_max_connections",

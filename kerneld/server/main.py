@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--metrics-socket", type=Path, help="serve metrics on this unix socket")
     parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve metrics on loopback")
+    parser.add_argument(
+        "--hub-api-listen",
+        metavar="HOST:PORT",
+        help="serve the Hub-compatible HTTP API on loopback (HF_ENDPOINT for unmodified kernels)",
+    )
     parser.add_argument("--log-level", choices=LEVELS, help="overrides [log] level")
     parser.add_argument(
         "--drain-timeout", type=float, metavar="SECONDS", help="overrides [server] drain_timeout"
@@ -163,6 +168,10 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
     if args.metrics_listen is not None:
         updates["metrics_listen"] = parse_loopback(
             args.metrics_listen, source=FLAGS, key="--metrics-listen"
+        )
+    if args.hub_api_listen is not None:
+        updates["hub_api_listen"] = parse_loopback(
+            args.hub_api_listen, source=FLAGS, key="--hub-api-listen"
         )
     if args.log_level is not None:
         updates["log_level"] = args.log_level

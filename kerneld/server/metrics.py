@@ -7,11 +7,8 @@ time (a collector), so an idle daemon does no metrics work at all.
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
 from prometheus_client.core import GaugeMetricFamily
 
 from kerneld.config import SocketConfig
-from kerneld.server.sockets import secure, umask
+from kerneld.server.httpd import HttpListeners
 
 log = logging.getLogger("kerneld.metrics")
 
@@ -115,6 +112,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.hub_api_requests = Counter(
+            "kerneld_hub_api_requests",
+            "Requests to the Hub-compatible HTTP endpoint by route (info, refs, tree, "
+            "paths_info, file, other) and HTTP status",
+            ["route", "status"],
+            registry=r,
+        )
         self.prefetches = Counter(
             "kerneld_prefetch_kernels", "Prefetched kernels by result", ["result"], registry=r
         )
@@ -198,28 +202,9 @@ class Metrics:
         self.quarantine_max_bytes.set_function(part(2))
 
 
-class _UnixHTTPServer(ThreadingHTTPServer):
-    address_family = socket.AF_UNIX
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind wants a (host, port) address; a unix socket has neither.
-        self.socket.bind(self.server_address)
-        self.server_name = "kerneld"
-        self.server_port = 0
-
-
 class _Handler(MetricsHandler):
     def address_string(self) -> str:
         return "unix"
-
-
-class _TCPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _TCP6Server(_TCPServer):
-    address_family = socket.AF_INET6
 
 
 class MetricsServer:
@@ -240,49 +225,21 @@ class MetricsServer:
         socket_group: str = "",
     ) -> None:
         handler = type("KerneldMetricsHandler", (_Handler,), {"registry": metrics.registry})
-        self.where: list[str] = []
-        self._servers: list[ThreadingHTTPServer] = []
-        self.socket_path = socket_path
-        if socket_path is not None:
-            socket_path.parent.mkdir(parents=True, exist_ok=True)
-            if socket_path.is_socket():
-                socket_path.unlink()
-            with umask(0o177):
-                unix_server: Any = _UnixHTTPServer
-                self._servers.append(unix_server(str(socket_path), handler))
-            try:
-                secure(socket_path, SocketConfig(socket_path, socket_mode, socket_group))
-            except BaseException:
-                self._close_all()
-                raise
-            self.where.append(f"unix:{socket_path}")
-        if listen:
-            host, _, port = listen.rpartition(":")
-            bind_host = {"localhost": "127.0.0.1", "[::1]": "::1"}.get(host, host)
-            server_cls: type[_TCPServer] = _TCP6Server if ":" in bind_host else _TCPServer
-            try:
-                server = server_cls((bind_host, int(port)), handler)
-            except BaseException:
-                self._close_all()
-                raise
-            self._servers.append(server)
-            self.where.append(f"http://{host}:{server.server_address[1]}")
+        self._listeners = HttpListeners(
+            "metrics",
+            handler,
+            socket_path=socket_path,
+            listen=listen,
+            socket=None
+            if socket_path is None
+            else SocketConfig(socket_path, socket_mode, socket_group),
+        )
+        self.where = self._listeners.where
 
     def start(self) -> None:
-        for server in self._servers:
-            threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        self._listeners.start()
         for where in self.where:
             log.info("metrics on %s/metrics", where)
 
-    def _close_all(self) -> None:
-        """Unbind what was bound (a start that fails half way leaves no socket behind)."""
-        for server in self._servers:
-            server.server_close()
-        if self.socket_path is not None and self._servers:
-            self.socket_path.unlink(missing_ok=True)
-        self._servers.clear()
-
     def stop(self) -> None:
-        for server in self._servers:
-            server.shutdown()
-        self._close_all()
+        self._listeners.stop()

@@ -33,7 +33,7 @@ from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
 from .locks import TreeGone, hold_tree_lock
 from .manifest import TreeFile, VariantMetadata, tree_digest
-from .store import Lease, Resolved, Store, TreeInfo, Usage
+from .store import Lease, PublishedFile, Resolved, Store, TreeInfo, Usage
 from .verify import Problem, VerifyReport
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "MetadataError",
     "PathConflictError",
     "Problem",
+    "PublishedFile",
     "ReadOnlyStoreError",
     "Resolved",
     "ResourceExhaustedError",

@@ -125,6 +125,18 @@ class Resolved:
 
 
 @dataclass(frozen=True)
+class PublishedFile:
+    """One file of a published variant: its manifest line and the upstream's id for it (an
+    LFS sha256 or a git blob sha1; None for a tree that came without one, a mirror import)."""
+
+    path: str
+    size: int
+    sha256: str
+    mode: int
+    upstream_id: str | None
+
+
+@dataclass(frozen=True)
 class Usage:
     bytes_used: int
     bytes_reserved: int
@@ -802,6 +814,27 @@ class Store:
                 archs=tree.archs,
                 lease=lease,
             )
+
+    def published_files(
+        self, repo: str, commit: str, variant: str
+    ) -> tuple[Path, list[PublishedFile]] | None:
+        """(tree path, files) of a published variant, each file with the id its upstream
+        announced; None when the variant is not here. The Hub API endpoint lists these."""
+        with self._lock:
+            row = self.index.get_variant(repo, commit, variant)
+            tree = None if row is None else self.index.get_tree(row.tree)
+            if row is None or tree is None or tree.state != "live":
+                return None
+            ids = self.index.upstream_ids(repo, commit, variant)
+        files = [
+            PublishedFile(e.path, e.size, e.sha256, e.mode, ids.get(e.path))
+            for e in parse_manifest(tree.manifest)
+        ]
+        return self.layout.tree_path(tree.digest), files
+
+    def refs_of(self, repo: str) -> list[RefRow]:
+        """Every ref of `repo` this store has recorded (what it can answer without upstreams)."""
+        return self.index.refs_of(repo)
 
     def variants(self, repo: str, commit: str) -> list[str]:
         """Published variant names of a commit."""

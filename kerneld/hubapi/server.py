@@ -1,0 +1,492 @@
+"""The Hub's HTTP API, read-only, for kernel repositories: what `huggingface_hub` (and so every
+`kernels` release) asks when `HF_ENDPOINT` points here.
+
+Routes (the Hub's own, for `repo_type="kernel"`):
+
+    GET|HEAD /api/kernels/{org}/{name}[/revision/{rev}]     repo info at a revision (sha, siblings)
+    GET|HEAD /api/kernels/{org}/{name}/refs                 branches and tags
+    GET|HEAD /api/kernels/{org}/{name}/tree/{rev}[/{path}]  a folder listing (?recursive, ?expand)
+    POST     /api/kernels/{org}/{name}/paths-info/{rev}     listing entries of given paths (a query)
+    GET|HEAD /kernels/{org}/{name}/resolve/{rev}/{path}     a file (ETag, X-Repo-Commit, Range)
+
+Anything else gets the Hub's 404 or 405. Errors carry the Hub's `X-Error-Code` where the Hub has
+one (RepoNotFound, RevisionNotFound, EntryNotFound), so `huggingface_hub` raises the same
+exception types; the daemon's own refusals (a denied kernel, an untrusted publisher, a fetch the
+policy forbids) are 403s whose message says what to do. Every connection is first checked
+against the user socket's permissions (`peers.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from kerneld.config import SocketConfig
+from kerneld.hubapi.peers import admit, tcp_peer_uid, unix_peer, user_db_caller
+from kerneld.hubapi.view import HubFile, HubView, git_blob_id
+from kerneld.server.core import Core
+from kerneld.server.errors import classify
+from kerneld.server.httpd import HttpListeners
+from kerneld.server.identity import Caller
+from kerneld_client._proto import kerneld_pb2 as pb
+
+log = logging.getLogger("kerneld.hubapi")
+Code = pb.ErrorCode
+
+#: How the daemon's error codes read as Hub answers: (HTTP status, the Hub's X-Error-Code).
+_HTTP: dict[int, tuple[int, str | None]] = {
+    Code.KERNEL_NOT_FOUND: (404, "RepoNotFound"),
+    Code.REVISION_NOT_FOUND: (404, "RevisionNotFound"),
+    Code.KERNEL_DENIED: (403, None),
+    Code.UNTRUSTED_PUBLISHER: (403, None),
+    Code.FETCH_NOT_ALLOWED: (403, None),
+    Code.UPSTREAM_UNAVAILABLE: (503, None),
+    Code.NOT_READY: (503, None),
+    Code.INTEGRITY_ERROR: (502, None),
+    Code.RESOURCE_EXHAUSTED: (507, None),
+    Code.INVALID_ARGUMENT: (400, None),
+}
+COPY_CHUNK = 1 << 20
+_TRUE = {"1", "true", "True"}
+
+
+class HubError(Exception):
+    """An answer in the Hub's error shape."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, **headers: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers
+
+
+def _flag(query: Mapping[str, list[str]], name: str) -> bool:
+    return any(v in _TRUE for v in query.get(name, ()))
+
+
+def _repo(org: str, name: str) -> str:
+    repo_id = f"{org}/{name}"
+    if not re.fullmatch(
+        r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}", repo_id
+    ):
+        raise HubError(400, f"invalid repo id {repo_id!r}: expected 'org/name'")
+    return repo_id
+
+
+def _entry(file: HubFile) -> dict[str, Any]:
+    """A tree listing entry, as the Hub writes it."""
+    out: dict[str, Any] = {"type": "file", "oid": file.oid, "size": file.size, "path": file.path}
+    if file.sha256 is not None:
+        out["lfs"] = {"oid": file.sha256, "size": file.size, "pointerSize": file.pointer_size}
+    return out
+
+
+def _folder(path: str, files: list[HubFile]) -> dict[str, Any]:
+    """A folder entry. Its `oid` is a digest of what the folder holds, not git's tree id
+    (which needs every file's mode; no client of kernels reads it)."""
+    listing = "".join(f"{f.path}\0{f.oid}\n" for f in files if f.path.startswith(path + "/"))
+    return {"type": "directory", "oid": git_blob_id(listing.encode()), "size": 0, "path": path}
+
+
+def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str, Any]]:
+    """The entries under `path` ('' for the root): files and folders, as `list_repo_tree`."""
+    prefix = f"{path}/" if path else ""
+    under = [f for f in files if f.path.startswith(prefix)]
+    if path and not under:
+        raise HubError(404, f"{path} does not exist", "EntryNotFound")
+    folders: dict[str, None] = {}
+    out: list[dict[str, Any]] = []
+    for f in under:
+        rest = f.path[len(prefix) :].split("/")
+        depth = len(rest) if recursive else 1
+        for i in range(1, min(depth, len(rest) - 1) + 1):
+            folders.setdefault(prefix + "/".join(rest[:i]), None)
+        if recursive or len(rest) == 1:
+            out.append(_entry(f))
+    entries = [_folder(p, under) for p in folders] + out
+    return sorted(entries, key=lambda e: str(e["path"]))
+
+
+class HubApiHandler(BaseHTTPRequestHandler):
+    """One connection; `view` and `user_socket` are set on a subclass per server."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "kerneld"
+    timeout = 60.0
+    view: HubView
+    user_socket: Path
+    _caller: Caller | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("hub api %s %s", self.address_string(), format % args)
+
+    def address_string(self) -> str:
+        return (
+            "unix" if isinstance(self.client_address, str | bytes) else str(self.client_address[0])
+        )
+
+    # -- who ------------------------------------------------------------------------------------
+
+    def _who(self) -> Caller:
+        """The connection's caller, checked against the user socket once per connection."""
+        if self._caller is not None:
+            return self._caller
+        if isinstance(self.client_address, tuple):
+            server = self.connection.getsockname()
+            uid = tcp_peer_uid(self.client_address[:2], server[:2])
+            caller = Caller() if uid is None else user_db_caller(uid)
+        else:
+            caller = unix_peer(self.connection)
+        verdict = admit(caller, self.user_socket)
+        if not verdict.allowed:
+            log.warning("hub api: refused %s: %s", caller, verdict.reason)
+            raise HubError(403, f"kerneld: {verdict.reason}")
+        self._caller = caller
+        return caller
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _refuse(self) -> None:
+        self._dispatch("OTHER")
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
+
+    def _dispatch(self, method: str) -> None:
+        split = urlsplit(self.path)
+        parts = split.path.split("/")
+        route = _route_name(parts)
+        status = 500
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not 0 <= length <= 1 << 20:
+                raise HubError(413, "request body too large")
+            body = self.rfile.read(length) if length else b""
+            caller = self._who()
+            status = self._route(method, parts, parse_qs(split.query), body, caller)
+        except HubError as err:
+            status = err.status
+            self._send_error(err)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # every failure becomes an answer in the Hub's shape
+            answer = _hub_error(exc, parts)
+            status = answer.status
+            self._send_error(answer)
+        self.view.core.metrics.hub_api_requests.labels(route, str(status)).inc()
+
+    def _route(
+        self,
+        method: str,
+        parts: list[str],
+        query: dict[str, list[str]],
+        body: bytes,
+        caller: Caller,
+    ) -> int:
+        read = method in ("GET", "HEAD")
+        if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
+            repo_id = _repo(unquote(parts[3]), unquote(parts[4]))
+            rest = parts[5:]
+            if not rest and read:
+                return self._info(repo_id, "main", query, caller)
+            if rest == ["refs"] and read:
+                return self._refs(repo_id, caller)
+            if len(rest) >= 2 and rest[0] == "revision" and read:
+                return self._info(repo_id, unquote("/".join(rest[1:])), query, caller)
+            if len(rest) >= 2 and rest[0] == "tree" and read:
+                path = unquote("/".join(rest[2:])).strip("/")
+                return self._tree(repo_id, unquote(rest[1]), path, query, caller)
+            if len(rest) >= 2 and rest[0] == "paths-info" and method == "POST":
+                return self._paths_info(repo_id, unquote("/".join(rest[1:])), body, caller)
+        if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
+            if not read:
+                raise HubError(405, "Method Not Allowed: this endpoint is read-only")
+            repo_id = _repo(unquote(parts[2]), unquote(parts[3]))
+            return self._file(
+                method, repo_id, unquote(parts[5]), unquote("/".join(parts[6:])), caller
+            )
+        if parts[1:3] in (["api", "models"], ["api", "datasets"], ["api", "spaces"]):
+            raise HubError(
+                404,
+                "kerneld serves kernel repositories only (repo_type='kernel')",
+                "RepoNotFound",
+            )
+        if not read:
+            raise HubError(405, "Method Not Allowed: this endpoint is read-only")
+        raise HubError(404, "Not Found")
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    def _info(
+        self, repo_id: str, revision: str, query: dict[str, list[str]], caller: Caller
+    ) -> int:
+        view = self.view
+        commit = view.commit(repo_id, revision, caller)
+        files = view.files(repo_id, commit, caller)
+        blobs = _flag(query, "blobs")
+        siblings: list[dict[str, Any]] = []
+        for f in files:
+            sib: dict[str, Any] = {"rfilename": f.path}
+            if blobs:
+                sib.update({"size": f.size, "blobId": f.oid})
+                if f.sha256 is not None:
+                    sib["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": f.pointer_size}
+            siblings.append(sib)
+        org = repo_id.split("/", 1)[0]
+        return self._send_json(
+            {
+                "_id": commit[:24],
+                "id": repo_id,
+                "author": org,
+                "sha": commit,
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "tags": [],
+                "siblings": siblings,
+            },
+            {"X-Repo-Commit": commit},
+        )
+
+    def _refs(self, repo_id: str, caller: Caller) -> int:
+        self.view.check(repo_id, "main")
+        refs = self.view.refs(repo_id, caller)
+        return self._send_json(
+            {
+                "branches": [
+                    {"name": n, "ref": f"refs/heads/{n}", "targetCommit": c}
+                    for n, c in sorted(refs.branches.items())
+                ],
+                "tags": [
+                    {"name": n, "ref": f"refs/tags/{n}", "targetCommit": c}
+                    for n, c in sorted(refs.tags.items())
+                ],
+                "converts": [],
+            }
+        )
+
+    def _tree(
+        self,
+        repo_id: str,
+        revision: str,
+        path: str,
+        query: dict[str, list[str]],
+        caller: Caller,
+    ) -> int:
+        commit = self.view.commit(repo_id, revision, caller)
+        files = self.view.files(repo_id, commit, caller)
+        try:
+            entries = _listing(files, path, _flag(query, "recursive"))
+        except HubError as err:
+            err.message = f"{path} does not exist on {revision}"
+            err.headers["X-Repo-Commit"] = commit
+            raise
+        return self._send_json(entries, {"X-Repo-Commit": commit})
+
+    def _paths_info(self, repo_id: str, revision: str, body: bytes, caller: Caller) -> int:
+        commit = self.view.commit(repo_id, revision, caller)
+        files = self.view.files(repo_id, commit, caller)
+        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        if not form and body.strip().startswith(b"{"):
+            try:
+                doc = json.loads(body)
+            except ValueError:
+                raise HubError(400, "paths-info: the body is neither a form nor JSON") from None
+            paths = doc.get("paths", []) if isinstance(doc, dict) else []
+        else:
+            paths = form.get("paths", [])
+        by_path = {f.path: f for f in files}
+        out: list[dict[str, Any]] = []
+        for raw in paths if isinstance(paths, list) else []:
+            p = str(raw).strip("/")
+            if p in by_path:
+                out.append(_entry(by_path[p]))
+            elif any(f.path.startswith(p + "/") for f in files):
+                out.append(_folder(p, files))
+        return self._send_json(out, {"X-Repo-Commit": commit})
+
+    def _file(self, method: str, repo_id: str, revision: str, path: str, caller: Caller) -> int:
+        view = self.view
+        commit = view.commit(repo_id, revision, caller)
+        missing = HubError(
+            404, f"Entry not found: {path}", "EntryNotFound", **{"X-Repo-Commit": commit}
+        )
+        if not path.startswith("build/"):
+            raise missing  # kerneld keeps only the build tree of a kernel repository
+        file = next((f for f in view.files(repo_id, commit, caller) if f.path == path), None)
+        if file is None:
+            raise missing
+        headers = {
+            "X-Repo-Commit": commit,
+            "ETag": f'"{file.etag}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": f"inline; filename*=UTF-8''{quote(path.rsplit('/', 1)[-1])}",
+        }
+        if file.sha256 is not None:
+            headers["X-Linked-Etag"] = f'"{file.sha256}"'
+            headers["X-Linked-Size"] = str(file.size)
+        start, end, status = 0, file.size, 200
+        rng = self.headers.get("Range")
+        if rng is not None:
+            parsed = parse_range(rng, file.size)
+            if parsed is None:
+                raise HubError(
+                    416, "Range Not Satisfiable", **{"Content-Range": f"bytes */{file.size}"}
+                )
+            if parsed != "all":
+                start, end = parsed
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{file.size}"
+        headers["Content-Length"] = str(end - start)
+        if method == "HEAD":
+            self._send_head(status, headers)
+            return status
+        with view.open(repo_id, commit, file, caller) as fh:
+            self._send_head(status, headers)
+            fh.seek(start)
+            remaining = end - start
+            while remaining > 0:
+                chunk = fh.read(min(COPY_CHUNK, remaining))
+                if not chunk:
+                    break  # the store verified the size: only a failing disk gets here
+                self.wfile.write(chunk)
+                remaining -= len(chunk)
+            if remaining:
+                self.close_connection = True
+        return status
+
+    # -- answers --------------------------------------------------------------------------------
+
+    def _send_head(self, status: int, headers: Mapping[str, str]) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+
+    def _send_json(self, payload: Any, headers: Mapping[str, str] | None = None) -> int:
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        self._send_head(
+            200,
+            {
+                "Content-Type": "application/json; charset=utf-8",
+                "Content-Length": str(len(data)),
+                **(headers or {}),
+            },
+        )
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        return 200
+
+    def _send_error(self, err: HubError) -> None:
+        data = json.dumps({"error": err.message}).encode()
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            "Content-Length": str(len(data)),
+            "X-Error-Message": err.message.encode("ascii", "replace").decode().replace("\n", " "),
+            **err.headers,
+        }
+        if err.code is not None:
+            headers["X-Error-Code"] = err.code
+        if err.status == 503:
+            headers.setdefault("Retry-After", "5")
+        try:
+            self._send_head(err.status, headers)
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+
+def _route_name(parts: list[str]) -> str:
+    """The metrics label of a request path."""
+    if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
+        rest = parts[5:]
+        if not rest or rest[0] == "revision":
+            return "info"
+        if rest[0] in ("refs", "tree"):
+            return rest[0]
+        if rest[0] == "paths-info":
+            return "paths_info"
+    if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
+        return "file"
+    return "other"
+
+
+def _hub_error(exc: BaseException, parts: list[str]) -> HubError:
+    """The Hub answer for a failure: the daemon's one classification (`classify`), as HTTP."""
+    failure = classify(exc)
+    detail = failure.detail
+    status, code = _HTTP.get(detail.code, (500, None))
+    message = f"kerneld: {detail.message}"
+    if detail.hint and "kerneldctl" not in message:  # a store error already says what to do
+        message += f" ({detail.hint})"
+    if status >= 500:
+        log.warning("hub api %s: %s", "/".join(parts), message)
+    return HubError(status, message, code)
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | Literal["all"] | None:
+    """[start, end) of a single `bytes=` range; "all" for a header not honoured (several
+    ranges, another unit: answered with the whole file, as the Hub does); None when the range
+    cannot be satisfied (416)."""
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return "all"
+    first, _, last = spec.strip().partition("-")
+    try:
+        if not first:
+            n = int(last)
+            return (max(size - n, 0), size) if n > 0 else None
+        start = int(first)
+        end = min(int(last) + 1, size) if last else size
+    except ValueError:
+        return "all"
+    if start >= size or end <= start:
+        return None
+    return start, end
+
+
+class HubApiServer:
+    """The endpoint's listeners (`[hub_api] listen`, `socket`) over one `HubView`."""
+
+    def __init__(self, core: Core, *, listen: str, socket_path: Path | None) -> None:
+        user = core.config.user_socket
+        handler = type(
+            "KerneldHubApiHandler",
+            (HubApiHandler,),
+            {"view": HubView(core), "user_socket": user.path},
+        )
+        self._listeners = HttpListeners(
+            "hub-api",
+            handler,
+            socket_path=socket_path,
+            listen=listen,
+            socket=None
+            if socket_path is None
+            else SocketConfig(socket_path, user.mode, user.group),
+        )
+        self.where = self._listeners.where
+
+    def start(self) -> None:
+        self._listeners.start()
+        for where in self.where:
+            log.info("hub api on %s (HF_ENDPOINT for unmodified kernels)", where)
+
+    def stop(self) -> None:
+        self._listeners.stop()

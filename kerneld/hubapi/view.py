@@ -1,0 +1,302 @@
+"""A kernel repository as the Hub API shows it, answered from the daemon's store.
+
+What a Hub client sees of a repo here is its `build/` tree: every variant the upstream lists
+for a commit, each with its files, sizes and content ids. A variant in the store is listed from
+the store (the ids its upstream announced at ingest, so the listing never changes once a
+variant is fetched); one not fetched yet is listed by asking the upstream chain once per commit
+(commits are immutable: the answer is kept for the daemon's lifetime). Bytes always come from
+the store: a file of a variant that is not here makes the daemon fetch the whole variant first
+(single-flight, verified, under `[fetch]`), so the Hub sees one download per variant per host
+however many processes ask.
+
+Refs and revisions go through the resolver: the same TTL cache, the same stale answer when
+every upstream is down, the same denies and publisher trust as a Resolve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from kerneld.resolve import FetchNotAllowed, KernelSpec
+from kerneld.server.core import Core
+from kerneld.server.identity import Caller
+from kerneld.store import PublishedFile, ResourceExhaustedError
+from kerneld.upstream.base import Refs, RemoteFile, is_commit
+from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
+
+log = logging.getLogger("kerneld.hubapi")
+
+#: Commits whose unfetched variants' listings are kept in memory (LRU).
+MAX_LISTED_COMMITS = 1024
+LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n"
+
+
+def git_blob_id(data: bytes) -> str:
+    """git's object id of a blob with these bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True)
+class HubFile:
+    """One file as the Hub lists it: an LFS file (`sha256` set) or a plain git blob."""
+
+    path: str
+    """Repo-relative: `build/<variant>/<path in the variant>`."""
+    size: int
+    sha256: str | None
+    git_sha1: str | None
+
+    @property
+    def oid(self) -> str:
+        """The git blob id: the file's own, or its LFS pointer's (as the Hub lists them)."""
+        if self.sha256 is None:
+            return self.git_sha1 or ""
+        pointer = LFS_POINTER.format(sha256=self.sha256, size=self.size)
+        return git_blob_id(pointer.encode())
+
+    @property
+    def etag(self) -> str:
+        """What `huggingface_hub` keys its cache on: the sha256 of an LFS file, else the blob id."""
+        return self.sha256 or self.oid
+
+    @property
+    def pointer_size(self) -> int:
+        return len(LFS_POINTER.format(sha256=self.sha256, size=self.size).encode())
+
+    @property
+    def variant(self) -> str:
+        return self.path.split("/", 2)[1]
+
+    @classmethod
+    def published(cls, variant: str, f: PublishedFile) -> HubFile:
+        """A stored file, shown as its upstream announced it (a 40-hex id: a plain blob)."""
+        path = f"build/{variant}/{f.path}"
+        if f.upstream_id is not None and len(f.upstream_id) == 40:
+            return cls(path, f.size, None, f.upstream_id)
+        return cls(path, f.size, f.sha256, None)
+
+    @classmethod
+    def remote(cls, variant: str, f: RemoteFile) -> HubFile:
+        return cls(
+            f"build/{variant}/{f.path}", f.size, f.sha256, f.git_sha1 if not f.sha256 else None
+        )
+
+
+class NotAKernelRepo(RepoNotFound):
+    """The repo exists upstream but has no `build/` tree: the endpoint serves only kernels."""
+
+
+class HubView:
+    """The store and the resolver, answering the questions Hub clients ask."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self._lock = threading.Lock()
+        self._refs: dict[str, tuple[Refs, float]] = {}
+        self._listed: OrderedDict[tuple[str, str], dict[str, list[HubFile]]] = OrderedDict()
+
+    # -- policy ---------------------------------------------------------------------------------
+
+    def check(self, repo_id: str, revision: str, commit: str | None = None) -> None:
+        """Denies and publisher trust, as a Resolve checks them (a Hub client cannot pass
+        `trust_remote_code`: `[trust] allow` is how an admin admits another publisher)."""
+        store = self.core.store
+        store.check_denied(repo_id, revision, commit)
+        self.core.trust.check(repo_id, trust_remote_code=False)
+
+    def may_fetch(self, repo_id: str, caller: Caller) -> bool:
+        """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
+        cfg = self.core.config
+        if not cfg.fetch_allowed(repo_id):
+            return False
+        return self.core.fetch_gate.may_fetch(caller, cfg.fetch_allow_gids())
+
+    # -- refs -----------------------------------------------------------------------------------
+
+    def refs(self, repo_id: str, caller: Caller) -> Refs:
+        """Branches and tags: from the upstream chain within `[resolve] ref_ttl`; when every
+        upstream fails (or fetching is not allowed) the last answer, else the refs this store
+        has resolved (enough for `version=N` to find its branch with the Hub down)."""
+        ttl = self.core.config.ref_ttl_s
+        with self._lock:
+            cached = self._refs.get(repo_id)
+        if cached is not None and time.time() - cached[1] < ttl:
+            return cached[0]
+        failures: list[UpstreamError] = []
+        if self.may_fetch(repo_id, caller):
+            for upstream in self.core.resolver.upstreams:
+                try:
+                    refs = upstream.list_refs(repo_id)
+                except UpstreamError as exc:
+                    failures.append(exc)
+                    continue
+                with self._lock:
+                    self._refs[repo_id] = (refs, time.time())
+                return refs
+        if cached is not None:
+            return cached[0]
+        known = self.core.store.refs_of(repo_id)
+        if known:
+            branches = {r.ref: r.commit for r in known if not is_commit(r.ref)}
+            return Refs(branches={k.removeprefix("refs/heads/"): v for k, v in branches.items()})
+        if failures:  # an outage outweighs a "not found" from a mirror that lacks the repo
+            chosen = next((f for f in failures if not isinstance(f, RepoNotFound)), failures[0])
+            raise every_upstream(failures, chosen, repo_id=repo_id, revision="")
+        raise FetchNotAllowed(
+            "not known to this host, and the fetch policy does not let this caller ask upstream",
+            repo_id=repo_id,
+        )
+
+    def commit(self, repo_id: str, revision: str, caller: Caller) -> str:
+        """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""
+        spec = KernelSpec(repo_id, revision=revision)
+        self.check(repo_id, spec.ref)
+        commit, _ = self.core.resolver.commit_for(
+            spec, allow_network=self.may_fetch(repo_id, caller)
+        )
+        self.check(repo_id, spec.ref, commit)
+        return commit
+
+    # -- listings -------------------------------------------------------------------------------
+
+    def files(self, repo_id: str, commit: str, caller: Caller) -> list[HubFile]:
+        """Every file of every variant of `commit` that is here or can be listed upstream."""
+        allow = self.may_fetch(repo_id, caller)
+        resolver = self.core.resolver
+        try:
+            names = resolver.variant_names(repo_id, commit, allow_network=allow)
+        except EntryNotFound as exc:
+            raise NotAKernelRepo(
+                "not a kernel repository (it has no build/ folder); kerneld's Hub API serves "
+                "only kernels",
+                repo_id=repo_id,
+                revision=commit,
+            ) from exc
+        with self._lock:
+            listed = self._listed.get((repo_id, commit), {})
+        out: list[HubFile] = []
+        failures: list[UpstreamError] = []
+        for variant in names:
+            stored = self.core.store.published_files(repo_id, commit, variant)
+            if stored is not None:
+                out.extend(HubFile.published(variant, f) for f in stored[1])
+                continue
+            if variant not in listed and allow:
+                remote = self._list_upstream(repo_id, commit, variant, failures)
+                if remote is not None:
+                    listed = self._remember(repo_id, commit, variant, remote)
+            out.extend(listed.get(variant, ()))
+        if not out and failures:
+            # Nothing of this commit is here and the upstreams cannot say what it holds: an
+            # empty listing would read as "no files", so the outage is the answer. (With some
+            # variants here, the listing shows those: a warm job keeps working.)
+            raise every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
+        return sorted(out, key=lambda f: f.path)
+
+    def _list_upstream(
+        self, repo_id: str, commit: str, variant: str, failures: list[UpstreamError]
+    ) -> list[HubFile] | None:
+        for upstream in self.core.resolver.upstreams:
+            try:
+                return [
+                    HubFile.remote(variant, f)
+                    for f in upstream.list_files(repo_id, commit, variant)
+                ]
+            except UpstreamError as exc:
+                failures.append(exc)
+                log.info(
+                    "hub api: cannot list repo=%s commit=%s variant=%s upstream=%s: %s",
+                    repo_id,
+                    commit,
+                    variant,
+                    upstream.name,
+                    exc,
+                )
+        return None
+
+    def _remember(
+        self, repo_id: str, commit: str, variant: str, files: list[HubFile]
+    ) -> dict[str, list[HubFile]]:
+        with self._lock:
+            listed = dict(self._listed.get((repo_id, commit), {}))
+            listed[variant] = files
+            self._listed[(repo_id, commit)] = listed
+            self._listed.move_to_end((repo_id, commit))
+            while len(self._listed) > MAX_LISTED_COMMITS:
+                self._listed.popitem(last=False)
+            return listed
+
+    # -- content --------------------------------------------------------------------------------
+
+    @contextmanager
+    def open(self, repo_id: str, commit: str, file: HubFile, caller: Caller) -> Iterator[BinaryIO]:
+        """The file's bytes from the store, fetching its variant first when it is not here.
+        The open descriptor keeps the bytes readable even if GC removes the tree meanwhile."""
+        variant = file.variant
+        for _ in range(2):
+            tree = self._tree(repo_id, commit, variant, caller)
+            rel = file.path.split("/", 2)[2]
+            try:
+                fh = open(tree / rel, "rb")  # noqa: SIM115 (closed below)
+            except FileNotFoundError:
+                continue  # collected between the lookup and the open: look again
+            try:
+                yield fh
+            finally:
+                fh.close()
+            return
+        raise ResourceExhaustedError(
+            file.size,
+            0,
+            "store cap (the tree was collected right after its fetch to make room for others)",
+            repo=repo_id,
+            commit=commit,
+            variant=variant,
+        )
+
+    def _tree(self, repo_id: str, commit: str, variant: str, caller: Caller) -> Path:
+        core = self.core
+        stored = core.store.published_files(repo_id, commit, variant)
+        if stored is not None:
+            return stored[0]
+        if not self.may_fetch(repo_id, caller):
+            raise FetchNotAllowed(
+                f"variant {variant} is not in this host's store, and the fetch policy ([fetch] "
+                "allow, allow_groups) does not let this caller download it",
+                repo_id=repo_id,
+                revision=commit,
+            )
+        cfg = core.config
+        core.fetch_gate.take(
+            caller,
+            per_minute=cfg.fetch_per_uid_rate,
+            burst=cfg.fetch_per_uid_burst,
+            what=f"{repo_id}@{commit}/{variant}",
+        )
+        with core.work():
+            try:
+                result = core.resolver.fetcher.fetch_variant(repo_id, commit, variant)
+            except Exception as exc:
+                core.record_fetch(repo_id, commit, variant, None, exc)
+                raise
+        core.record_fetch(repo_id, commit, variant, result, None)
+        stored = core.store.published_files(repo_id, commit, variant)
+        if stored is None:
+            raise ResourceExhaustedError(
+                result.tree.size,
+                0,
+                "store cap (the tree was collected right after its fetch)",
+                repo=repo_id,
+                commit=commit,
+                variant=variant,
+            )
+        return stored[0]
