@@ -8,6 +8,7 @@ Routes (the Hub's own, for `repo_type="kernel"`):
     GET|HEAD /api/kernels/{org}/{name}/tree/{rev}[/{path}]  a folder listing (?recursive, ?expand)
     POST     /api/kernels/{org}/{name}/paths-info/{rev}     listing entries of given paths (a query)
     GET|HEAD /kernels/{org}/{name}/resolve/{rev}/{path}     a file (ETag, X-Repo-Commit, Range)
+    GET|HEAD /api/organizations/{org}/overview              `trustedKernelPublisher`, by [trust]
 
 Anything else gets the Hub's 404 or 405. Errors carry the Hub's `X-Error-Code` where the Hub has
 one (RepoNotFound, RevisionNotFound, EntryNotFound), so `huggingface_hub` raises the same
@@ -213,6 +214,9 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 return self._tree(repo_id, unquote(rest[1]), path, query, caller)
             if len(rest) >= 2 and rest[0] == "paths-info" and method == "POST":
                 return self._paths_info(repo_id, unquote("/".join(rest[1:])), body, caller)
+        overview = parts[1:3] == ["api", "organizations"] and parts[4:] == ["overview"]
+        if overview and len(parts) == 5 and read:
+            return self._overview(unquote(parts[3]))
         if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
             if not read:
                 raise HubError(405, "Method Not Allowed: this endpoint is read-only")
@@ -261,6 +265,21 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 "siblings": siblings,
             },
             {"X-Repo-Commit": commit},
+        )
+
+    def _overview(self, org: str) -> int:
+        """An organisation as `kernels` asks about it: `trustedKernelPublisher` is this host's
+        `[trust]` verdict for the whole organisation (the Hub's answer, or an `org/*` allow)."""
+        _repo(org, "x")  # the same grammar as a repo's org
+        return self._send_json(
+            {
+                "name": org,
+                "fullname": org,
+                "isVerified": False,
+                "numModels": 0,
+                "numKernels": 0,
+                "trustedKernelPublisher": self.view.org_trusted(org),
+            }
         )
 
     def _refs(self, repo_id: str, caller: Caller) -> int:
@@ -425,6 +444,8 @@ def _route_name(parts: list[str]) -> str:
             return "paths_info"
     if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
         return "file"
+    if parts[1:3] == ["api", "organizations"]:
+        return "org_overview"
     return "other"
 
 

@@ -16,6 +16,7 @@ every upstream is down, the same denies and publisher trust as a Resolve.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from typing import BinaryIO
 from kerneld.resolve import FetchNotAllowed, KernelSpec
 from kerneld.server.core import Core
 from kerneld.server.identity import Caller
+from kerneld.server.trust import UntrustedPublisher
 from kerneld.store import PublishedFile, ResourceExhaustedError
 from kerneld.upstream.base import Refs, RemoteFile, is_commit
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
@@ -37,6 +39,8 @@ log = logging.getLogger("kerneld.hubapi")
 
 #: Commits whose unfetched variants' listings are kept in memory (LRU).
 MAX_LISTED_COMMITS = 1024
+#: Store meta key (+ repo id) of the last refs listing an upstream gave.
+REFS_META = "hub-api/refs/"
 LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n"
 
 
@@ -113,6 +117,15 @@ class HubView:
         store.check_denied(repo_id, revision, commit)
         self.core.trust.check(repo_id, trust_remote_code=False)
 
+    def org_trusted(self, org: str) -> bool:
+        """Does this host trust every kernel of `org` (what `kernels` asks the Hub's
+        organisation overview)? A verdict the Hub cannot give now is an error (503)."""
+        try:
+            self.core.trust.check(f"{org}/*", trust_remote_code=False)
+        except UntrustedPublisher:
+            return False
+        return True
+
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
         cfg = self.core.config
@@ -124,8 +137,10 @@ class HubView:
 
     def refs(self, repo_id: str, caller: Caller) -> Refs:
         """Branches and tags: from the upstream chain within `[resolve] ref_ttl`; when every
-        upstream fails (or fetching is not allowed) the last answer, else the refs this store
-        has resolved (enough for `version=N` to find its branch with the Hub down)."""
+        upstream fails (or fetching is not allowed) the last answer, kept in the store so that
+        it outlives a restart (`kernels` picks `version=N`'s branch from this listing, and may
+        then ask for the commit it names: no ref row is ever recorded for it); else the refs
+        this store has resolved."""
         ttl = self.core.config.ref_ttl_s
         with self._lock:
             cached = self._refs.get(repo_id)
@@ -141,7 +156,11 @@ class HubView:
                     continue
                 with self._lock:
                     self._refs[repo_id] = (refs, time.time())
+                if cached is None or cached[0] != refs:
+                    self._save_refs(repo_id, refs)
                 return refs
+        if cached is None:
+            cached = self._saved_refs(repo_id)
         if cached is not None:
             return cached[0]
         known = self.core.store.refs_of(repo_id)
@@ -155,6 +174,20 @@ class HubView:
             "not known to this host, and the fetch policy does not let this caller ask upstream",
             repo_id=repo_id,
         )
+
+    def _save_refs(self, repo_id: str, refs: Refs) -> None:
+        doc = {"branches": refs.branches, "tags": refs.tags, "at": time.time()}
+        self.core.store.set_meta(REFS_META + repo_id, json.dumps(doc, sort_keys=True))
+
+    def _saved_refs(self, repo_id: str) -> tuple[Refs, float] | None:
+        raw = self.core.store.get_meta(REFS_META + repo_id)
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+            return Refs(dict(doc["branches"]), dict(doc["tags"])), float(doc.get("at", 0.0))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
 
     def commit(self, repo_id: str, revision: str, caller: Caller) -> str:
         """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""

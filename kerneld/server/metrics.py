@@ -115,7 +115,7 @@ class Metrics:
         self.hub_api_requests = Counter(
             "kerneld_hub_api_requests",
             "Requests to the Hub-compatible HTTP endpoint by route (info, refs, tree, "
-            "paths_info, file, other) and HTTP status",
+            "paths_info, file, org_overview, other) and HTTP status",
             ["route", "status"],
             registry=r,
         )
