@@ -105,7 +105,7 @@ QUICK: dict[str, object] = {
     "layers_steps": 5,
     "hosts": "1,2",
 }
-SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "layers")
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "layers")
 HELP = {
     "ranks": "scenario 2: comma-separated N",
     "runs": "scenario 2: runs per N",
@@ -193,7 +193,7 @@ def layers(ctx: Ctx) -> Section:
 
 
 def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
-    from bench import s1_warm, s2_cold, s3_rpc, s4_ingest, s6_index, s7_hosts
+    from bench import s1_warm, s2_cold, s3_rpc, s4_ingest, s6_index, s7_hosts, s8_endpoint
 
     steps: list[tuple[str, Callable[[Ctx], Section]]] = [
         ("s1", s1_warm.run),
@@ -202,6 +202,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
         ("s4", s4_ingest.run_ingest),
         ("s6", s6_index.run),
         ("s7", s7_hosts.run),
+        ("s8", s8_endpoint.run),
         ("s5", s4_ingest.run_footprint),  # last: it reports figures of s1, s3 and s6 too
         ("layers", layers),
     ]

@@ -119,6 +119,9 @@ class HubApiHandler(BaseHTTPRequestHandler):
     """One connection; `view` and `user_socket` are set on a subclass per server."""
 
     protocol_version = "HTTP/1.1"
+    # Keep-alive: headers and body go out in separate writes, and Nagle's algorithm would
+    # hold the body back until the client's delayed ACK (~40 ms per request).
+    disable_nagle_algorithm = True
     server_version = "kerneld"
     timeout = 60.0
     view: HubView

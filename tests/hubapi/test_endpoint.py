@@ -271,3 +271,23 @@ def test_requests_are_counted_by_route_and_status(
     assert metric(text, "kerneld_hub_api_requests_total", route="info", status="404") == 1
     body = json.loads(_request(endpoint, "GET", f"/api/kernels/{REPO}/refs")[2])
     assert {b["name"] for b in body["branches"]} >= {"v1", "v2", "main"}
+
+
+@pytest.mark.olah
+def test_olah_mirrors_the_endpoint_as_it_mirrors_the_hub(
+    make_daemon: Callable[..., DaemonProcess],
+    hub_server: HubServer,
+    synthetic_hub: SyntheticHub,
+    tmp_path: Path,
+) -> None:
+    """A third-party Hub implementation reads our answers: olah, pull-through in front of the
+    endpoint (it probes with HEAD on API routes, follows listings and downloads files), serves
+    the kernel to huggingface_hub as the Hub would."""
+    from tests.support.olah import run_olah
+
+    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=hub_server.url)
+    work = tmp_path / "olah"
+    work.mkdir()
+    with run_olah(work, probe_repo=REPO, upstream=endpoint) as olah:
+        assert _snapshot(olah.url, tmp_path / "via-olah") == synthetic_hub.variant_files("v1")
+        assert _build_listing(_api(olah.url), "v1") == _build_listing(_api(hub_server.url), "v1")
