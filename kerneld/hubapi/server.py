@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -119,14 +120,18 @@ class HubApiHandler(BaseHTTPRequestHandler):
     """One connection; `view` and `user_socket` are set on a subclass per server."""
 
     protocol_version = "HTTP/1.1"
-    # Keep-alive: headers and body go out in separate writes, and Nagle's algorithm would
-    # hold the body back until the client's delayed ACK (~40 ms per request).
-    disable_nagle_algorithm = True
     server_version = "kerneld"
     timeout = 60.0
     view: HubView
     user_socket: Path
     _caller: Caller | None = None
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.client_address, tuple):
+            # Keep-alive: headers and body go out in separate writes, and Nagle's algorithm
+            # would hold the body back until the client's delayed ACK (~40 ms a request).
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("hub api %s %s", self.address_string(), format % args)
@@ -151,6 +156,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
         verdict = admit(caller, self.user_socket)
         if not verdict.allowed:
             log.warning("hub api: refused %s: %s", caller, verdict.reason)
+            self.close_connection = True  # a refused peer keeps no connection open
             raise HubError(403, f"kerneld: {verdict.reason}")
         self._caller = caller
         return caller

@@ -107,6 +107,7 @@ class HubView:
         self._lock = threading.Lock()
         self._refs: dict[str, tuple[Refs, float]] = {}
         self._listed: OrderedDict[tuple[str, str], dict[str, list[HubFile]]] = OrderedDict()
+        self._complete: OrderedDict[tuple[str, str], tuple[int, list[HubFile]]] = OrderedDict()
 
     # -- policy ---------------------------------------------------------------------------------
 
@@ -202,7 +203,16 @@ class HubView:
     # -- listings -------------------------------------------------------------------------------
 
     def files(self, repo_id: str, commit: str, caller: Caller) -> list[HubFile]:
-        """Every file of every variant of `commit` that is here or can be listed upstream."""
+        """Every file of every variant of `commit` that is here or can be listed upstream.
+
+        A complete listing (every variant) is remembered until the store changes: a job's
+        `kernels` asks for it several times per kernel, and each answer would otherwise read
+        every variant's manifest from the index."""
+        generation = self.core.store.generation
+        with self._lock:
+            memo = self._complete.get((repo_id, commit))
+        if memo is not None and memo[0] == generation:
+            return memo[1]
         allow = self.may_fetch(repo_id, caller)
         resolver = self.core.resolver
         try:
@@ -218,6 +228,7 @@ class HubView:
             listed = self._listed.get((repo_id, commit), {})
         out: list[HubFile] = []
         failures: list[UpstreamError] = []
+        complete = True
         for variant in names:
             stored = self.core.store.published_files(repo_id, commit, variant)
             if stored is not None:
@@ -227,13 +238,21 @@ class HubView:
                 remote = self._list_upstream(repo_id, commit, variant, failures)
                 if remote is not None:
                     listed = self._remember(repo_id, commit, variant, remote)
+            complete = complete and variant in listed
             out.extend(listed.get(variant, ()))
         if not out and failures:
             # Nothing of this commit is here and the upstreams cannot say what it holds: an
             # empty listing would read as "no files", so the outage is the answer. (With some
             # variants here, the listing shows those: a warm job keeps working.)
             raise every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
-        return sorted(out, key=lambda f: f.path)
+        out.sort(key=lambda f: f.path)
+        if complete:
+            with self._lock:
+                self._complete[(repo_id, commit)] = (generation, out)
+                self._complete.move_to_end((repo_id, commit))
+                while len(self._complete) > MAX_LISTED_COMMITS:
+                    self._complete.popitem(last=False)
+        return out
 
     def _list_upstream(
         self, repo_id: str, commit: str, variant: str, failures: list[UpstreamError]
