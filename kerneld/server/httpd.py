@@ -21,9 +21,15 @@ from kerneld.server.sockets import secure, umask
 log = logging.getLogger("kerneld.httpd")
 
 
+#: listen(2) backlog: the 64 ranks of a job connect at once; socketserver's default of 5
+#: drops the rest of the SYNs, and each dropped client waits out a 1 s (then 3 s...) retry.
+BACKLOG = 512
+
+
 class UnixHTTPServer(ThreadingHTTPServer):
     address_family = socket.AF_UNIX
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind wants a (host, port) address; a unix socket has neither.
@@ -34,6 +40,7 @@ class UnixHTTPServer(ThreadingHTTPServer):
 
 class LoopbackHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
 
 class LoopbackHTTP6Server(LoopbackHTTPServer):

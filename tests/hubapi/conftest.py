@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from examples.kernels.build import ORG, HubRoot
-from tests.hubapi.venvs import make_venvs
+from tests.hubapi.venvs import KERNELS_RELEASES, TRANSFORMERS_RELEASE, make_venvs
 from tests.support.hubserver import HubServer
 
 
@@ -30,6 +30,9 @@ def examples(example_server: HubServer) -> Iterator[HubServer]:
 
 
 @pytest.fixture(scope="session")
-def kernels_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Release -> the python of a venv with that `kernels` release from the registry."""
-    return make_venvs(tmp_path_factory.mktemp("kernels-venvs"))
+def release_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Requirement (`kernels==0.16.2`, `transformers==5.25.0`) -> the python of a venv with it
+    from the registry; all built once, side by side."""
+    wanted = [f"kernels=={r}" for r in KERNELS_RELEASES]
+    wanted.append(f"transformers=={TRANSFORMERS_RELEASE}")
+    return make_venvs(tmp_path_factory.mktemp("release-venvs"), wanted)

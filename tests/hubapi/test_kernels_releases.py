@@ -55,15 +55,17 @@ def run_job(python: Path, env: dict[str, str], **args: Any) -> dict[str, Any]:
     return out
 
 
+#: The first test to ask builds every venv (pip from the registry): minutes on a slow network.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("release", KERNELS_RELEASES)
 def test_a_kernels_release_loads_through_the_endpoint(
     release: str,
-    kernels_venvs: dict[str, Path],
+    release_venvs: dict[str, Path],
     make_daemon: Callable[..., DaemonProcess],
     examples: HubServer,
     tmp_path: Path,
 ) -> None:
-    python = kernels_venvs[release]
+    python = release_venvs[f"kernels=={release}"]
     d, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
 
     cold = run_job(python, job_env(tmp_path, endpoint, "cold"))
@@ -102,13 +104,14 @@ def kernels_cli(python: Path, command: str, project: Path, env: dict[str, str]) 
     assert proc.returncode == 0, f"kernels {command}:\n{proc.stdout}\n{proc.stderr}"
 
 
+@pytest.mark.timeout(600)
 def test_kernels_lock_and_download_work_through_the_endpoint(
-    kernels_venvs: dict[str, Path],
+    release_venvs: dict[str, Path],
     make_daemon: Callable[..., DaemonProcess],
     examples: HubServer,
     tmp_path: Path,
 ) -> None:
-    python = kernels_venvs["0.17.2"]
+    python = release_venvs["kernels==0.17.2"]
     _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
     pyproject = f'[project]\nname = "demo"\n\n[tool.kernels.dependencies]\n"{ACTIVATION}" = 1\n'
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"

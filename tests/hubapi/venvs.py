@@ -17,8 +17,10 @@ import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-#: The newest 0.14 and 0.16 releases and the one the hook patches (issue 24).
-KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2")
+#: The newest 0.14 and 0.16 releases, the one the hook patches, and the newest (issue 24).
+KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.19.1")
+#: The newest Transformers: it requires kernels>=0.19.1,<0.20, which the hook does not know.
+TRANSFORMERS_RELEASE = "5.25.0"
 INSTALL_TIMEOUT_S = 600
 
 
@@ -26,8 +28,9 @@ def _project_site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def make_venv(root: Path, release: str) -> Path:
-    """A venv at `root` with `kernels==release`; its python."""
+def make_venv(root: Path, requirement: str) -> Path:
+    """A venv at `root` with `requirement` (`kernels==0.16.2`) and what pip resolves for it;
+    its python."""
     python = root / "bin" / "python"
     if not python.exists():
         subprocess.run(
@@ -42,7 +45,7 @@ def make_venv(root: Path, release: str) -> Path:
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            f"kernels=={release}",
+            requirement,
         ],
         env=env,
         capture_output=True,
@@ -52,7 +55,7 @@ def make_venv(root: Path, release: str) -> Path:
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"pip install kernels=={release} failed (the package registry must be reachable):\n"
+            f"pip install {requirement} failed (the package registry must be reachable):\n"
             f"{proc.stdout}\n{proc.stderr}"
         )
     purelib = subprocess.run(
@@ -66,8 +69,8 @@ def make_venv(root: Path, release: str) -> Path:
     return python
 
 
-def make_venvs(root: Path, releases: tuple[str, ...] = KERNELS_RELEASES) -> dict[str, Path]:
-    """One venv per release, built side by side; release -> python."""
-    with ThreadPoolExecutor(max_workers=len(releases)) as pool:
-        futures = {r: pool.submit(make_venv, root / f"kernels-{r}", r) for r in releases}
+def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:
+    """One venv per requirement, built side by side; requirement -> python."""
+    with ThreadPoolExecutor(max_workers=len(requirements)) as pool:
+        futures = {r: pool.submit(make_venv, root / r.replace("==", "-"), r) for r in requirements}
         return {r: f.result() for r, f in futures.items()}
