@@ -31,6 +31,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -191,7 +192,7 @@ def fresh_host(c: Container) -> None:
             shutil.rmtree(path)
 
 
-def mirror_config(example_url: str, test_url: str) -> str:
+def mirror_config(example_url: str, test_url: str, hub_api_port: int) -> str:
     return f"""# written by tests/systemd/test_install.py: loopback mirrors instead of the Hub
 [[upstream]]
 name = "examples"
@@ -211,6 +212,9 @@ socket = "/run/kerneld/metrics.sock"
 
 [server]
 drain_timeout = "5s"
+
+[hub_api]
+listen = "127.0.0.1:{hub_api_port}"
 
 [trust]
 # the site's own kernels: a mirror-only daemon cannot ask the Hub who is trusted
@@ -345,7 +349,10 @@ def test_documented_install_under_systemd(
     # -- configure: loopback mirrors, metrics socket; reload applies, a bad file is refused ----
     with MirrorServer(example_mirror) as examples, MirrorServer(kernel_mirror) as test_kernels:
         config = c.root / "etc" / "kerneld" / "kerneld.toml"
-        good = mirror_config(examples.url, test_kernels.url)
+        with socket.socket() as probe:  # a free port (the container shares the host's network)
+            probe.bind(("127.0.0.1", 0))
+            hub_api_port = probe.getsockname()[1]
+        good = mirror_config(examples.url, test_kernels.url, hub_api_port)
         config.write_text(good)
         ok(c.run(["systemctl", "reload", "kerneld"]), "systemctl reload (valid file)")
         journal = wait_journal(c, "configuration reloaded:")
@@ -403,6 +410,16 @@ def test_documented_install_under_systemd(
         assert (warm.repo_id, warm.source, warm.variant) == (KERNEL, "index", cold.variant), warm
         assert examples.requests == before, "the warm load asked the upstream"
         lap("warm job")
+
+        # -- the Hub API endpoint (issue 24): kerneld-users members only, as the socket -------
+        # Under the unit's sandbox (ProtectProc=invisible, User=kerneld) the daemon finds each
+        # loopback connection's uid in /proc/net/tcp; alice's kernels is served from the store.
+        refs = f"http://127.0.0.1:{hub_api_port}/api/kernels/{KERNEL}/refs"
+        served = ok(c.run(["curl", "-sS", "--fail", refs], user="alice"), "alice: Hub API refs")
+        assert '"name":"v1"' in served.out, served
+        refused = c.run(["curl", "-sS", "-D", "-", "-o", "/dev/null", refs], user="carol")
+        assert " 403 " in refused.out and "kerneld-users" in refused.out, refused
+        lap("Hub API")
 
         # -- outside kerneld-users: neither the socket nor the store (issue 16 §3.12) ----------
         python = str(REPO_ROOT / ".venv" / "bin" / "python")
