@@ -26,10 +26,39 @@ log = logging.getLogger("kerneld.httpd")
 BACKLOG = 512
 
 
-class UnixHTTPServer(ThreadingHTTPServer):
-    address_family = socket.AF_UNIX
+#: Connections served at once per listener (a thread each); more are closed at accept, so a
+#: client that opens thousands cannot make the daemon start thousands of threads.
+MAX_CONNECTIONS = 1024
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` of them."""
+
     daemon_threads = True
     request_queue_size = BACKLOG
+    max_connections = MAX_CONNECTIONS
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self._slots.acquire(blocking=False):
+            return True
+        log.warning(
+            "%s: %d connections open; refusing another", self.server_name, self.max_connections
+        )
+        return False
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class UnixHTTPServer(BoundedHTTPServer):
+    address_family = socket.AF_UNIX
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind wants a (host, port) address; a unix socket has neither.
@@ -38,9 +67,8 @@ class UnixHTTPServer(ThreadingHTTPServer):
         self.server_port = 0
 
 
-class LoopbackHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = BACKLOG
+class LoopbackHTTPServer(BoundedHTTPServer):
+    pass
 
 
 class LoopbackHTTP6Server(LoopbackHTTPServer):
