@@ -27,8 +27,9 @@ BACKLOG = 512
 
 
 #: Connections served at once per listener (a thread each); more are closed at accept, so a
-#: client that opens thousands cannot make the daemon start thousands of threads.
-MAX_CONNECTIONS = 1024
+#: client that opens thousands cannot make the daemon start thousands of threads (the unit's
+#: TasksMax=512 covers these, gRPC's and the fetch workers').
+MAX_CONNECTIONS = 256
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):
@@ -49,6 +50,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
             "%s: %d connections open; refusing another", self.server_name, self.max_connections
         )
         return False
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread (TasksMax, memory): its slot is free again
+            self._slots.release()
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
