@@ -36,24 +36,20 @@ from bench.common import (
     median,
     table,
 )
+from bench.s2_cold import KERNELS_SETUP
 from examples.kernels.build import ORG
 from tests.support.daemon import DaemonProcess
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]
-KERNELS_SETUP = """
-import kernels
-def load(repo):
-    return kernels.get_kernel(repo, version=1)
-"""
 # The hook attaches when `kernels` is imported; the job zygote sets it up before that import
 # (the .pth line that does it at interpreter start ran before the job's environment existed).
-HOOK_SETUP = """
+HOOK_SETUP = (
+    """
 from kerneld_client.integrations import kernels as _hook
 assert _hook.install()
-import kernels
-def load(repo):
-    return kernels.get_kernel(repo, version=1)
 """
+    + KERNELS_SETUP
+)
 HUB = "kernels -> Hub, warm HF cache"
 ENDPOINT = "kernels -> endpoint, warm HF cache"
 ENDPOINT_EMPTY = "kernels -> endpoint, empty HF cache"

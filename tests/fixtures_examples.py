@@ -6,12 +6,13 @@ the first run on a machine (or after a source change) pays for compiling; later 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import BuiltExamples, HubRoot, build_examples, make_hub
+from examples.kernels.build import ORG, BuiltExamples, HubRoot, build_examples, make_hub
+from tests.support.hubserver import HubServer
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +51,21 @@ def make_example_hub(built_examples: BuiltExamples, tmp_path: Path) -> Callable[
         )
 
     return make
+
+
+@pytest.fixture(scope="module")
+def example_server(example_hub: HubRoot) -> Iterator[HubServer]:
+    """A Hub test server over the example kernel repos (org trusted), one per module."""
+    with HubServer(example_hub.root, trusted_orgs={ORG: True}) as server:
+        yield server
+
+
+@pytest.fixture
+def example_hub_server(example_server: HubServer) -> Iterator[HubServer]:
+    """The module's example server with fresh counters and no faults; fails the test on a
+    server error."""
+    example_server.reset()
+    yield example_server
+    errors = list(example_server.errors)
+    example_server.reset()
+    assert not errors, f"hub server raised: {errors}"

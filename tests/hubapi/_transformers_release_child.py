@@ -3,10 +3,12 @@ unmodified, loading a tiny random Llama with `use_kernels=True`.
 
     python _transformers_release_child.py '{"model": "<dir>", "repo": "org/name"}'
 
-Run by path: nothing of kerneld's is importable here. RMSNorm on CPU is mapped to the example
-kernel's layer with the `kernels` API (CPU is not a device `KernelConfig` accepts). Prints one
-JSON object: versions, how many RMSNorm layers there are and how many run the kernel's forward,
-the files those forwards come from, and the largest difference of the logits from PyTorch's.
+Run by path: nothing of kerneld's is importable here (the checkout is put on sys.path for the
+tiny model's maker, which imports only torch and transformers). RMSNorm on CPU is mapped to the
+example kernel's layer with the `kernels` API (CPU is not a device `KernelConfig` accepts).
+Prints one JSON object: versions, how many RMSNorm layers there are and how many run the
+kernel's forward, the files those forwards come from, and the largest difference of the logits
+from PyTorch's.
 """
 
 from __future__ import annotations
@@ -21,25 +23,13 @@ def main() -> None:
     args = json.loads(sys.argv[1])
     import torch
     from kernels import LayerRepository, Mode, register_kernel_mapping
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: tests.* only
+    from tests.integrations.tiny_llama import make_model
 
     folder = Path(args["model"])
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # RMSNorm weights start at 1: make them tell the kernel's use apart
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-    model.save_pretrained(folder)
+    make_model(folder)
 
     register_kernel_mapping(
         {

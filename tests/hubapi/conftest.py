@@ -1,32 +1,14 @@
-"""Fixtures of the Hub API tests: the example kernels on a Hub test server, and throw-away
-venvs with released `kernels` (built once per session, side by side)."""
+"""Fixtures of the Hub API tests: throw-away venvs with released `kernels` and Transformers
+(built once per session, side by side). The example kernels' Hub test server is
+`example_hub_server` (tests/fixtures_examples.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import ORG, HubRoot
 from tests.hubapi.venvs import KERNELS_RELEASES, TRANSFORMERS_RELEASE, make_venvs
-from tests.support.hubserver import HubServer
-
-
-@pytest.fixture(scope="module")
-def example_server(example_hub: HubRoot) -> Iterator[HubServer]:
-    with HubServer(example_hub.root, trusted_orgs={ORG: True}) as server:
-        yield server
-
-
-@pytest.fixture
-def examples(example_server: HubServer) -> Iterator[HubServer]:
-    """The example kernels' Hub, fresh counters and no faults; fails the test on a server error."""
-    example_server.reset()
-    yield example_server
-    errors = list(example_server.errors)
-    example_server.reset()
-    assert not errors, f"hub server raised: {errors}"
 
 
 @pytest.fixture(scope="session")

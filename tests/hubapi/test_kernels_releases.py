@@ -6,7 +6,6 @@ no kerneld import in the job: the HTTP API is the whole contract."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from examples.kernels.build import ORG
 from kerneld_client._proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT
 from tests.hubapi.support import endpoint_of, hub_api_daemon
-from tests.hubapi.venvs import KERNELS_RELEASES
+from tests.hubapi.venvs import KERNELS_RELEASES, run_in_venv
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import Fault, HubServer
 
@@ -41,18 +40,7 @@ def job_env(tmp: Path, endpoint: str, name: str) -> dict[str, str]:
 
 
 def run_job(python: Path, env: dict[str, str], **args: Any) -> dict[str, Any]:
-    proc = subprocess.run(
-        [str(python), str(CHILD), json.dumps({"repo": ACTIVATION, "version": 1, **args})],
-        env=env,
-        cwd=env["HOME"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    return run_in_venv(python, CHILD, {"repo": ACTIVATION, "version": 1, **args}, env)
 
 
 #: The first test to ask builds every venv (pip from the registry): minutes on a slow network.
@@ -62,25 +50,25 @@ def test_a_kernels_release_loads_through_the_endpoint(
     release: str,
     release_venvs: dict[str, Path],
     make_daemon: Callable[..., DaemonProcess],
-    examples: HubServer,
+    example_hub_server: HubServer,
     tmp_path: Path,
 ) -> None:
     python = release_venvs[f"kernels=={release}"]
-    d, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
+    d, endpoint = hub_api_daemon(make_daemon, hub_endpoint=example_hub_server.url)
 
     cold = run_job(python, job_env(tmp_path, endpoint, "cold"))
     assert cold["kernels"] == release
     assert cold.get("ops_ok") is True, cold
     assert Path(cold["file"]).is_relative_to(tmp_path / "cold")  # kernels' own cache
-    assert examples.counts["resolve_get"] > 0  # the daemon's download for the host
+    assert example_hub_server.counts["resolve_get"] > 0  # the daemon's download for the host
 
-    examples.reset_counts()
+    example_hub_server.reset_counts()
     warm = run_job(python, job_env(tmp_path, endpoint, "warm"))
     assert warm.get("ops_ok") is True, warm
-    assert examples.total() == 0, examples.requests
+    assert example_hub_server.total() == 0, example_hub_server.requests
 
     # The Hub down, and the daemon restarted meanwhile: jobs keep loading.
-    examples.inject(Fault("*", "error", status=503))
+    example_hub_server.inject(Fault("*", "error", status=503))
     d.restart()
     endpoint = endpoint_of(d)
     down = run_job(python, job_env(tmp_path, endpoint, "down"))
@@ -108,11 +96,11 @@ def kernels_cli(python: Path, command: str, project: Path, env: dict[str, str]) 
 def test_kernels_lock_and_download_work_through_the_endpoint(
     release_venvs: dict[str, Path],
     make_daemon: Callable[..., DaemonProcess],
-    examples: HubServer,
+    example_hub_server: HubServer,
     tmp_path: Path,
 ) -> None:
     python = release_venvs["kernels==0.17.2"]
-    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
+    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=example_hub_server.url)
     pyproject = f'[project]\nname = "demo"\n\n[tool.kernels.dependencies]\n"{ACTIVATION}" = 1\n'
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     for project in (ours, theirs):
@@ -121,11 +109,13 @@ def test_kernels_lock_and_download_work_through_the_endpoint(
 
     env = job_env(tmp_path, endpoint, "job")
     kernels_cli(python, "lock", ours, env)
-    kernels_cli(python, "lock", theirs, job_env(tmp_path, examples.url, "direct"))
+    kernels_cli(python, "lock", theirs, job_env(tmp_path, example_hub_server.url, "direct"))
     # The same lock as `kernels lock` straight against the Hub writes.
     assert (ours / "kernels.lock").read_text() == (theirs / "kernels.lock").read_text()
 
-    examples.reset_counts()
+    example_hub_server.reset_counts()
     kernels_cli(python, "download", ours, env)
     assert list((tmp_path / "job").rglob("build/*/metadata.json")), "nothing downloaded"
-    assert examples.counts["resolve_get"] == 0  # `lock` already had the daemon fetch it all
+    assert (
+        example_hub_server.counts["resolve_get"] == 0
+    )  # `lock` already had the daemon fetch it all

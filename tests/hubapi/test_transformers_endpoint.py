@@ -4,8 +4,6 @@ the model's RMSNorm layers run the example kernel, cold and then warm with the H
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,22 +12,23 @@ import pytest
 from tests.client.support import client_env
 from tests.hubapi.support import hub_api_daemon
 from tests.hubapi.test_kernels_releases import ACTIVATION, job_env
-from tests.hubapi.venvs import TRANSFORMERS_RELEASE
+from tests.hubapi.venvs import TRANSFORMERS_RELEASE, run_in_venv
 from tests.integrations.support import count_warnings, run_child
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
+CHILD = Path(__file__).with_name("_transformers_release_child.py")
 NORMS = 2 * 2 + 1  # two per decoder layer, and the final one
 TOLERANCE = 1e-4
 
 
 def test_use_kernels_through_the_endpoint_without_the_hook(
-    make_daemon: Callable[..., DaemonProcess], examples: HubServer, tmp_path: Path
+    make_daemon: Callable[..., DaemonProcess], example_hub_server: HubServer, tmp_path: Path
 ) -> None:
-    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
+    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=example_hub_server.url)
     args = {"model": str(tmp_path / "model")}
     for name in ("cold", "warm"):
-        examples.reset_counts()
+        example_hub_server.reset_counts()
         env = client_env(
             None,
             tmp_path,
@@ -45,48 +44,34 @@ def test_use_kernels_through_the_endpoint_without_the_hook(
         assert out["max_err"] < TOLERANCE
         assert count_warnings(out["stderr"], "UserWarning") == 0, out["stderr"]
         if name == "cold":
-            assert examples.counts["resolve_get"] > 0  # the daemon's download
+            assert example_hub_server.counts["resolve_get"] > 0  # the daemon's download
         else:
-            assert examples.total() == 0, examples.requests
+            assert example_hub_server.total() == 0, example_hub_server.requests
 
 
 @pytest.mark.timeout(600)
 def test_the_newest_transformers_loads_kernels_through_the_endpoint(
     release_venvs: dict[str, Path],
     make_daemon: Callable[..., DaemonProcess],
-    examples: HubServer,
+    example_hub_server: HubServer,
     tmp_path: Path,
 ) -> None:
     """Transformers 5.25 requires `kernels>=0.19.1,<0.20`, which the hook does not patch: the
     endpoint is its route. A throw-away venv with exactly what the registry gives for
     `transformers==5.25.0`, cold then warm with the Hub silent."""
     python = release_venvs[f"transformers=={TRANSFORMERS_RELEASE}"]
-    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=examples.url)
+    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=example_hub_server.url)
     for name in ("cold", "warm"):
-        examples.reset_counts()
+        example_hub_server.reset_counts()
         env = job_env(tmp_path, endpoint, name)
         args = {"model": str(tmp_path / f"model-{name}"), "repo": ACTIVATION}
-        proc = subprocess.run(
-            [
-                str(python),
-                str(Path(__file__).with_name("_transformers_release_child.py")),
-                json.dumps(args),
-            ],
-            env=env,
-            cwd=env["HOME"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = run_in_venv(python, CHILD, args, env)
         assert out["transformers"] == TRANSFORMERS_RELEASE and out["kernels"].startswith("0.19")
-        assert (out["norms"], out["kernelized"]) == (NORMS, NORMS), (out, proc.stderr[-3000:])
+        assert (out["norms"], out["kernelized"]) == (NORMS, NORMS), out
         (layer_file,) = out["layer_files"]
         assert Path(layer_file).is_relative_to(tmp_path / name)  # kernels' own cache
         assert out["max_err"] < TOLERANCE
         if name == "cold":
-            assert examples.counts["resolve_get"] > 0  # the daemon's download
+            assert example_hub_server.counts["resolve_get"] > 0  # the daemon's download
         else:
-            assert examples.total() == 0, examples.requests
+            assert example_hub_server.total() == 0, example_hub_server.requests

@@ -10,12 +10,14 @@ A `.pth` line only adds a folder: the `.pth` files inside it (kerneld's hook) ar
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 #: The newest 0.14 and 0.16 releases, the one the hook patches, and the newest (issue 24).
 KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.19.1")
@@ -74,3 +76,23 @@ def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:
     with ThreadPoolExecutor(max_workers=len(requirements)) as pool:
         futures = {r: pool.submit(make_venv, root / r.replace("==", "-"), r) for r in requirements}
         return {r: f.result() for r, f in futures.items()}
+
+
+def run_in_venv(
+    python: Path, script: Path, args: dict[str, Any], env: dict[str, str], timeout: float = 300
+) -> dict[str, Any]:
+    """Run a child script by path in a venv's python, from `env["HOME"]`; the JSON object its
+    last stdout line holds."""
+    proc = subprocess.run(
+        [str(python), str(script), json.dumps(args)],
+        env=env,
+        cwd=env["HOME"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"] = proc.stderr
+    return out

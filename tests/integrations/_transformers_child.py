@@ -17,28 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
+
+from tests.integrations.tiny_llama import make_model
 
 REPO = "kerneld-examples/activation"
-
-
-def make_model(folder: Path) -> None:
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # RMSNorm weights start at 1: make them tell the kernel's use apart
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.uniform_(0.5, 1.5)
-    model.save_pretrained(folder)
 
 
 def forward_file(module: Any) -> str:

@@ -3,30 +3,18 @@ real kerneld whose upstream is that server."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from examples.kernels.build import ORG, HubRoot
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
 
-@pytest.fixture(scope="module")
-def example_server(example_hub: HubRoot) -> Iterator[HubServer]:
-    """A Hub test server over the example kernel repos (org trusted), one per module."""
-    with HubServer(example_hub.root, trusted_orgs={ORG: True}) as server:
-        yield server
-
-
 @pytest.fixture
-def hub(example_server: HubServer) -> Iterator[HubServer]:
-    """The module's server with fresh counters; fails the test on a server error."""
-    example_server.reset()
-    yield example_server
-    errors = list(example_server.errors)
-    example_server.reset()
-    assert not errors, f"hub server raised: {errors}"
+def hub(example_hub_server: HubServer) -> HubServer:
+    """The example kernels' Hub test server (tests/fixtures_examples.py), fresh per test."""
+    return example_hub_server
 
 
 @pytest.fixture
