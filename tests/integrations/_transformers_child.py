@@ -1,6 +1,7 @@
 """Child process: a Transformers user's script, unchanged for kerneld.
 
     python -m tests.integrations._transformers_child '{"model": "<dir>"}'
+    (optional: "repo": the repo RMSNorm is mapped to; "direct": false skips the direct get_kernel)
 
 Creates a tiny randomly initialised Llama in `model` if the folder is empty (no weights are
 downloaded), maps `RMSNorm` on CPU to the example kernel's layer with the `kernels` API (CPU is
@@ -30,6 +31,7 @@ def forward_file(module: Any) -> str:
 
 def main() -> None:
     args = json.loads(sys.argv[1])
+    repo = args.get("repo", REPO)
     folder = Path(args["model"])
     if not (folder / "config.json").exists():
         make_model(folder)
@@ -39,7 +41,7 @@ def main() -> None:
     register_kernel_mapping(
         {
             "RMSNorm": {
-                "cpu": {Mode.INFERENCE: LayerRepository(REPO, layer_name="RMSNorm", version=1)}
+                "cpu": {Mode.INFERENCE: LayerRepository(repo, layer_name="RMSNorm", version=1)}
             }
         }
     )
@@ -55,7 +57,7 @@ def main() -> None:
     # What lazy_load_kernel and attn_implementation="org/repo" call: Transformers' get_kernel.
     from transformers.integrations.hub_kernels import get_kernel
 
-    direct = get_kernel(REPO, version=1)
+    direct = get_kernel(repo, version=1) if args.get("direct", True) else None
 
     import kerneld_client
     from kerneld_client.integrations import kernels as hook
@@ -67,7 +69,7 @@ def main() -> None:
                 "kernelized": len(kernelized),
                 "layer_files": sorted({forward_file(m) for m in kernelized}),
                 "max_err": max_err,
-                "direct_file": str(Path(direct.__file__).resolve()),
+                "direct_file": None if direct is None else str(Path(direct.__file__).resolve()),
                 "kerneld_sources": [k.source for k in kerneld_client.loaded_kernels()],
                 "hooked": hook.installed(),
                 "grpc": "grpc" in sys.modules,

@@ -57,3 +57,22 @@ def test_use_kernels_through_kerneld(
     assert down["max_err"] < TOLERANCE
     assert hub.counts["resolve_get"] > 0
     assert count_warnings(down["stderr"], "KernelFallbackWarning") == 1, down["stderr"]
+
+
+def test_a_mapped_repo_nobody_has_keeps_pytorch_with_one_warning(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Issue 26 §4: Transformers maps layers to repos a site may not have (GPT-OSS's
+    MegaBlocksMoeMLP). Neither kerneld nor the Hub has this one: the model still loads, every
+    RMSNorm keeps its PyTorch forward, and one KernelFallbackWarning names the repo. (kernels
+    formats the repo, resolving its version, in a log line before its fallback `try`; the hook
+    used to hand that lookup back to kernels, whose Hub error then failed the load.)"""
+    missing = "kerneld-examples/no-such-kernel"
+    env = hook_env(tmp_path, hub, hub_daemon)
+    args = {"model": str(tmp_path / "model"), "repo": missing, "direct": False}
+    out = run_child("_transformers_child", args, env, timeout=300)
+    assert out["hooked"] is True
+    assert (out["norms"], out["kernelized"]) == (NORMS, 0), out
+    assert out["max_err"] == 0.0
+    warnings = [line for line in out["stderr"].splitlines() if ": KernelFallbackWarning: " in line]
+    assert len(warnings) == 1 and missing in warnings[0], out["stderr"]

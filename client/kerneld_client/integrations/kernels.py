@@ -27,7 +27,9 @@ request, and a refusal is kernels' own `ValueError`.
 
 When kerneld cannot provide the kernel, $KERNELD_FALLBACK decides (one KernelFallbackWarning per
 repository and process):
-- unset or `hub`: kernels' own code runs, unchanged (it may download from the Hub);
+- unset or `hub`: kernels' own code runs, unchanged (it may download from the Hub); if it fails
+  on the network or the Hub too, KernelUnavailable (so a layer mapped to a repo nobody has keeps
+  PyTorch instead of failing the model load);
 - `torch`: KernelUnavailable (a FileNotFoundError: `kernelize` keeps the PyTorch forward, and
   nothing touches the Hub);
 - `error`, or KERNELD_REQUIRE=1: the typed error.
@@ -350,6 +352,34 @@ def _fall_back(exc: KernelError, req: KernelRequest) -> None:
     )
 
 
+#: Where the errors of a download come from: kernels' resolver failing on the network or the
+#: Hub (no such repo, no access, no connection), not on the kernel itself.
+_TRANSPORT_MODULES = ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3")
+
+
+def _cannot_be_had(err: Exception, exc: KernelError, req: KernelRequest) -> Exception:
+    """What kernels' own resolver raised after kerneld failed, as the caller gets it.
+
+    A repo that neither kerneld nor the Hub can provide (Transformers maps layers to repos a
+    site may not have) must not fail a model load: `kernelize` keeps the PyTorch forward on a
+    FileNotFoundError only, so a network or Hub error becomes KernelUnavailable (one). The
+    kernel's own errors (kernels' trust ValueError, a failing import) stay as they are."""
+    if isinstance(err, FileNotFoundError):
+        return err
+    transport = isinstance(err, OSError) or type(err).__module__.split(".")[0] in (
+        _TRANSPORT_MODULES
+    )
+    if not transport:
+        return err
+    said = (str(err).splitlines() or [""])[0]
+    return KernelUnavailable(
+        f"kerneld could not provide it ({exc.message}), and the kernels package's own "
+        f"resolver failed too ({type(err).__name__}: {said})",
+        repo_id=req.repo_id,
+        revision=req.ref,
+    )
+
+
 def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
     """kernels' metadata validators (arch excepted: kerneld checked it before the import), then
     the kernel joins kernels' registry of loaded kernels."""
@@ -413,7 +443,10 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
             ) from exc
         except KernelError as exc:
             _fall_back(exc, plan.request)
-            return theirs()
+            try:
+                return theirs()
+            except Exception as err:
+                raise _cannot_be_had(err, exc, plan.request) from err
         except ValueError:  # e.g. a backend kerneld does not know: kernels decides
             return theirs()
         return _validated(state.api, metadata_validator, loaded)
@@ -440,12 +473,18 @@ def _select_revision_or_version(original: Callable[..., Any]) -> Callable[..., A
         try:
             return _through_kerneld(plan, None).commit
         except KernelError as exc:
+            # This runs inside `str(repo)` too, in a log line kernelize formats before its
+            # fallback `try`: raising here would fail the model load. Whatever goes wrong, the
+            # branch name is answered, and the load that follows (inside that `try`) asks
+            # again and fails where kernelize keeps the PyTorch forward.
             final = isinstance(exc, KernelDenied | NoCompatibleVariant)
-            if _policy() == "kernels" and not final:
+            if _policy() != "kernels" or final:
+                return req.ref
+            _fall_back(exc, req)  # the one warning: kernels' own lookup follows
+            try:
                 return theirs()
-            # The load that follows asks kerneld again and raises where kernelize catches it
-            # (this runs inside `str(repo)` too, where raising would crash kernelize).
-            return req.ref
+            except Exception:
+                return req.ref
 
     return _mark(select_revision_or_version, original)
 
