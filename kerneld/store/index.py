@@ -404,6 +404,15 @@ class Index:
     def delete_blob(conn: sqlite3.Connection, sha256: str) -> None:
         conn.execute("DELETE FROM blobs WHERE sha256 = ?", (sha256,))
 
+    def count(self, table: str, state: str) -> int:
+        """Rows of `blobs` or `trees` in `state`, counted by SQLite: `usage()` and every
+        GetStatus read this, and loading 100,000 rows (manifests included) to count them took
+        0.86 s."""
+        if table not in ("blobs", "trees"):
+            raise ValueError(f"no state to count in table {table!r}")
+        row = self._one(f"SELECT COUNT(*) AS n FROM {table} WHERE state = ?", (state,))  # noqa: S608
+        return int(row["n"]) if row else 0
+
     def usage(self) -> int:
         """Bytes the store occupies: every blob with a row, plus copied (non-linked) tree files."""
         row = self._one(

@@ -548,8 +548,8 @@ class Store:
                 cap_bytes=self.policy.cap_bytes,
                 free_bytes=self._free_bytes(),
                 min_free_bytes=self.policy.min_free_bytes,
-                blobs=len(self.index.blobs("live")),
-                trees=len(self.index.trees("live")),
+                blobs=self.index.count("blobs", "live"),
+                trees=self.index.count("trees", "live"),
             )
 
     # ---- trees ----
