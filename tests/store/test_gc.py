@@ -356,3 +356,16 @@ def test_gc_guards_keep_unwritten_leases(store_root):
         granted.clear()
         s.ingest(data, size=len(data), sha256=sha256(data))
         assert not _alive(s, info)
+
+
+def test_gc_purges_more_dead_trees_and_blobs_than_one_batch(store):
+    """Purging goes in batches (64 trees, 512 blobs a round, each asked of the index with a
+    LIMIT): every batch is done, and the store verifies clean after."""
+    infos = [
+        publish(store, files=variant_files(seed=f"batch-{i}", size=64)) for i in range(70)
+    ]  # each publish replaces the last: 69 unreferenced trees
+    report = store.gc()
+    assert len(report.deleted_trees) == 69
+    assert not any(i.path.exists() for i in infos[:-1]) and _alive(store, infos[-1])
+    assert store.index.tree_digests("dead") == [] and store.index.blob_digests("dead") == []
+    assert store.verify().clean
