@@ -46,7 +46,7 @@ from kerneld.store import Store, TreeFile
 from kerneld.store.index import Index
 from kerneld.store.layout import Layout
 from kerneld.store.manifest import ManifestEntry, canonical_manifest
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, account, default_user, hand_over
 from tests.support.mirrors import variant
 
 PROBE = "bench/probe"
@@ -58,6 +58,7 @@ S6_CONFIG: dict[str, dict[str, Any]] = {
     **DAEMON_CONFIG,
     "store": {"scrub_interval": 0, "gc_min_age": 0, "orphan_grace": 0, "min_free": 0},
     "resolve": {"ref_ttl": "1d"},  # the probe's ref stays fresh: no Hub call while measuring
+    "trust": {"allow": ["bench/*"]},  # the probe's org is not on the Hub: the site trusts it
 }
 
 
@@ -136,6 +137,10 @@ def one_size(ctx: Ctx, trees: int) -> dict[str, Any]:
     work = ctx.work / f"s6-{trees}"
     store_root = work / "store"
     out: dict[str, Any] = {"trees": trees, "build_s": make_store(store_root, trees)}
+    user = default_user()
+    if user is not None:  # the daemon runs as its own user (as root: `kerneld`), as deployed
+        pw = account(user)
+        hand_over(store_root, pw.pw_uid, pw.pw_gid)
     daemon = DaemonProcess(
         work / "daemon",
         store=store_root,
