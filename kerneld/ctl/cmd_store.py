@@ -83,6 +83,8 @@ def cmd_status(ctx: Ctx) -> int:
             ctx.say("a daemon owns this store: drop --store to ask it")
     if doc.get("store_root") and doc["source"] == "daemon":
         ctx.say(f"store:   {doc['store_root']}")
+    for where in doc.get("hub_api") or []:
+        ctx.say(f"hub api: {where} (HF_ENDPOINT for unmodified kernels)")
     cap = doc.get("store_cap_bytes")
     used = human_bytes(int(doc.get("store_bytes", 0)))
     ctx.say(

@@ -282,6 +282,7 @@ class Daemon:
                     socket_path=self.config.hub_api_socket,
                 )
                 self._hub_api.start()
+                self.core.hub_api = list(self._hub_api.where)
             # The advert first: a client that sees SERVING finds the index right away.
             write_advert(
                 Advert(

@@ -145,6 +145,8 @@ class Core:
         """Set when the daemon stops: running prefetches end between variants."""
         self.scrubber = Scrubber(self)
         self.fetch_gate = FetchGate()
+        self.hub_api: list[str] = []
+        """Where the Hub API endpoint listens (GetStatus shows it); set by the app."""
 
     # ---- opening and closing -------------------------------------------------------------
 

@@ -73,6 +73,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         index_format=client_index.VERSION,
         started_at=convert.ts(core.started_at),
         store_cap_bytes=cfg.cap_bytes or 0,
+        hub_api=core.hub_api,
     )
     if core.ready:
         usage = core.store.usage()

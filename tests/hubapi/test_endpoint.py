@@ -291,3 +291,19 @@ def test_olah_mirrors_the_endpoint_as_it_mirrors_the_hub(
     with run_olah(work, probe_repo=REPO, upstream=endpoint) as olah:
         assert _snapshot(olah.url, tmp_path / "via-olah") == synthetic_hub.variant_files("v1")
         assert _build_listing(_api(olah.url), "v1") == _build_listing(_api(hub_server.url), "v1")
+
+
+def test_status_says_where_the_endpoint_is(
+    make_daemon: Callable[..., DaemonProcess], hub_server: HubServer, tmp_path: Path
+) -> None:
+    from tests.support.ctl import run_ctl
+
+    d, endpoint = hub_api_daemon(make_daemon, hub_endpoint=hub_server.url)
+    with d.kernels() as kernels:
+        assert list(kernels.GetStatus(pb.GetStatusRequest(), timeout=TIMEOUT).hub_api) == [endpoint]
+    env = {"KERNELD_SOCKET": str(d.user_socket), "KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+    shown = run_ctl("status", home=tmp_path / "home", env=env)
+    assert shown.rc == 0, shown
+    assert f"hub api: {endpoint} (HF_ENDPOINT for unmodified kernels)" in shown.stdout
+    doc = run_ctl("status", "--json", home=tmp_path / "home", env=env).json()
+    assert doc["hub_api"] == [endpoint]

@@ -750,6 +750,7 @@ class DaemonStatus(_message.Message):
     STORE_CAP_BYTES_FIELD_NUMBER: _builtins.int
     UPSTREAMS_FIELD_NUMBER: _builtins.int
     HOST_PLATFORMS_FIELD_NUMBER: _builtins.int
+    HUB_API_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     ready: _builtins.bool
     """False while the store is being opened and scanned, or while draining on SIGTERM."""
@@ -769,6 +770,12 @@ class DaemonStatus(_message.Message):
     def host_platforms(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlatformFacts]:
         """The host's detected hardware, as used for prefetch."""
 
+    @_builtins.property
+    def hub_api(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Where the Hub-compatible HTTP endpoint listens ("http://127.0.0.1:8484", "unix:/run/..."):
+        HF_ENDPOINT for unmodified `kernels`. Empty when [hub_api] is off.
+        """
+
     def __init__(
         self,
         *,
@@ -784,10 +791,11 @@ class DaemonStatus(_message.Message):
         store_cap_bytes: _builtins.int = ...,
         upstreams: _abc.Iterable[Global___UpstreamStatus] | None = ...,
         host_platforms: _abc.Iterable[Global___PlatformFacts] | None = ...,
+        hub_api: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "index_format", b"index_format", "index_path", b"index_path", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "hub_api", b"hub_api", "index_format", b"index_format", "index_path", b"index_path", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
