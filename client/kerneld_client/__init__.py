@@ -129,6 +129,24 @@ if TYPE_CHECKING:
         UntrustedPublisher,
         VariantReason,
     )
+    from kerneld_client.layers import (
+        CUDAProperties,
+        Device,
+        KernelizeReport,
+        LayerRepository,
+        LocalLayerRepository,
+        LockedLayerRepository,
+        Mode,
+        ROCMProperties,
+        kernelize,
+        kernelize_report,
+        register_kernel_mapping,
+        replace_kernel_forward_from_hub,
+        unkernelize,
+        use_kernel_forward_from_hub,
+        use_kernel_mapping,
+        use_kernelized_func,
+    )
     from kerneld_client.loader import (
         LoadedKernel,
         get_kernel,

@@ -9,7 +9,9 @@ A running daemon advertises itself in a small JSON file beside its user socket
 (`<socket>.json`: store root, client index directory, admin socket, pid, version), so a client
 finds the published index without gRPC and without parsing the daemon's config.
 
-Kept free of third-party imports: this module is on the client's warm path.
+Kept free of third-party imports: this module is on the client's warm path. (`platformdirs`
+would give the same XDG paths, but its import costs milliseconds on that path, and the two
+modes above are all kerneld needs; it is not a dependency.)
 """
 
 from __future__ import annotations

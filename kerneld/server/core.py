@@ -162,6 +162,8 @@ class Core:
             orphan_grace_s=cfg.orphan_grace_s,
         )
         store.quarantine_max_bytes = cfg.quarantine_max_bytes
+        if not cfg.system:
+            store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
             self.hardware = detect(self.hardware_root)
             self.platforms = ClientPlatforms(cfg.store_path / "daemon" / "platforms.json")

@@ -121,6 +121,11 @@ class Layout:
     def client_index(self) -> Path:
         return self.root / "index" / "v1"
 
+    @property
+    def cachedir_tag(self) -> Path:
+        """`CACHEDIR.TAG` (bford.info/cachedir): backup tools skip a user-mode store."""
+        return self.root / "CACHEDIR.TAG"
+
     def blob_path(self, sha256_hex: str) -> Path:
         return self.blobs / sha256_hex[:2] / sha256_hex
 

@@ -14,6 +14,10 @@ write lock needs a descriptor open for writing, which only the owner (the daemon
 another user can take (``flock`` of either kind, OFD or classic read locks) never keeps a job
 from its read lock. At worst they keep a tree alive, exactly as a job that uses it does.
 
+Why not `filelock`: it takes exclusive locks on files it may create and write, where these are
+shared and exclusive OFD locks on files most users may only read; the owner lock and the tree
+locks are a few `fcntl` calls here.
+
 Compatibility: clients before OFD locks hold ``flock(LOCK_SH)``. GC also probes and holds
 ``flock(LOCK_EX)`` so it never deletes a tree such a client uses (a ``flock`` another user holds
 keeps a tree alive, which a read lock allows anyway); those old clients still fall back while a

@@ -1565,6 +1565,25 @@ class Store:
         """Hex digests of every live tree, sorted (the scrub walks them in this order)."""
         return self.index.tree_digests("live")
 
+    def mark_as_cache(self) -> None:
+        """Write `CACHEDIR.TAG` into the root (once): a user-mode store under ~/.cache is a
+        cache that backups should skip, everything in it can be fetched again."""
+        tag = self.layout.cachedir_tag
+        if tag.exists() or self.read_only:
+            return
+        text = (
+            "Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This file is a cache directory tag created by kerneld (its kernel store).\n"
+            "# For information about cache directory tags see https://bford.info/cachedir/\n"
+        )
+        tmp = tag.with_name(f".{tag.name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, tag)
+
     def get_meta(self, key: str) -> str | None:
         return self.index.get_meta(key)
 

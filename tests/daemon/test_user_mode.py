@@ -147,6 +147,9 @@ def test_user_mode_as_an_ordinary_user_end_to_end(login: Login, kernel_mirror: P
         t.ctl("prefetch", f"{ACT}:1")
         store = t.home / ".cache" / "kerneld" / "store"
         assert store.is_dir(), sorted(p.name for p in (t.home / ".cache").iterdir())
+        # a cache, marked as one: backup tools skip it (bford.info/cachedir)
+        tag = (store / "CACHEDIR.TAG").read_text()
+        assert tag.startswith("Signature: 8a477f597d28d172789f06886806bc55\n"), tag
 
         # a job of the same user loads it: the index path (no RPC), from inside the store
         loaded = json.loads(t.run([sys.executable, "-c", LOAD, ACT]).stdout)

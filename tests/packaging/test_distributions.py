@@ -40,7 +40,6 @@ DAEMON_ONLY = {
     "sdnotify",
     "grpcio-health-checking",
     "grpcio-reflection",
-    "platformdirs",
 }
 _IGNORE = shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.pyc")
 
