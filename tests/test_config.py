@@ -371,3 +371,23 @@ def test_required_signatures_need_trusted_keys(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no \\[mirror\\] trusted_keys") as info:
         build_upstreams(cfg)
     assert info.value.key == "upstream[0].require_signatures"
+
+
+def test_the_hub_api_is_off_by_default_and_only_ever_on_loopback(tmp_path: Path) -> None:
+    from kerneld.server.main import apply_flags, build_parser
+
+    for system in (True, False):
+        off = default_config(system=system)
+        assert (off.hub_api_listen, off.hub_api_socket) == ("", None)
+    path = write(tmp_path, '[hub_api]\nlisten = "127.0.0.1:8484"\nsocket = "/srv/run/hub.sock"\n')
+    cfg = load_config(path, env={})
+    assert (cfg.hub_api_listen, cfg.hub_api_socket) == ("127.0.0.1:8484", Path("/srv/run/hub.sock"))
+    assert load_config(write(tmp_path, dump_config(cfg)), env={}).hub_api_listen == "127.0.0.1:8484"
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, '[hub_api]\nlisten = "0.0.0.0:8484"\n'), env={})
+    assert info.value.key == "hub_api.listen"
+
+    flagged = apply_flags(cfg, build_parser().parse_args(["--hub-api-listen", "[::1]:9000"]))
+    assert flagged.hub_api_listen == "[::1]:9000"
+    with pytest.raises(ConfigError, match="--hub-api-listen"):
+        apply_flags(cfg, build_parser().parse_args(["--hub-api-listen", "10.0.0.1:80"]))

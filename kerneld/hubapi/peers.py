@@ -28,10 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld.server.identity import Caller
+from kerneld.server.identity import Caller, peer_credentials
 
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 _TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 
 
@@ -135,18 +133,10 @@ def _table_uid(
 def unix_peer(sock: socket.socket) -> Caller:
     """The kernel's credentials of a unix socket peer (uid -1 if it gives none)."""
     try:
-        pid, uid, gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
+        pid, uid, gid, groups = peer_credentials(sock)
     except OSError:
         return Caller()
-    groups: frozenset[int] = frozenset({gid})
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * 256)
-        groups |= frozenset(struct.unpack(f"{len(raw) // 4}I", raw))
-    except OSError:
-        pass
-    return Caller(uid=uid, gid=gid, pid=pid, groups=groups)
+    return Caller(uid=uid, gid=gid, pid=pid, groups=frozenset(groups) | {gid})
 
 
 def user_db_caller(uid: int) -> Caller:

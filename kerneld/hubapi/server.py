@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
@@ -36,6 +35,7 @@ from kerneld.server.core import Core
 from kerneld.server.errors import classify
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.identity import Caller
+from kerneld.upstream.base import check_repo_id
 from kerneld_client._proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.hubapi")
@@ -74,12 +74,10 @@ def _flag(query: Mapping[str, list[str]], name: str) -> bool:
 
 
 def _repo(org: str, name: str) -> str:
-    repo_id = f"{org}/{name}"
-    if not re.fullmatch(
-        r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}", repo_id
-    ):
-        raise HubError(400, f"invalid repo id {repo_id!r}: expected 'org/name'")
-    return repo_id
+    try:
+        return check_repo_id(f"{org}/{name}")
+    except ValueError as exc:
+        raise HubError(400, str(exc)) from None
 
 
 def _entry(file: HubFile) -> dict[str, Any]:
@@ -183,11 +181,12 @@ class HubApiHandler(BaseHTTPRequestHandler):
         route = _route_name(parts)
         status = 500
         try:
+            caller = self._who()  # before anything of the request is read
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= 1 << 20:
+                self.close_connection = True
                 raise HubError(413, "request body too large")
             body = self.rfile.read(length) if length else b""
-            caller = self._who()
             status = self._route(method, parts, parse_qs(split.query), body, caller)
         except HubError as err:
             status = err.status
