@@ -289,6 +289,15 @@ class AdminChurn(threading.Thread):
                 continue
             if undo.window is not None and undo.window.end is None:
                 undo.window.end = time.time()
+            if undo.command == "allow" and undo.window is not None:
+                # Two denies of the same repo (or repo@commit) are one row in the store: the
+                # first allow lifts both, so every window of that row ends here (a load served
+                # between the two allows is not one served under a deny).
+                w = undo.window
+                for other in self.log.denies:
+                    same = (other.repo, other.revision) == (w.repo, w.revision)
+                    if same and other.end is None:
+                        other.end = undo.window.end
             op = self.ctl(undo.command, undo.spec)
             if op.rc == 0:
                 continue
