@@ -128,6 +128,71 @@ def test_gated_activations_match_pytorch(built_examples: BuiltExamples, kind: st
                 torch.testing.assert_close(op_out, expected, **_tol(dtype))
 
 
+ELEMENTWISE_REFS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_elementwise_activations_match_pytorch(built_examples: BuiltExamples, kind: str):
+    """Transformers' `SiLU` and `GeluTanh` kinds: same shape in and out, any layout."""
+    mod = import_variant(pick(built_examples, kind, 1))
+    gen = torch.Generator().manual_seed(4)
+    for name, ref in ELEMENTWISE_REFS.items():
+        layer = {"silu": mod.layers.Silu, "gelu_tanh": mod.layers.GeluTanh}[name]()
+        for shape in GATED_SHAPES:
+            for dtype in DTYPES:
+                x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+                out = torch.empty_like(x)
+                assert getattr(mod, name)(out, x) is out
+                torch.testing.assert_close(out, ref(x), **_tol(dtype), msg=f"{name} {shape}")
+                torch.testing.assert_close(layer.forward(x), ref(x), **_tol(dtype))
+        strided = torch.randn(6, 10, generator=gen).t()
+        torch.testing.assert_close(layer.forward(strided), ref(strided))
+
+
+def ref_apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transformers' `apply_rotary_pos_emb`, written out."""
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    cos, sin = cos.unsqueeze(dim), sin.unsqueeze(dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_rotary_function_kernel_matches_pytorch(built_examples: BuiltExamples, version: int):
+    mod = import_variant(built_examples.variant("rotary", version))
+    gen = torch.Generator().manual_seed(5)
+    layer = mod.layers.apply_rotary_transformers()
+    for dtype in DTYPES:
+        # (batch, heads, seq, head_dim) with grouped KV heads; cos/sin are (batch, seq, head_dim).
+        q = torch.randn(2, 4, 5, 8, generator=gen).to(dtype)
+        k = torch.randn(2, 2, 5, 8, generator=gen).to(dtype)
+        cos, sin = torch.randn(2, 2, 5, 8, generator=gen).to(dtype).unbind(0)
+        expected = ref_apply_rotary(q, k, cos, sin)
+        for got in (mod.apply_rotary_transformers(q, k, cos, sin), layer.forward(q, k, cos, sin)):
+            torch.testing.assert_close(got, expected, **_tol(dtype))
+    # unsqueeze_dim=2: the (batch, seq, heads, head_dim) layout.
+    q, k = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 2, 8)
+    cos, sin = torch.randn(2, 2, 5, 8).unbind(0)
+    torch.testing.assert_close(
+        mod.apply_rotary_transformers(q, k, cos, sin, 2), ref_apply_rotary(q, k, cos, sin, 2)
+    )
+    with pytest.raises(RuntimeError, match="must be even"):
+        mod.apply_rotary_transformers(
+            torch.randn(1, 1, 2, 5),
+            torch.randn(1, 1, 2, 5),
+            torch.randn(1, 2, 5),
+            torch.randn(1, 2, 5),
+        )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_rms_norm_matches_pytorch(built_examples: BuiltExamples, kind: str):
     mod = import_variant(pick(built_examples, kind, 1))

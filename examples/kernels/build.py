@@ -96,11 +96,19 @@ class KernelSpec:
 KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(
         name="activation",
-        summary="Gated activations (SiLU, GELU) and RMSNorm, CPU ops plus a pure-PyTorch variant",
+        summary="Activations (SiLU, GELU; plain and gated) and RMSNorm, CPU ops plus a "
+        "pure-PyTorch variant",
         sources=("csrc/activation.cpp",),
         ops={
-            1: ("silu_and_mul", "gelu_tanh_and_mul", "rms_norm"),
-            2: ("silu_and_mul", "gelu_tanh_and_mul", "rms_norm", "gelu_and_mul"),
+            1: ("silu_and_mul", "gelu_tanh_and_mul", "rms_norm", "silu", "gelu_tanh"),
+            2: (
+                "silu_and_mul",
+                "gelu_tanh_and_mul",
+                "rms_norm",
+                "silu",
+                "gelu_tanh",
+                "gelu_and_mul",
+            ),
         },
         noarch=("torch-cpu", "torch-universal"),
         lfs=True,
@@ -110,6 +118,12 @@ KERNELS: tuple[KernelSpec, ...] = (
         summary="Squared ReLU, a small second kernel with its own op namespace",
         sources=("csrc/relu2.cpp",),
         ops={1: ("relu2",), 2: ("relu2", "relu2_and_mul")},
+    ),
+    KernelSpec(
+        name="rotary",
+        summary="Rotary position embedding, a function kernel (Transformers' rotary_pos_emb)",
+        sources=("csrc/rotary.cpp",),
+        ops={1: ("apply_rotary",), 2: ("apply_rotary",)},
     ),
 )
 

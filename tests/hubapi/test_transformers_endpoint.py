@@ -1,6 +1,7 @@
 """Transformers 5.22.2 with `use_kernels=True` and no kerneld code in the job: `HF_ENDPOINT`
 is the daemon's Hub API, `kernels` (0.17.2, unmodified: the start-up hook off) asks it, and
-the model's RMSNorm layers run the example kernel, cold and then warm with the Hub silent."""
+the model's RMSNorm, SiLU and rotary layers run the example kernels, cold and then warm with the
+Hub silent."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from tests.client.support import client_env
 from tests.hubapi.support import hub_api_daemon
 from tests.hubapi.test_kernels_releases import ACTIVATION, job_env
 from tests.hubapi.venvs import TRANSFORMERS_RELEASE, run_in_venv
-from tests.integrations.support import count_warnings, run_child
+from tests.integrations.support import (
+    LLAMA_KINDS,
+    count_warnings,
+    kernelized,
+    layer_files,
+    run_child,
+)
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
@@ -38,9 +45,10 @@ def test_use_kernels_through_the_endpoint_without_the_hook(
         )
         out = run_child("_transformers_child", args, env, timeout=300)
         assert out["hooked"] is False and out["kerneld_sources"] == []
-        assert (out["norms"], out["kernelized"]) == (NORMS, NORMS), out
-        (layer_file,) = out["layer_files"]
-        assert Path(layer_file).is_relative_to(tmp_path / f"hf-{name}")  # kernels' own cache
+        assert kernelized(out) == LLAMA_KINDS, out
+        files = layer_files(out)
+        assert len(files) == 3  # RMSNorm and Silu share activation's layers.py
+        assert all(Path(f).is_relative_to(tmp_path / f"hf-{name}") for f in files)  # kernels'
         assert out["max_err"] < TOLERANCE
         assert count_warnings(out["stderr"], "UserWarning") == 0, out["stderr"]
         if name == "cold":

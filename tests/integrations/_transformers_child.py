@@ -1,13 +1,19 @@
 """Child process: a Transformers user's script, unchanged for kerneld.
 
     python -m tests.integrations._transformers_child '{"model": "<dir>"}'
-    (optional: "repo": the repo RMSNorm is mapped to; "direct": false skips the direct get_kernel)
+    (optional: "repo": the repo RMSNorm is mapped to; "kinds": the layer kinds to map, default
+    all three; "direct": false skips the direct get_kernel; "api": "kerneld" maps and
+    kernelizes with kerneld's own layer API instead of `use_kernels=True`)
 
 Creates a tiny randomly initialised Llama in `model` if the folder is empty (no weights are
-downloaded), maps `RMSNorm` on CPU to the example kernel's layer with the `kernels` API (CPU is
-not a device `KernelConfig` accepts), loads the model with `use_kernels=True` and without, and
-compares them. Nothing of kerneld's is imported before Transformers has loaded the model: with
-KERNELD_HOOK_KERNELS=1 the start-up hook is what routes it. Prints one JSON object.
+downloaded), maps three of Llama's hub layer kinds on CPU with the `kernels` API (CPU is not a
+device `KernelConfig` accepts) to the example kernels -- `RMSNorm` (a layer with weights),
+`SiLU` (an elementwise activation) and `rotary_pos_emb` (a function kernel) -- runs the model
+without kernels, then loads it with `use_kernels=True` and compares the logits. The reference
+runs first: the rotary function is one module shared by every attention layer and by every
+model in the process, so once kernelized it stays so. Nothing of kerneld's is imported before
+Transformers has loaded the model: with KERNELD_HOOK_KERNELS=1 the start-up hook is what routes
+it. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -22,42 +28,88 @@ from transformers import AutoModelForCausalLM
 
 from tests.integrations.tiny_llama import make_model
 
-REPO = "kerneld-examples/activation"
+ACTIVATION = "kerneld-examples/activation"
+ROTARY = "kerneld-examples/rotary"
+# Llama's hub layer kind -> (the Transformers class (or function module) it marks, the example
+# layer mapped to it, that layer's forward once kernelized).
+KINDS = {
+    "RMSNorm": ("LlamaRMSNorm", "RMSNorm"),
+    "SiLU": ("SiLUActivation", "Silu"),
+    "rotary_pos_emb": ("apply_rotary_pos_emb", "apply_rotary_transformers"),
+}
 
 
 def forward_file(module: Any) -> str:
     return str(Path(module.forward.__func__.__code__.co_filename).resolve())
 
 
+def instances(model: Any, kind: str) -> list[Any]:
+    """The modules of one kind; a function kind's module is found through the attention
+    layers that carry it (`use_kernelized_func`), once however many layers share it."""
+    marked, _ = KINDS[kind]
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        if type(module).__name__ == marked:
+            found[id(module)] = module
+        for func in module.__dict__.get("_kernel_funcs", {}).values():
+            if getattr(type(func), "kernel_layer_name", None) == kind:
+                found[id(func)] = func
+    return list(found.values())
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
-    repo = args.get("repo", REPO)
+    kinds = args.get("kinds", list(KINDS))
+    repos = {"RMSNorm": args.get("repo", ACTIVATION), "SiLU": ACTIVATION, "rotary_pos_emb": ROTARY}
     folder = Path(args["model"])
     if not (folder / "config.json").exists():
         make_model(folder)
 
-    from kernels import LayerRepository, Mode, register_kernel_mapping
+    if args.get("api") == "kerneld":
+        from kerneld_client.layers import LayerRepository, Mode, register_kernel_mapping
+    else:
+        from kernels import LayerRepository, Mode, register_kernel_mapping  # type: ignore
 
     register_kernel_mapping(
         {
-            "RMSNorm": {
-                "cpu": {Mode.INFERENCE: LayerRepository(repo, layer_name="RMSNorm", version=1)}
+            kind: {
+                "cpu": {
+                    Mode.INFERENCE: LayerRepository(
+                        repos[kind], layer_name=KINDS[kind][1], version=1
+                    )
+                }
             }
+            for kind in kinds
         }
     )
-    reference = AutoModelForCausalLM.from_pretrained(folder).eval()
-    model = AutoModelForCausalLM.from_pretrained(folder, use_kernels=True).eval()
     torch.manual_seed(1)
     ids = torch.randint(0, 128, (2, 12))
+    reference = AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
-        max_err = (model(ids).logits - reference(ids).logits).abs().max().item()
+        expected = reference(ids).logits
+    if args.get("api") == "kerneld":
+        from kerneld_client.layers import kernelize
 
-    norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
-    kernelized = [m for m in norms if m.forward.__func__.__qualname__ == "RMSNorm.forward"]
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, use_kernels=True).eval()
+    with torch.no_grad():
+        max_err = (model(ids).logits - expected).abs().max().item()
+
+    layers: dict[str, Any] = {}
+    for kind, (_, layer) in KINDS.items():
+        found = instances(model, kind)
+        done = [m for m in found if m.forward.__func__.__qualname__ == f"{layer}.forward"]
+        layers[kind] = {
+            "count": len(found),
+            "kernelized": len(done),
+            "files": sorted({forward_file(m) for m in done}),
+        }
     # What lazy_load_kernel and attn_implementation="org/repo" call: Transformers' get_kernel.
     from transformers.integrations.hub_kernels import get_kernel
 
-    direct = get_kernel(repo, version=1) if args.get("direct", True) else None
+    direct = get_kernel(repos["RMSNorm"], version=1) if args.get("direct", True) else None
 
     import kerneld_client
     from kerneld_client.integrations import kernels as hook
@@ -65,12 +117,11 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "norms": len(norms),
-                "kernelized": len(kernelized),
-                "layer_files": sorted({forward_file(m) for m in kernelized}),
+                "layers": layers,
                 "max_err": max_err,
                 "direct_file": None if direct is None else str(Path(direct.__file__).resolve()),
                 "kerneld_sources": [k.source for k in kerneld_client.loaded_kernels()],
+                "kerneld_repos": sorted({k.repo_id for k in kerneld_client.loaded_kernels()}),
                 "hooked": hook.installed(),
                 "grpc": "grpc" in sys.modules,
             }

@@ -57,3 +57,18 @@ def run_child(
 def count_warnings(stderr: str, category: str) -> int:
     """How many warnings of `category` a child printed (the `file:line: Category: msg` lines)."""
     return sum(1 for line in stderr.splitlines() if f": {category}: " in line)
+
+
+#: Instances of each mapped hub layer kind in the tiny Llama (two decoder layers); the rotary
+#: function is one module, shared by every attention layer.
+LLAMA_KINDS = {"RMSNorm": 2 * 2 + 1, "SiLU": 2, "rotary_pos_emb": 1}
+
+
+def kernelized(out: Mapping[str, Any]) -> dict[str, int]:
+    """Kind -> kernelized instances, from a `_transformers_child` result."""
+    return {kind: layer["kernelized"] for kind, layer in out["layers"].items()}
+
+
+def layer_files(out: Mapping[str, Any]) -> list[str]:
+    """The files the kernelized forwards come from, from a `_transformers_child` result."""
+    return sorted(f for layer in out["layers"].values() for f in layer["files"])

@@ -6,6 +6,9 @@
 // versions of this kernel can be loaded into one process side by side.
 //
 // KERNEL_VERSION >= 2 adds `gelu_and_mul`, so a test can tell v1 from v2 after import.
+//
+// Besides the gated ops, `silu` and `gelu_tanh` are the plain elementwise activations that
+// Transformers' `SiLU` and `GeluTanh` layer kinds map to (`out` has the input's shape).
 
 #include <Python.h>
 
@@ -86,6 +89,44 @@ void gated(at::Tensor& out, const at::Tensor& input, const char* name) {
   }
 }
 
+// Elementwise activations: out[i] = act(x[i]), same shape.
+template <typename Op, typename T>
+void elementwise_loop(T* out, const T* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<T>(Op::apply(static_cast<float>(in[i])));
+  }
+}
+
+template <typename Op>
+void elementwise(at::Tensor& out, const at::Tensor& input, const char* name) {
+  TORCH_CHECK(input.device().is_cpu() && out.device().is_cpu(), name, ": expects CPU tensors");
+  TORCH_CHECK(out.scalar_type() == input.scalar_type(), name, ": out and input dtypes differ");
+  TORCH_CHECK(out.is_contiguous(), name, ": out must be contiguous");
+  TORCH_CHECK(out.sizes() == input.sizes(), name, ": out has shape ", out.sizes(), " for input ",
+              input.sizes());
+  const at::Tensor x = input.contiguous();
+  const int64_t n = x.numel();
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      elementwise_loop<Op>(out.data_ptr<float>(), x.data_ptr<float>(), n);
+      break;
+    case at::kBFloat16:
+      elementwise_loop<Op>(out.data_ptr<c10::BFloat16>(), x.data_ptr<c10::BFloat16>(), n);
+      break;
+    case at::kHalf:
+      elementwise_loop<Op>(out.data_ptr<c10::Half>(), x.data_ptr<c10::Half>(), n);
+      break;
+    default:
+      TORCH_CHECK(false, name, ": unsupported dtype ", x.scalar_type());
+  }
+}
+
+void silu(at::Tensor& out, const at::Tensor& input) { elementwise<SiluOp>(out, input, "silu"); }
+
+void gelu_tanh(at::Tensor& out, const at::Tensor& input) {
+  elementwise<GeluTanhOp>(out, input, "gelu_tanh");
+}
+
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   gated<SiluOp>(out, input, "silu_and_mul");
 }
@@ -164,6 +205,8 @@ KERNEL_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul(Tensor! out, Tensor input) -> ()");
   m.def("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()");
   m.def("rms_norm(Tensor! out, Tensor input, Tensor weight, float epsilon) -> ()");
+  m.def("silu(Tensor! out, Tensor input) -> ()");
+  m.def("gelu_tanh(Tensor! out, Tensor input) -> ()");
 #if KERNEL_VERSION >= 2
   m.def("gelu_and_mul(Tensor! out, Tensor input) -> ()");
 #endif
@@ -173,6 +216,8 @@ KERNEL_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CPU, m) {
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("gelu_tanh_and_mul", &gelu_tanh_and_mul);
   m.impl("rms_norm", &rms_norm);
+  m.impl("silu", &silu);
+  m.impl("gelu_tanh", &gelu_tanh);
 #if KERNEL_VERSION >= 2
   m.impl("gelu_and_mul", &gelu_and_mul);
 #endif

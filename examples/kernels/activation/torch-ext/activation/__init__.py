@@ -1,4 +1,4 @@
-"""Activation example kernel: gated activations and RMSNorm.
+"""Activation example kernel: elementwise and gated activations, and RMSNorm.
 
 Functions follow the kernels-community convention: `op(out, x)` fills `out` and returns it;
 `op_alloc(x)` allocates the output. The package is imported under its build's metadata id, which
@@ -35,6 +35,16 @@ def rms_norm(
     return out
 
 
+def silu(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ops.silu(out, x)
+    return out
+
+
+def gelu_tanh(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ops.gelu_tanh(out, x)
+    return out
+
+
 def silu_and_mul_alloc(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(_gated_out(x), x)
 
@@ -51,12 +61,14 @@ __all__ = [
     "KERNEL_VERSION",
     "__version__",
     "add_op_namespace_prefix",
+    "gelu_tanh",
     "gelu_tanh_and_mul",
     "gelu_tanh_and_mul_alloc",
     "layers",
     "ops",
     "rms_norm",
     "rms_norm_alloc",
+    "silu",
     "silu_and_mul",
     "silu_and_mul_alloc",
 ]

@@ -13,6 +13,30 @@ from ._ops import ops
 from ._version import KERNEL_VERSION
 
 
+class Silu(nn.Module):
+    """Transformers' `SiLU` layer kind: elementwise, the output has the input's shape."""
+
+    has_backward = False
+    can_torch_compile = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        ops.silu(out, x)
+        return out
+
+
+class GeluTanh(nn.Module):
+    """Transformers' `GeluTanh` layer kind: elementwise tanh-approximated GELU."""
+
+    has_backward = False
+    can_torch_compile = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        ops.gelu_tanh(out, x)
+        return out
+
+
 class SiluAndMul(nn.Module):
     has_backward = False
     can_torch_compile = False
@@ -47,7 +71,7 @@ class RMSNorm(nn.Module):
         return out
 
 
-__all__ = ["GeluTanhAndMul", "RMSNorm", "SiluAndMul"]
+__all__ = ["GeluTanh", "GeluTanhAndMul", "RMSNorm", "Silu", "SiluAndMul"]
 
 if KERNEL_VERSION >= 2:
 

@@ -9,6 +9,14 @@ import torch
 import torch.nn.functional as F
 
 
+def silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
@@ -28,6 +36,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Ten
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + epsilon)
     return (normed * weight.float()).to(x.dtype)
+
+
+def _silu_out(out: torch.Tensor, x: torch.Tensor) -> None:
+    out.copy_(silu(x))
+
+
+def _gelu_tanh_out(out: torch.Tensor, x: torch.Tensor) -> None:
+    out.copy_(gelu_tanh(x))
 
 
 def _silu_and_mul_out(out: torch.Tensor, x: torch.Tensor) -> None:
@@ -55,6 +71,10 @@ def register_ops(namespace: str, dispatch_key: str, version: int) -> torch.libra
     lib.impl("silu_and_mul", _silu_and_mul_out, dispatch_key)
     lib.impl("gelu_tanh_and_mul", _gelu_tanh_and_mul_out, dispatch_key)
     lib.impl("rms_norm", _rms_norm_out, dispatch_key)
+    lib.define("silu(Tensor! out, Tensor input) -> ()")
+    lib.define("gelu_tanh(Tensor! out, Tensor input) -> ()")
+    lib.impl("silu", _silu_out, dispatch_key)
+    lib.impl("gelu_tanh", _gelu_tanh_out, dispatch_key)
     if version >= 2:
         lib.define("gelu_and_mul(Tensor! out, Tensor input) -> ()")
         lib.impl("gelu_and_mul", _gelu_and_mul_out, dispatch_key)

@@ -11,6 +11,22 @@ from . import _torch_impl
 from ._version import KERNEL_VERSION
 
 
+class Silu(nn.Module):
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _torch_impl.silu(x)
+
+
+class GeluTanh(nn.Module):
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _torch_impl.gelu_tanh(x)
+
+
 class SiluAndMul(nn.Module):
     has_backward = True
     can_torch_compile = True
@@ -38,7 +54,7 @@ class RMSNorm(nn.Module):
         return _torch_impl.rms_norm(hidden_states, self.weight, float(self.variance_epsilon))
 
 
-__all__ = ["GeluTanhAndMul", "RMSNorm", "SiluAndMul"]
+__all__ = ["GeluTanh", "GeluTanhAndMul", "RMSNorm", "Silu", "SiluAndMul"]
 
 if KERNEL_VERSION >= 2:
 
