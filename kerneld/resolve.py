@@ -99,6 +99,25 @@ class Resolution:
     dependencies: list[Resolution] = field(default_factory=list)
 
 
+class _VersionMissing(Exception):
+    """An upstream listed the repo's versions and the one asked for is not among them."""
+
+    def __init__(self, error: RevisionNotFound, versions: set[int]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.versions = versions
+
+
+def _version_not_found(repo_id: str, version: int, listed: set[int]) -> RevisionNotFound:
+    """`kernels`' verdict for a missing version, with the versions the upstreams listed."""
+    return RevisionNotFound(
+        f"Version {version} not found, available versions: "
+        + ", ".join(str(v) for v in sorted(listed)),
+        repo_id=repo_id,
+        revision=f"v{version}",
+    )
+
+
 class Resolver:
     """Resolution over one store and an ordered upstream chain."""
 
@@ -188,9 +207,18 @@ class Resolver:
                 revision=ref,
             )
         failures: list[UpstreamError] = []
+        listed: set[int] | None = None  # versions the upstreams listed, if any listing worked
         for upstream in self.upstreams:
             try:
-                commit = upstream.resolve_revision(spec.repo_id, ref)
+                if spec.version is None:
+                    commit = upstream.resolve_revision(spec.repo_id, ref)
+                    versions: list[int] | None = None
+                else:
+                    commit, versions = self._version_commit(upstream, spec.repo_id, spec.version)
+            except _VersionMissing as exc:
+                listed = (listed or set()) | exc.versions
+                failures.append(exc.error)
+                continue
             except (RepoNotFound, RevisionNotFound, UpstreamUnavailable) as exc:
                 failures.append(exc)
                 continue
@@ -206,7 +234,9 @@ class Resolver:
                 continue
             self._failing.pop((spec.repo_id, ref), None)
             if record:
-                self.store.set_ref(spec.repo_id, ref, commit, fetched_at=self.clock())
+                self.store.set_ref(
+                    spec.repo_id, ref, commit, fetched_at=self.clock(), versions=versions
+                )
             return commit, False
         # A malformed answer (a corrupted or cut body) says nothing about the ref either way:
         # like an outage, it must neither be cached as "not found" nor hide the known commit.
@@ -229,35 +259,38 @@ class Resolver:
             raise every_upstream(failures, unavailable[0], **ctx)
         if all(isinstance(f, RepoNotFound) for f in failures):
             self.store.put_negative(
-                spec.repo_id, ref, "", "repo:" + str(failures[0]), self.negative_ttl_s
+                spec.repo_id, ref, "", "repo:" + failures[0].message, self.negative_ttl_s
             )
             raise every_upstream(failures, failures[0], **ctx)
         not_found = next(f for f in failures if isinstance(f, RevisionNotFound | RepoNotFound))
-        if spec.version is not None and isinstance(not_found, RevisionNotFound):
-            not_found = self._version_not_found(spec.repo_id, spec.version, not_found)
+        if (
+            spec.version is not None
+            and isinstance(not_found, RevisionNotFound)
+            and listed is not None
+        ):
+            not_found = _version_not_found(spec.repo_id, spec.version, listed)
             failures = [not_found]
-        self.store.put_negative(spec.repo_id, ref, "", "rev:" + str(not_found), self.negative_ttl_s)
+        self.store.put_negative(
+            spec.repo_id, ref, "", "rev:" + not_found.message, self.negative_ttl_s
+        )
         raise every_upstream(failures, not_found, **ctx)
 
-    def _version_not_found(
-        self, repo_id: str, version: int, original: RevisionNotFound
-    ) -> RevisionNotFound:
-        """`kernels`' verdict for a missing version, with the versions that exist (one more
-        request, only on this error path; the plain "not found" if the listing fails)."""
-        versions: set[int] = set()
-        for upstream in self.upstreams:
-            try:
-                versions.update(upstream.list_refs(repo_id).versions())
-            except UpstreamError:
-                continue
-        if not versions:
-            return original
-        listed = ", ".join(str(v) for v in sorted(versions))
-        return RevisionNotFound(
-            f"Version {version} not found, available versions: {listed}",
-            repo_id=repo_id,
-            revision=f"v{version}",
-        )
+    def _version_commit(
+        self, upstream: Upstream, repo_id: str, version: int
+    ) -> tuple[str, list[int]]:
+        """(commit of branch `v<version>`, every version the upstream has), from one refs
+        listing: the list is what a client needs for `kernels`' "version N is available"."""
+        versions = upstream.list_refs(repo_id).versions()
+        commit = versions.get(version)
+        if commit is None:
+            missing = RevisionNotFound(
+                f"no branch v{version}",
+                upstream=upstream.name,
+                repo_id=repo_id,
+                revision=f"v{version}",
+            )
+            raise _VersionMissing(missing, set(versions))
+        return commit, sorted(versions)
 
     # -- variants ------------------------------------------------------------------------------
 

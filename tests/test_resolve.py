@@ -90,11 +90,13 @@ def test_cache_hit_does_no_upstream_io(store, hub, hub_server) -> None:
 
 
 def test_cold_fetch_request_count(store, hub, hub_server, synthetic_hub) -> None:
-    """One revision lookup, two tree listings, one GET per file, no HEADs."""
+    """One refs listing (a version is a branch: the listing gives its commit and the versions
+    clients are told about), two tree listings, one GET per file, no HEADs."""
     Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
     files = len(_expected(synthetic_hub, "v1"))
     counts = hub_server.counts
-    assert counts["info"] == 1
+    assert counts["refs"] == 1 and counts["info"] == 0
+    assert store.upstream_versions(REPO) == [1, 2]
     assert counts["tree"] == 2
     assert counts["resolve_get"] == files
     assert counts["resolve_head"] == 0
@@ -122,7 +124,7 @@ def test_concurrent_cold_requests_download_each_file_once(store, hub, hub_server
     gets = [p for p, n in hub_server.path_counts.items() if p.startswith("GET /kernels/")]
     assert gets and all(hub_server.path_counts[p] == 1 for p in gets)
     # The ref lookup and the two listings are shared too, not repeated per caller.
-    assert hub_server.counts["info"] == 1
+    assert hub_server.counts["refs"] == 1
     assert hub_server.counts["tree"] == 2
 
 

@@ -113,7 +113,7 @@ class CommitEntry:
 class RepoIndex:
     """One parsed per-repo document."""
 
-    __slots__ = ("commits", "denies", "generation", "refs", "repo")
+    __slots__ = ("commits", "denies", "generation", "refs", "repo", "versions")
 
     def __init__(
         self,
@@ -122,12 +122,14 @@ class RepoIndex:
         refs: Mapping[str, tuple[str, float]],
         commits: Mapping[str, CommitEntry],
         denies: tuple[tuple[str, str], ...],
+        versions: tuple[int, ...] | None = None,
     ) -> None:
         self.repo = repo
         self.generation = generation
         self.refs = refs  # ref -> (commit, fetched_at)
         self.commits = commits
         self.denies = denies  # (revision or "*", reason)
+        self.versions = versions  # every vN the upstream listed last time; None: never listed
 
     def commit_for(self, revision: str) -> str | None:
         """A ref known to the index -> its commit; a 40-hex revision -> itself; else None."""
@@ -231,12 +233,18 @@ def parse_repo_doc(data: bytes | str) -> RepoIndex | None:
             (_str(d["revision"], "deny revision"), str(d.get("reason") or ""))
             for d in doc.get("denies") or []
         )
+        versions = doc.get("versions")
+        if versions is not None and (
+            not isinstance(versions, list) or not all(type(v) is int and v >= 0 for v in versions)
+        ):
+            raise IndexFormatError("versions must be a list of non-negative integers")
         return RepoIndex(
             repo=_str(doc.get("repo"), "repo"),
             generation=int(doc.get("generation") or 0),
             refs=refs,
             commits=commits,
             denies=denies,
+            versions=None if versions is None else tuple(versions),
         )
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         if isinstance(exc, IndexFormatError):

@@ -45,6 +45,7 @@ from kerneld_client.errors import (
     NoCompatibleVariant,
     UntrustedPublisher,
     VariantReason,
+    VersionNotFound,
 )
 from kerneld_client.variants import Decision, PlatformFacts
 
@@ -323,6 +324,8 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     c = detail.code
     if c == kerneld_pb2.FETCH_NOT_ALLOWED:
         return _FetchNeeded(message) if not fetching else KernelNotFound(message, **ctx)
+    if c == kerneld_pb2.REVISION_NOT_FOUND and req.version is not None:
+        return VersionNotFound(message, **ctx)
     if c in (kerneld_pb2.KERNEL_NOT_FOUND, kerneld_pb2.REVISION_NOT_FOUND):
         return KernelNotFound(message, **ctx)
     if c == kerneld_pb2.NO_COMPATIBLE_VARIANT:

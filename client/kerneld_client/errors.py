@@ -86,6 +86,12 @@ class KernelNotFound(KernelError, FileNotFoundError):
     """The repository, revision or file does not exist (or is not in an offline store)."""
 
 
+class VersionNotFound(KernelNotFound, ValueError):
+    """The repo has no branch `vN` for the version asked for ("Version N not found, available
+    versions: ..."). A mapping or call naming it can never be right, so this is also the
+    `ValueError` `kernels` raises, and `kernelize` raises it instead of falling back."""
+
+
 class NoCompatibleVariant(KernelError, FileNotFoundError):
     """The kernel exists but none of its build variants fits this platform."""
 

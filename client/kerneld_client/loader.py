@@ -23,21 +23,19 @@ a verified in-process Hub download (`hub`), or the error (`error`, or `KERNELD_R
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import importlib.util
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
-from kerneld_client import _config, _index, _trust, importer, locations
+from kerneld_client import _config, _deps, _index, _trust, importer, locations
 from kerneld_client._config import FallbackPolicy
-from kerneld_client._types import KernelRequest
+from kerneld_client._types import KernelRequest, RepoInfo
 from kerneld_client.errors import (
     GROUP_HINT,
     CorruptTree,
@@ -60,6 +58,7 @@ __all__ = [
     "LoadedKernel",
     "get_kernel",
     "get_kernel_variants",
+    "get_loaded_kernels",
     "get_local_kernel",
     "get_locked_kernel",
     "has_kernel",
@@ -124,6 +123,11 @@ class LoadedKernel:
     def module_name(self) -> str:
         return self.module.__name__
 
+    @property
+    def repo_info(self) -> RepoInfo | None:
+        """The repo and the revision asked for (`kernels`' field); None for a local kernel."""
+        return None if self.source == "local" else RepoInfo(self.repo_id, self.ref)
+
     def __repr__(self) -> str:
         return (
             f"LoadedKernel({self.repo_id}@{self.ref} commit={self.commit[:12]} "
@@ -173,6 +177,24 @@ def loaded_kernels() -> list[LoadedKernel]:
     """Every kernel variant loaded into this process (a new list, in load order)."""
     with _lock:
         return list(_loaded.values())
+
+
+def upstream_versions(repo_id: str) -> tuple[int, ...] | None:
+    """Every `vN` the daemon saw upstream when it last resolved a version of `repo_id`, from
+    the published index; None when it never listed them or there is no readable store."""
+    root = _store_root()
+    if root is None:
+        return None
+    try:
+        doc = _index.read_repo_index(Path(root.real), repo_id, owner_uid=root.owner_uid)
+    except (OSError, _index.IndexFormatError):
+        return None
+    return None if doc is None else doc.versions
+
+
+def get_loaded_kernels() -> list[LoadedKernel]:
+    """`kernels`' name for `loaded_kernels()`: one entry per variant folder loaded."""
+    return loaded_kernels()
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -234,19 +256,6 @@ def _hold(real_tree: str, lock_path: Path, tree: Path) -> bool:
         return False
     _held[real_tree] = _index.lock_shared(lock_path, tree)
     return True
-
-
-@contextlib.contextmanager
-def _kernel_deps(deps: Mapping[str, ModuleType]) -> Iterator[None]:
-    """Make dependencies visible to `kernels.get_kernel_dep` while a kernel imports, if the
-    kernel has any and `kernels` is installed (kernels that use it import `kernels` anyway)."""
-    if not deps or importlib.util.find_spec("kernels") is None:
-        yield
-        return
-    from kernels.deps import use_kernel_deps
-
-    with use_kernel_deps(dict(deps)):
-        yield
 
 
 def _check_device(
@@ -312,7 +321,7 @@ def _import_tree(
         deps = {}
         for dep_req in _dependency_requests(metadata, opts):
             deps[dep_req.repo_id] = _load(dep_req, facts, opts, stack).module
-    with _kernel_deps(deps):
+    with _deps.providing(deps):
         # Store and hub-cache trees are immutable: their compiled code may be cached.
         module = importer.import_variant(real, cache_bytecode=source in ("index", "daemon", "hub"))
     loaded = LoadedKernel(

@@ -217,6 +217,14 @@ def _context(exc: BaseException) -> tuple[str, str, str]:
     return "", "", ""
 
 
+def _message(exc: BaseException) -> str:
+    """The error's own text. Repo and revision travel in their detail fields and every reader
+    (client, kerneldctl) puts them in front, so an upstream error's `repo@rev: ` is left out."""
+    if isinstance(exc, UpstreamError):
+        return f"[{exc.upstream}] {exc.message}" if exc.upstream else exc.message
+    return str(exc) or type(exc).__name__
+
+
 def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failure:
     """The status and detail for `exc`; `repo`/`revision` fill in what the error lacks."""
     status: grpc.StatusCode = grpc.StatusCode.INTERNAL
@@ -228,7 +236,7 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
     e_repo, e_rev, e_variant = _context(exc)
     repo = e_repo or repo
     # Callers of the user socket read this: an upstream's credentials (a URL's userinfo) go.
-    message = redact(str(exc) or type(exc).__name__)
+    message = redact(_message(exc))
     hint = _hint(exc, repo)
     fault = store_fault(exc) if status is grpc.StatusCode.INTERNAL else None
     if fault is not None:

@@ -16,6 +16,9 @@ Per-repo document, format version 1 (all paths are relative to the store root)::
       "generation": 42,                 # store-wide counter, grows with every write
       "written_at": 1767225600.0,       # unix time
       "refs": {"v1": {"commit": "<40 hex>", "fetched_at": 1767225600.0}, ...},
+      "versions": [1, 2, 10],           # optional: every vN branch the upstream listed when a
+                                        # version was last resolved (kernels' "version N is
+                                        # available" notice); absent: never listed
       "commits": {
         "<40 hex>": {
           "upstream_variants": ["torch-cpu", ...] | null,   # every variant the upstream has,
@@ -98,7 +101,7 @@ def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> 
             "backend": v.backend,
             "archs": v.archs,
         }
-    return {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "repo": repo,
@@ -113,6 +116,10 @@ def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> 
             for d in index.denies(repo)
         ],
     }
+    versions = index.upstream_versions(repo)
+    if versions is not None:
+        doc["versions"] = versions
+    return doc
 
 
 def build_denies_doc(index: Index, generation: int) -> dict[str, Any]:

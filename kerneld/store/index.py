@@ -613,6 +613,16 @@ class Index:
         )
         return None if row is None else list(json.loads(row[0]))
 
+    def put_upstream_versions(
+        self, conn: sqlite3.Connection, repo: str, versions: list[int]
+    ) -> None:
+        """Every `vN` the upstream listed for `repo` (kept as a meta row: one small list)."""
+        self.set_meta(conn, f"upstream-versions/{repo}", json.dumps(sorted(set(versions))))
+
+    def upstream_versions(self, repo: str) -> list[int] | None:
+        raw = self.get_meta(f"upstream-versions/{repo}")
+        return None if raw is None else [int(v) for v in json.loads(raw)]
+
     def all_upstream_variants(self, repo: str) -> dict[str, list[str]]:
         rows = self._all("SELECT commit_sha, names FROM upstream_variants WHERE repo = ?", (repo,))
         return {r[0]: list(json.loads(r[1])) for r in rows}

@@ -846,16 +846,35 @@ class Store:
 
     # ---- refs, upstream facts, negative cache ----
 
-    def set_ref(self, repo: str, ref: str, commit: str, *, fetched_at: float | None = None) -> None:
+    def set_ref(
+        self,
+        repo: str,
+        ref: str,
+        commit: str,
+        *,
+        fetched_at: float | None = None,
+        versions: Iterable[int] | None = None,
+    ) -> None:
+        """Record where `ref` points; `versions` is every `vN` the same upstream listing had
+        (published so clients can say, as `kernels` does, that a newer version exists)."""
         self._writable()
         validate_repo(repo)
         validate_ref(ref, repo=repo)
         validate_commit(commit, repo=repo)
+        listed = None if versions is None else [int(v) for v in versions]
+        if listed is not None and any(v < 0 for v in listed):
+            raise InvalidInputError(f"versions must be non-negative, got {listed}", repo=repo)
         with self._lock:
             with self.index.tx() as conn:
                 self.index.put_ref(conn, repo, ref, commit, fetched_at or time.time())
+                if listed is not None:
+                    self.index.put_upstream_versions(conn, repo, listed)
             self._publish_index([repo])
         log.info("ref %s -> %s %s", ref, commit, _fmt({"repo": repo}))
+
+    def upstream_versions(self, repo: str) -> list[int] | None:
+        """Every `vN` of the last upstream refs listing recorded with `set_ref`, or None."""
+        return self.index.upstream_versions(repo)
 
     def get_ref(self, repo: str, ref: str) -> RefRow | None:
         """The recorded ref with its fetch time (for TTL and serve-stale decisions)."""

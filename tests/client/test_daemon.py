@@ -196,6 +196,25 @@ try:
     kerneld_client.get_kernel("kerneld-test/multi", version=1, policy="error")
 except KernelDenied as exc:
     res["denied"] = str(exc)
+try:
+    kerneld_client.get_kernel("{ACT}", version=9)
+except ValueError as exc:  # kernels' type for it, and also KernelNotFound
+    res["version"] = [str(exc), isinstance(exc, KernelNotFound)]
+# A mapping naming that version can never be right: kernelize raises despite use_fallback.
+import torch
+from kerneld_client import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub
+from kerneld_client import use_kernel_mapping
+
+@use_kernel_forward_from_hub("Op")
+class Op(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+with use_kernel_mapping({{"Op": {{"cpu": LayerRepository("{ACT}", layer_name="Op", version=9)}}}}):
+    try:
+        kernelize(torch.nn.Sequential(Op()), mode=Mode.INFERENCE, device="cpu")
+    except ValueError as exc:
+        res["kernelize"] = str(exc)
 res["variants"] = [[d.variant, d.accepted] for d in
                    kerneld_client.get_kernel_variants("{ACT}", version=1)]
 res["has"] = [kerneld_client.has_kernel("{ACT}", version=1),
@@ -214,6 +233,10 @@ print(json.dumps(res))
     assert all(not acc and "CUDA" in why for acc, why in reasons.values())
     assert "kerneld-test/absent" in out["nf"]
     assert "not here" in out["denied"]
+    message, also_not_found = out["version"]
+    assert "Version 9 not found, available versions: 1, 2" in message and also_not_found
+    assert message.count(f"{ACT}@v9") == 1, message  # said once, not by daemon and client both
+    assert "Version 9 not found" in out["kernelize"]
     assert out["variants"][0] == ["torch213-cxx11-cpu-x86_64-linux", True]
     assert out["has"] == [True, False]
 

@@ -45,6 +45,15 @@ def test_unknown_format_is_a_miss_and_garbage_an_error(tmp_path: Path) -> None:
         _index.parse_repo_doc(json.dumps(bad))
     with pytest.raises(_index.IndexFormatError):
         _index.lock_path_for(tmp_path, "sha256:../../etc")
+    # The optional upstream version list: absent is None, a list is kept, anything else is bad.
+    base = {"format": _index.FORMAT, "version": 1, "repo": "a/b"}
+    parsed = _index.parse_repo_doc(json.dumps(base))
+    assert parsed is not None and parsed.versions is None
+    parsed = _index.parse_repo_doc(json.dumps({**base, "versions": [1, 2, 10]}))
+    assert parsed is not None and parsed.versions == (1, 2, 10)
+    for versions in ("1,2", [1, "2"], [-1], [True], [1.5]):
+        with pytest.raises(_index.IndexFormatError, match="versions"):
+            _index.parse_repo_doc(json.dumps({**base, "versions": versions}))
 
 
 def test_index_file_checks(shared_store: Populated, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from kerneld_client import (
     _config,
     _rpc,
     get_kernel,
+    get_kernel_dep,
     has_kernel,
     loaded_kernels,
     loader,
@@ -326,6 +327,12 @@ def test_kernel_depends_are_imported_first(env: Path) -> None:
         "assert '_dep_a_d1' in sys.modules, 'dependency not imported first'\n"
         "from kernels import get_kernel_dep\n"
         "DEP = get_kernel_dep('kerneld-tests/dep-a')\n"
+        "import kerneld_client\n"
+        "SAME = kerneld_client.get_kernel_dep('kerneld-tests/dep-a')\n"
+        "try:\n"
+        "    kerneld_client.get_kernel_dep('kerneld-tests/undeclared')\n"
+        "except RuntimeError as exc:\n"
+        "    UNDECLARED = str(exc)\n"
     )
     main = _pure_kernel(
         "_main_b_d1",
@@ -352,5 +359,10 @@ def test_kernel_depends_are_imported_first(env: Path) -> None:
     )
     mod = get_kernel(main_repo, version=3, policy="error")
     assert mod.DEP.twice(21) == 42
+    assert mod.SAME is mod.DEP  # kerneld's get_kernel_dep sees the same module as kernels'
+    assert "'kerneld-tests/undeclared' not found" in mod.UNDECLARED
+    assert "declares: kerneld-tests/dep-a" in mod.UNDECLARED
+    with pytest.raises(RuntimeError, match="only works during kernel loading"):
+        get_kernel_dep(dep_repo)
     order = [k.repo_id for k in loaded_kernels() if k.repo_id in (dep_repo, main_repo)]
     assert order == [dep_repo, main_repo]

@@ -46,6 +46,24 @@ def step(spec: dict[str, Any]) -> dict[str, Any]:
             module = kernels.load_kernel(repo, lockfile=Path(spec["lockfile"]))
         elif op == "locked":
             module = kernels.get_locked_kernel(repo, lockfile=Path(spec["lockfile"]))
+        elif op == "kernelize":
+            # kernels' own layer API on a marked layer, mapped to `repo` at `version`.
+            @kernels.use_kernel_forward_from_hub("RMSNorm")
+            class Norm(torch.nn.Module):
+                weight = torch.nn.Parameter(torch.ones(8))
+                variance_epsilon = 1e-6
+
+                def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+                    return hidden_states
+
+            repo_entry = kernels.LayerRepository(
+                repo, layer_name="RMSNorm", version=spec["version"]
+            )
+            with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo_entry}}):
+                kernels.kernelize(
+                    torch.nn.Sequential(Norm()), mode=kernels.Mode.INFERENCE, device="cpu"
+                )
+            return {"op": op, "value": "kernelized"}
         else:
             raise ValueError(op)
     except Exception as exc:
@@ -53,6 +71,7 @@ def step(spec: dict[str, Any]) -> dict[str, Any]:
             "op": op,
             "error": type(exc).__name__,
             "file_not_found": isinstance(exc, FileNotFoundError),
+            "value_error": isinstance(exc, ValueError),
             "message": str(exc),
         }
     from kerneld_client import loaded_kernels

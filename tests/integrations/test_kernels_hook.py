@@ -116,3 +116,34 @@ def test_an_untrusted_publisher_is_refused_as_kernels_refuses_it(
     assert "trust_remote_code" in refused["message"]
     assert trusted.get("kerneld_source") == "daemon" and trusted["ops_ok"] is True, trusted
     assert hub.counts["org_overview"] == 1  # the daemon asked once; kernels never did
+
+
+def test_a_version_the_repo_does_not_have_is_kernels_own_value_error(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A mapping naming a version that does not exist can never be right: with the hook, as
+    without it, `kernels` raises its ValueError ("Version N not found, available versions")
+    instead of keeping the PyTorch forward; the list comes from the daemon."""
+    env = hook_env(tmp_path, hub, hub_daemon)
+    steps = [{"op": "kernelize", "version": 9}, {"op": "get", "version": 9}]
+    out = run_child("_kernels_child", {"steps": steps}, env)
+    for result in out["steps"]:
+        assert result.get("value_error") is True, result
+        assert "Version 9 not found, available versions: 1, 2" in result["message"], result
+        assert result["message"].count(f"{ACTIVATION}@v9") <= 1, result
+    assert count_warnings(out["stderr"], "KernelFallbackWarning") == 0, out["stderr"]
+
+
+def test_an_older_version_gets_kernels_notice(
+    hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """`kernels` notes "You are using version 1 of ..., but version 2 is available" on its
+    `kernels._versions` logger; with the hook the daemon's refs listing (published in the
+    index) says the same, cold and warm, and nothing for the newest version."""
+    env = hook_env(tmp_path, hub, hub_daemon)
+    notice = f"You are using version 1 of '{ACTIVATION}', but version 2 is available."
+    for _ in ("cold", "warm"):
+        out = run_child("_kernels_child", {"steps": [GET_V1, {"op": "get", "version": 2}]}, env)
+        assert all(step.get("ops_ok") for step in out["steps"]), out["steps"]
+        assert out["stderr"].count(notice) == 1, out["stderr"]
+        assert "You are using version 2" not in out["stderr"]

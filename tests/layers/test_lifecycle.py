@@ -178,7 +178,7 @@ def test_use_kernelized_func_refuses_undecorated_functions() -> None:
         use_kernelized_func(F.silu)
 
 
-def test_condition_skips_instances(act_arch: Path) -> None:
+def test_condition_skips_instances(act_arch: Path, caplog: pytest.LogCaptureFixture) -> None:
     class Norm(nn.Module):
         def __init__(self, hidden: int) -> None:
             super().__init__()
@@ -190,7 +190,7 @@ def test_condition_skips_instances(act_arch: Path) -> None:
 
     replace_kernel_forward_from_hub(Norm, "RMSNorm", condition=lambda m: m.weight.numel() >= 32)
     model = nn.Sequential(Norm(16), Norm(64))
-    with use_kernel_mapping(both(act_arch)):
+    with use_kernel_mapping(both(act_arch)), caplog.at_level("INFO", "kerneld_client.layers"):
         kernelize(model, mode=Mode.INFERENCE, device="cpu")
     report = kernelize_report(model)
     assert report is not None
@@ -198,6 +198,9 @@ def test_condition_skips_instances(act_arch: Path) -> None:
         ("0", LayerStatus.SKIPPED),
         ("1", LayerStatus.KERNELIZED),
     ]
+    # The record `kernels` writes for a skipped instance, word for word.
+    skipped = "Skipping kernelization for `Norm` using `RMSNorm` due to kernel_condition."
+    assert caplog.text.count(skipped) == 1
 
 
 def test_kernels_decorators_are_honoured(act_arch: Path) -> None:

@@ -206,7 +206,7 @@ def test_mapping_misses_raise_without_fallback_but_not_under_require(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = make_model()
-    with pytest.raises(ValueError, match="no kernel mapping for layer `RMSNorm`"):
+    with pytest.raises(ValueError, match="No layer mapping for `RMSNorm`"):
         kernelize(model, mode=Mode.INFERENCE, device="cpu", use_fallback=False)
     monkeypatch.setenv("KERNELD_REQUIRE", "1")
     kernelize(model, mode=Mode.INFERENCE, device="cpu")  # nothing was asked for: no error
@@ -285,6 +285,25 @@ def test_kernels_flags_and_devices_are_accepted() -> None:
     kernelize(model, mode=kernels.Mode.TRAINING, device="cpu")
     report = kernelize_report(model)
     assert report is not None and report.mode == "TRAINING"
+
+
+@pytest.mark.parametrize(
+    ("registered", "kernelize_mode", "what"),
+    [
+        (Mode.TRAINING, Mode.TRAINING, "backward"),
+        (Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.INFERENCE | Mode.TORCH_COMPILE, "torch.compile"),
+    ],
+)
+def test_an_entry_registered_for_what_its_layer_cannot_do_raises(
+    act_arch: Path, registered: Mode, kernelize_mode: Mode, what: str
+) -> None:
+    """A configuration error, not a missing kernel: `kernels` raises whatever `use_fallback`
+    says, and so does kerneld (the compiled layer has neither backward nor torch.compile)."""
+    repo = LocalLayerRepository(act_arch, layer_name="RMSNorm")
+    mapping = {"RMSNorm": {"cpu": {registered: repo}}}
+    expected = f"does not support {what}.\nWas registered for"
+    with use_kernel_mapping(mapping), pytest.raises(ValueError, match=expected):
+        kernelize(make_model(), mode=kernelize_mode, device="cpu", use_fallback=True)
 
 
 def test_torch_compile_mode_needs_a_compilable_layer(act_arch: Path, act_noarch: Path) -> None:

@@ -59,6 +59,7 @@ from kerneld_client.errors import (
     KernelUnavailable,
     NoCompatibleVariant,
     UntrustedPublisher,
+    VersionNotFound,
 )
 from kerneld_client.platform import platform_facts
 
@@ -400,6 +401,23 @@ def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
     return loaded.module
 
 
+def _note_newer_version(req: KernelRequest) -> None:
+    """`kernels`' notice, on its own logger, when a load by version is not the newest version
+    the repo has (the versions are the daemon's last upstream listing, from the index)."""
+    if req.version is None:
+        return
+    versions = loader.upstream_versions(req.repo_id)
+    if versions and max(versions) > req.version:
+        import logging
+
+        logging.getLogger("kernels._versions").warning(
+            "You are using version %d of '%s', but version %d is available.",
+            req.version,
+            req.repo_id,
+            max(versions),
+        )
+
+
 def _mark(func: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
     """Tag a replacement (uninstall() and a second install() recognise it) and copy the doc."""
     setattr(func, _MARK, True)
@@ -432,6 +450,8 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
             return theirs()
         try:
             loaded = _through_kerneld(plan, backend)
+        except VersionNotFound:
+            raise  # kernels' own ValueError for it, with the versions the repo has
         except UntrustedPublisher as exc:
             # kernels' own answer to an untrusted publisher: a ValueError, which its fallbacks
             # do not catch (the check must not turn into a silent PyTorch layer).
@@ -449,6 +469,7 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
                 raise _cannot_be_had(err, exc, plan.request) from err
         except ValueError:  # e.g. a backend kerneld does not know: kernels decides
             return theirs()
+        _note_newer_version(plan.request)
         return _validated(state.api, metadata_validator, loaded)
 
     return _mark(get_kernel_with_resolver, original)
@@ -471,11 +492,17 @@ def _select_revision_or_version(original: Callable[..., Any]) -> Callable[..., A
             return theirs()
         plan = _Plan(req, allow_fetch=not local_files_only, check_arch=True)
         try:
-            return _through_kerneld(plan, None).commit
+            commit = _through_kerneld(plan, None).commit
+            _note_newer_version(req)
+            return commit
+        except VersionNotFound:
+            # The repo has no such version: kernels' own ValueError, which fails the load as
+            # it does without the hook (a mapping that can never be right).
+            raise
         except KernelError as exc:
             # This runs inside `str(repo)` too, in a log line kernelize formats before its
-            # fallback `try`: raising here would fail the model load. Whatever goes wrong, the
-            # branch name is answered, and the load that follows (inside that `try`) asks
+            # fallback `try`: raising here would fail the model load. Whatever else goes wrong,
+            # the branch name is answered, and the load that follows (inside that `try`) asks
             # again and fails where kernelize keeps the PyTorch forward.
             final = isinstance(exc, KernelDenied | NoCompatibleVariant)
             if _policy() != "kernels" or final:
@@ -483,6 +510,8 @@ def _select_revision_or_version(original: Callable[..., Any]) -> Callable[..., A
             _fall_back(exc, req)  # the one warning: kernels' own lookup follows
             try:
                 return theirs()
+            except ValueError:  # kernels' "Version N not found": final, as without the hook
+                raise
             except Exception:
                 return req.ref
 

@@ -27,7 +27,10 @@ differs, it is on purpose:
   with its status (`kernelized`, `fallback`, `unmapped`, `disabled`, `skipped`), cause, reason,
   repo, revision, commit and variant. `use_fallback=False` raises (as `kernels` does with
   `KernelizeFallback.NONE`); `KERNELD_REQUIRE=1` raises for every mapped kernel that cannot be
-  used, while layers that no mapping entry applies to stay on PyTorch.
+  used, while layers that no mapping entry applies to stay on PyTorch. A mapping that can never
+  be right raises whatever `use_fallback` says, as in `kernels`: a version the repo does not
+  have (`VersionNotFound`, a `ValueError`) and an entry registered for `Mode.TRAINING` or
+  `Mode.TORCH_COMPILE` whose layer declares it cannot do that.
 - **Reversible.** `forward` is replaced per instance, never on the class; `unkernelize(model)`
   restores every instance, and a later `kernelize` starts from the original forward.
 - **Disabling.** `DISABLE_KERNEL_MAPPING=1` (read at each `kernelize`, not at import) keeps every
@@ -71,6 +74,12 @@ from kerneld_client.layers._decorators import (
     use_kernelized_func,
 )
 from kerneld_client.layers._device import CUDAProperties, Device, ROCMProperties
+from kerneld_client.layers._funcs import (
+    FuncRepository,
+    LocalFuncRepository,
+    LockedFuncRepository,
+    use_kernel_func_from_hub,
+)
 from kerneld_client.layers._kernelize import (
     ENV_ALLOW_NONDETERMINISTIC,
     ENV_DISABLE,
@@ -106,6 +115,7 @@ __all__ = [
     "CUDAProperties",
     "Cause",
     "Device",
+    "FuncRepository",
     "InvalidKernelLayer",
     "KernelSource",
     "KernelizeFallback",
@@ -114,7 +124,9 @@ __all__ = [
     "LayerRepository",
     "LayerStatus",
     "LayerSummary",
+    "LocalFuncRepository",
     "LocalLayerRepository",
+    "LockedFuncRepository",
     "LockedLayerRepository",
     "Mode",
     "NondeterministicKernel",
@@ -127,6 +139,7 @@ __all__ = [
     "replace_kernel_forward_from_hub",
     "unkernelize",
     "use_kernel_forward_from_hub",
+    "use_kernel_func_from_hub",
     "use_kernel_mapping",
     "use_kernelized_func",
 ]

@@ -41,7 +41,6 @@ from kerneld_client.layers._report import Cause, KernelizeReport, LayerReport, L
 from kerneld_client.layers._repos import (
     KernelSource,
     _Repository,
-    get_layer_class,
     kernel_source,
 )
 
@@ -312,6 +311,29 @@ def _classify(exc: BaseException) -> tuple[Cause, str]:
     return Cause.ERROR, f"{type(exc).__name__}: {text}"
 
 
+def _is_configuration_error(exc: BaseException) -> bool:
+    """An error no fallback can make right (a version the repo does not have): `kernelize`
+    raises it whatever `use_fallback` says, as `kernels` does."""
+    from kerneld_client.errors import VersionNotFound
+
+    return isinstance(exc, VersionNotFound)
+
+
+def _check_registration(layer: type[Any], repo_mode: Mode, layer_name: str, repo: str) -> None:
+    """A mapping entry registered for training or torch.compile whose kernel layer cannot do
+    that is a configuration error: ValueError whatever `use_fallback` says (as in `kernels`)."""
+    if Mode.TRAINING in repo_mode and not getattr(layer, "has_backward", True):
+        raise ValueError(
+            f"Function/layer from repo {repo} does not support backward.\n"
+            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
+        )
+    if Mode.TORCH_COMPILE in repo_mode and not getattr(layer, "can_torch_compile", False):
+        raise ValueError(
+            f"Function/layer from repo {repo} does not support torch.compile.\n"
+            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
+        )
+
+
 _MISS_CAUSES = {
     "no-mapping": (Cause.NO_MAPPING, KernelizeFallback.NO_LAYER),
     "no-device": (Cause.NO_DEVICE, KernelizeFallback.NO_DEVICE),
@@ -409,7 +431,7 @@ class _Run:
             return self._failure(kernel_key, exc)
         try:
             if source is not None:
-                layer: Any = get_layer_class(source, layer_name, str(repo))
+                layer: Any = repo.layer_class(source)
             else:
                 layer = repo.load()
             return _validated_layer(layer, original, str(repo)), source
@@ -429,6 +451,11 @@ class _Run:
         )
         condition = getattr(cls, CONDITION_ATTR, None)
         if condition is not None and not condition(module):
+            log.info(  # the record `kernels` writes (it has no report to put it in)
+                "Skipping kernelization for `%s` using `%s` due to kernel_condition.",
+                cls.__name__,
+                layer_name,
+            )
             self._keep(
                 module,
                 base,
@@ -478,6 +505,8 @@ class _Run:
                 return
 
         obtained = self._obtain(repo, cls)
+        if isinstance(obtained, _Failure) and _is_configuration_error(obtained.error):
+            raise obtained.error
         if isinstance(obtained, _Failure):
             if isinstance(repo, _Repository):  # a lock file read during loading names the pin
                 base = replace(base, revision=repo.describe()[1])
@@ -502,6 +531,7 @@ class _Run:
                         self._disabled(module, base, rule)
                         return
 
+        _check_registration(layer, selection.repo_mode, layer_name, str(repo))
         problem = self._mode_problem(layer, selection.repo_mode)
         if problem is not None:
             self._keep(
@@ -558,13 +588,13 @@ class _Run:
         wants_compile = (Mode.TORCH_COMPILE in self.mode) or (Mode.TORCH_COMPILE in repo_mode)
         if wants_training and not has_backward:
             return (
-                "the kernel layer declares has_backward=False, so it cannot be used for "
-                f"training (kernelize mode {self.mode}, mapping entry {repo_mode})"
+                f"Available kernel does not support mode: {self.mode} (the kernel layer "
+                f"declares has_backward=False; mapping entry {repo_mode})"
             )
         if wants_compile and not can_compile:
             return (
-                "the kernel layer does not declare can_torch_compile=True (kernelize mode "
-                f"{self.mode}, mapping entry {repo_mode})"
+                f"Available kernel does not support mode: {self.mode} (the kernel layer does "
+                f"not declare can_torch_compile=True; mapping entry {repo_mode})"
             )
         return None
 

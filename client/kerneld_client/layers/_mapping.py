@@ -173,14 +173,16 @@ def select_repository(layer_name: str, device: Device, mode: Mode) -> Selection:
     """The repo the active mapping gives `layer_name` on `device` in `mode`, or MappingMiss."""
     devices = _active().get(layer_name)
     if devices is None:
-        raise MappingMiss("no-mapping", f"no kernel mapping for layer `{layer_name}`")
+        raise MappingMiss(
+            "no-mapping", f"No layer mapping for `{layer_name}` (no kernel is mapped to it)"
+        )
     entries = list(devices.get(device.type) or ())
     if not entries:
         known = ", ".join(sorted(devices)) or "none"
         raise MappingMiss(
             "no-device",
-            f"the mapping of `{layer_name}` has no entry for device type {device.type!r} "
-            f"(it has: {known})",
+            f"No layer mapping for `{layer_name}` with device type `{device.type}` "
+            f"(the mapping has: {known})",
         )
     candidates = [e for e in entries if not e.constrained]
     where = device.type
@@ -194,8 +196,8 @@ def select_repository(layer_name: str, device: Device, mode: Mode) -> Selection:
             detail = f"capability {capability}" if capability is not None else source
             raise MappingMiss(
                 "no-compatible-properties",
-                f"no mapping of `{layer_name}` on {device.type} covers {detail} "
-                f"(intervals: {ranges})",
+                f"No layer mapping for `{layer_name}` device `{device.type}` with the right "
+                f"properties (none covers {detail}; intervals: {ranges})",
             )
     best = min(candidates, key=lambda e: (e.hi - e.lo, -e.seq))
     chain = MODE_FALLBACK_CHAINS.get(mode)
@@ -208,5 +210,6 @@ def select_repository(layer_name: str, device: Device, mode: Mode) -> Selection:
     have = ", ".join(str(m) for m in best.repos) or "none"
     raise MappingMiss(
         "no-compatible-mode",
-        f"the mapping of `{layer_name}` on {where} has no repo for mode {mode} (it has: {have})",
+        f"No repository for `{layer_name}` for configuration mode={mode} (on {where} the "
+        f"mapping has: {have})",
     )

@@ -72,9 +72,13 @@ class _Repository:
         """Obtain the kernel module (uncached); raises the client's typed errors."""
         raise NotImplementedError
 
+    def layer_class(self, source: KernelSource) -> type[nn.Module]:
+        """The hub layer this repository names in a loaded kernel (`layers.<layer_name>`)."""
+        return get_layer_class(source, self.layer_name, str(self))
+
     def load(self) -> type[nn.Module]:
         """The `kernels` repository protocol: the layer class, or an exception."""
-        return get_layer_class(kernel_source(self, None), self.layer_name, str(self))
+        return self.layer_class(kernel_source(self, None))
 
 
 def _provenance(module: ModuleType, repo: str, revision: str) -> KernelSource:

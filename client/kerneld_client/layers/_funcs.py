@@ -1,0 +1,160 @@
+"""Function repositories: `kernels`' deprecated way to map a *function* of a kernel.
+
+`FuncRepository`, `LocalFuncRepository`, `LockedFuncRepository` and `use_kernel_func_from_hub`
+exist so code written for `kernels` <= 0.16 runs unchanged; `kernels` 0.17 keeps them deprecated
+and so do we (a `DeprecationWarning` at construction). They differ from the layer repositories in
+one point only: the replacement is the kernel's top-level function `func_name` (not
+`layers.<name>`), wrapped into an `nn.Module` whose forward has the function's signature, as
+`use_kernel_forward_from_hub` does for a marked function. Loading, caching, trust and fallback
+are the layer repositories' own. New code maps a function kernel with a `LayerRepository` whose
+layer is the kernel's function-shaped layer class.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kerneld_client.errors import KernelLoadError
+from kerneld_client.layers._decorators import _function_module, use_kernel_forward_from_hub
+from kerneld_client.layers._repos import (
+    KernelSource,
+    LayerRepository,
+    LocalLayerRepository,
+    LockedLayerRepository,
+)
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = [
+    "FuncRepository",
+    "LocalFuncRepository",
+    "LockedFuncRepository",
+    "use_kernel_func_from_hub",
+]
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(
+        f"{name} is deprecated (as in kernels 0.17); use {instead} instead",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def function_layer(source: KernelSource, func_name: str, where: str) -> type[nn.Module]:
+    """The kernel's top-level function `func_name` as an `nn.Module` class."""
+    func = getattr(source.module, func_name, None)
+    if not callable(func):
+        raise KernelLoadError(
+            f"function `{func_name}` not found in kernel {where}", repo_id=source.repo
+        )
+    return _function_module(func)
+
+
+class FuncRepository(LayerRepository):
+    """A function of a Hub kernel repo at a version (branch `vN`) or a revision."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        func_name: str,
+        revision: str | None = None,
+        version: int | None = None,
+        trust_remote_code: bool | list[str] = False,
+    ) -> None:
+        _deprecated("FuncRepository", "LayerRepository")
+        super().__init__(
+            repo_id,
+            layer_name=func_name,
+            revision=revision,
+            version=version,
+            trust_remote_code=trust_remote_code,
+        )
+        self.func_name = func_name
+
+    def layer_class(self, source: KernelSource) -> type[nn.Module]:
+        return function_layer(source, self.func_name, str(self))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FuncRepository) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("func", super().__hash__()))
+
+    def __str__(self) -> str:
+        return f"`{self.repo_id}` ({self.ref}), function `{self.func_name}`"
+
+    def __repr__(self) -> str:
+        selector = (
+            f"version={self.version}" if self.version is not None else f"revision={self.revision!r}"
+        )
+        return f"FuncRepository({self.repo_id!r}, func_name={self.func_name!r}, {selector})"
+
+
+class LocalFuncRepository(LocalLayerRepository):
+    """A function of a kernel on local disk."""
+
+    def __init__(self, repo_path: str | Path, *, func_name: str) -> None:
+        _deprecated("LocalFuncRepository", "LocalLayerRepository")
+        super().__init__(repo_path, layer_name=func_name)
+        self.func_name = func_name
+
+    def layer_class(self, source: KernelSource) -> type[nn.Module]:
+        return function_layer(source, self.func_name, str(self))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalFuncRepository) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("func", super().__hash__()))
+
+    def __str__(self) -> str:
+        return f"`{self.repo_path}` (function `{self.func_name}`)"
+
+    def __repr__(self) -> str:
+        return f"LocalFuncRepository({str(self.repo_path)!r}, func_name={self.func_name!r})"
+
+
+class LockedFuncRepository(LockedLayerRepository):
+    """A function of a kernel at the commit a `kernels.lock` pins."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        lockfile: str | Path | None = None,
+        func_name: str,
+        trust_remote_code: bool | list[str] = False,
+    ) -> None:
+        _deprecated("LockedFuncRepository", "LockedLayerRepository")
+        super().__init__(
+            repo_id, lockfile=lockfile, layer_name=func_name, trust_remote_code=trust_remote_code
+        )
+        self.func_name = func_name
+
+    def layer_class(self, source: KernelSource) -> type[nn.Module]:
+        return function_layer(source, self.func_name, str(self))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LockedFuncRepository) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("func", super().__hash__()))
+
+    def __str__(self) -> str:
+        return f"`{self.repo_id}` (locked), function `{self.func_name}`"
+
+    def __repr__(self) -> str:
+        where = f"lockfile={str(self.lockfile)!r}" if self.lockfile else f"caller={self._caller!r}"
+        return f"LockedFuncRepository({self.repo_id!r}, func_name={self.func_name!r}, {where})"
+
+
+def use_kernel_func_from_hub(func_name: str) -> Callable[[Callable[..., Any]], Any]:
+    """Deprecated spelling of `use_kernel_forward_from_hub` on a function."""
+    _deprecated("use_kernel_func_from_hub", "use_kernel_forward_from_hub")
+    return use_kernel_forward_from_hub(func_name)

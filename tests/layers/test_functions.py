@@ -1,0 +1,152 @@
+"""Function kernels with kerneld's layer API: a function marked with
+`use_kernel_forward_from_hub` and attached with `use_kernelized_func` (how Transformers marks
+`apply_rotary_pos_emb`), replaced by the example `rotary` kernel -- through its layer
+(`LocalLayerRepository`) and through `kernels`' deprecated function repositories, which take the
+kernel's top-level function instead."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from examples.kernels.build import BuiltExamples
+from kerneld_client.layers import (
+    FuncRepository,
+    LayerStatus,
+    LocalFuncRepository,
+    LocalLayerRepository,
+    LockedFuncRepository,
+    LockedLayerRepository,
+    Mode,
+    kernelize,
+    kernelize_report,
+    unkernelize,
+    use_kernel_forward_from_hub,
+    use_kernel_func_from_hub,
+    use_kernel_mapping,
+    use_kernelized_func,
+)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+@use_kernel_forward_from_hub("rotary_pos_emb")
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+@use_kernelized_func(apply_rotary_pos_emb)
+class Attention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+@pytest.fixture
+def model() -> Iterator[nn.Module]:
+    m = nn.Sequential(Attention(), Attention()).eval()
+    yield m
+    unkernelize(m)
+    assert apply_rotary_pos_emb.forward.__func__.__qualname__.endswith("forward")
+
+
+@pytest.fixture(scope="module")
+def rotary(built_examples: BuiltExamples) -> Path:
+    return built_examples.variant("rotary", 1).path
+
+
+def inputs() -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 6, 8, generator=gen), torch.randn(2, 2, 6, 8, generator=gen)
+    cos, sin = torch.randn(2, 2, 6, 8, generator=gen).unbind(0)
+    return q, k, cos, sin
+
+
+def run(model: nn.Module, repo: object) -> tuple[torch.Tensor, torch.Tensor]:
+    with use_kernel_mapping({"rotary_pos_emb": {"cpu": repo}}):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    return model[0](*inputs())
+
+
+def test_a_function_kernel_replaces_the_marked_function(model: nn.Module, rotary: Path) -> None:
+    expected = model[0](*inputs())
+    got = run(model, LocalLayerRepository(rotary, layer_name="apply_rotary_transformers"))
+    fn = apply_rotary_pos_emb.forward.__func__
+    assert fn.__qualname__ == "apply_rotary_transformers.forward"
+    assert Path(fn.__code__.co_filename).is_relative_to(rotary)
+    torch.testing.assert_close(got, expected)
+    report = kernelize_report(model)
+    assert report is not None
+    # One function module, shared by both attention layers: kernelized once.
+    assert [(r.name, r.status) for r in report] == [("0.rotary_pos_emb", LayerStatus.KERNELIZED)]
+
+
+def test_func_repository_takes_the_kernels_top_level_function(
+    model: nn.Module, rotary: Path
+) -> None:
+    expected = model[0](*inputs())
+    with pytest.warns(DeprecationWarning, match="LocalFuncRepository is deprecated"):
+        repo = LocalFuncRepository(rotary, func_name="apply_rotary_transformers")
+    got = run(model, repo)
+    fn = apply_rotary_pos_emb.forward.__func__
+    assert fn.__qualname__.startswith("_function_module")  # a module around the function
+    torch.testing.assert_close(got, expected)
+    report = kernelize_report(model)
+    assert report is not None and [r.status for r in report] == [LayerStatus.KERNELIZED]
+    assert report.layers[0].hub_layer == "apply_rotary_transformers"
+
+
+def test_a_missing_function_keeps_pytorch_and_says_so(model: nn.Module, rotary: Path) -> None:
+    with pytest.warns(DeprecationWarning):
+        repo = LocalFuncRepository(rotary, func_name="no_such_function")
+    expected = model[0](*inputs())
+    torch.testing.assert_close(run(model, repo), expected)
+    report = kernelize_report(model)
+    assert report is not None
+    (entry,) = report.layers
+    assert entry.status is not LayerStatus.KERNELIZED
+    assert "function `no_such_function` not found" in entry.reason
+
+
+def test_function_repositories_are_their_own_kind() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        func = FuncRepository("org/rotary", func_name="f", version=1)
+        same = FuncRepository("org/rotary", func_name="f", version=1)
+        locked = LockedFuncRepository("org/rotary", lockfile=Path("k.lock"), func_name="f")
+        with pytest.raises(ValueError, match="not both"):
+            FuncRepository("org/rotary", func_name="f", version=1, revision="main")
+    layer = LocalLayerRepository(Path("x"), layer_name="f")
+    assert func == same and hash(func) == hash(same)
+    from kerneld_client.layers import LayerRepository
+
+    assert func != LayerRepository("org/rotary", layer_name="f", version=1)
+    assert locked != LockedLayerRepository("org/rotary", lockfile=Path("k.lock"), layer_name="f")
+    with pytest.warns(DeprecationWarning):
+        local_func = LocalFuncRepository(Path("x"), func_name="f")
+    assert layer != local_func and local_func != layer
+    assert str(func) == "`org/rotary` (v1), function `f`"
+    assert "func_name='f'" in repr(locked)
+
+
+def test_use_kernel_func_from_hub_is_the_deprecated_spelling() -> None:
+    with pytest.warns(DeprecationWarning, match="use_kernel_forward_from_hub instead"):
+        deco = use_kernel_func_from_hub("relu")
+
+    @deco
+    def relu(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+    assert type(relu).kernel_layer_name == "relu"  # type: ignore[attr-defined]
+    x = torch.randn(4)
+    torch.testing.assert_close(relu(x), torch.relu(x))
