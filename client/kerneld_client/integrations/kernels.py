@@ -39,6 +39,7 @@ A kernel the administrator denied, or that has no build for this platform, is ne
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import os
 import re
@@ -77,6 +78,9 @@ _POINTS: tuple[tuple[str, str], ...] = (
     ("kernels.layer.func", "get_kernel_with_resolver"),
     ("kernels.layer.layer", "select_revision_or_version"),
     ("kernels.layer.func", "select_revision_or_version"),
+    # Only the name the layer repositories call: a load for a layer (see _for_layer).
+    ("kernels.layer.layer", "get_kernel"),
+    ("kernels.layer.func", "get_kernel"),
     ("kernels.load", "has_kernel"),
     ("kernels", "has_kernel"),
 )
@@ -358,14 +362,35 @@ def _fall_back(exc: KernelError, req: KernelRequest) -> None:
 _TRANSPORT_MODULES = ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3")
 
 
+#: True while a layer repository of kernels loads its kernel (LayerRepository.load, FuncRepository
+#: .load): the one place where a Hub error of kernels' own resolver must not fail the caller.
+_FOR_LAYER: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "kerneld_for_layer", default=False
+)
+
+
+def _for_layer(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`get_kernel` as the layer repositories see it: the same call, marked as a layer load."""
+
+    def get_kernel(*args: Any, **kwargs: Any) -> Any:
+        token = _FOR_LAYER.set(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _FOR_LAYER.reset(token)
+
+    return _mark(get_kernel, original)
+
+
 def _cannot_be_had(err: Exception, exc: KernelError, req: KernelRequest) -> Exception:
     """What kernels' own resolver raised after kerneld failed, as the caller gets it.
 
     A repo that neither kerneld nor the Hub can provide (Transformers maps layers to repos a
     site may not have) must not fail a model load: `kernelize` keeps the PyTorch forward on a
-    FileNotFoundError only, so a network or Hub error becomes KernelUnavailable (one). The
-    kernel's own errors (kernels' trust ValueError, a failing import) stay as they are."""
-    if isinstance(err, FileNotFoundError):
+    FileNotFoundError only, so for a layer's kernel a network or Hub error becomes
+    KernelUnavailable (one). A direct `get_kernel` call gets kernels' own error, as without the
+    hook; so do the kernel's own errors (kernels' trust ValueError, a failing import)."""
+    if isinstance(err, FileNotFoundError) or not _FOR_LAYER.get():
         return err
     transport = isinstance(err, OSError) or type(err).__module__.split(".")[0] in (
         _TRANSPORT_MODULES
@@ -562,6 +587,7 @@ def _has_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _FACTORIES: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "get_kernel": _for_layer,
     "get_kernel_with_resolver": _get_kernel_with_resolver,
     "select_revision_or_version": _select_revision_or_version,
     "has_kernel": _has_kernel,

@@ -1,0 +1,182 @@
+"""Stand-ins for the Hub repos the `kernels` 0.17.2 test suite names, in Hub layout.
+
+The suite was written against the real Hub; here the Hub test server serves these instead. Each
+stand-in is a small pure-PyTorch kernel (a `torch-universal` variant, so it loads on this CPU
+machine) that does what the tests check: `kernels-test/versions` reports its version on every
+version branch, `kernels-community/relu` is a relu, `backward-marker-test` has layers with and
+without a backward. Repos the tests name but that only matter on a GPU, for signed kernels, for
+Python dependencies or for TVM-FFI are not stood in; those tests fail on the baseline too and so
+are outside the comparison (docs/kernels-compatibility.md says which).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.gitrepo import GitRepo, variant_digest
+
+#: Organisations the stand-in Hub calls trusted kernel publishers; every other is untrusted.
+TRUSTED_ORGS = ("kernels-community", "kernels-test")
+VARIANT = "torch-universal"
+
+_RELU = """
+import torch
+
+
+def relu(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x)
+"""
+
+_SILU_AND_MUL = """
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+"""
+
+_SILU_AND_MUL_LAYER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        d = input.shape[-1] // 2
+        return F.silu(input[..., :d]) * input[..., d:]
+"""
+
+_VERSION = """
+def version() -> int:
+    return {version}
+"""
+
+_VERSION_LAYER = """
+from torch import nn
+
+
+class Version(nn.Module):
+    def forward(self) -> int:
+        return {version}
+"""
+
+# Layers that replace an nn.Linear: one declares a backward, one declares none, one says
+# nothing (a backward is assumed).
+_LINEAR_LAYERS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearBackward(nn.Module):
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input, self.weight, self.bias)
+
+
+class LinearNoBackward(nn.Module):
+    has_backward = False
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input, self.weight, self.bias)
+
+
+class LinearImplicitBackward(nn.Module):
+    can_torch_compile = True
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.linear(input, self.weight, self.bias)
+"""
+
+
+def _source(text: str, **values: object) -> bytes:
+    return textwrap.dedent(text).lstrip().format(**values).encode()
+
+
+def variant_files(
+    repo_id: str, version: int, *, init: str, layers: str | None = None
+) -> dict[str, bytes]:
+    """One `torch-universal` build variant, keyed by repo path, with the metadata `kernels`
+    0.17.2 requires and a digest of every file."""
+    name = repo_id.split("/")[1]
+    files = {"__init__.py": _source(init + ("\nfrom . import layers\n" if layers else ""))}
+    if layers:
+        files["layers.py"] = _source(layers)
+    tag = hashlib.sha256(f"{repo_id}/{version}/{init}".encode()).hexdigest()[:7]
+    metadata = {
+        "id": f"_{name.replace('-', '_')}_{tag}",
+        "name": name,
+        "version": version,
+        "license": "Apache-2.0",
+        "python-depends": [],
+        "backend": {"type": "cpu"},
+        "kernels-minver": "0.17.0",
+        "digest": {"algorithm": "sha256", "files": variant_digest(files)},
+    }
+    files["metadata.json"] = (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode()
+    return {f"build/{VARIANT}/{rel}": data for rel, data in files.items()}
+
+
+@dataclass(frozen=True)
+class Release:
+    """One commit of a stand-in: the branches that point at it, and its variant."""
+
+    branches: tuple[str, ...]
+    version: int
+    init: str
+    layers: str | None = None
+
+
+def _releases() -> dict[str, list[Release]]:
+    def versions(n: int, branches: tuple[str, ...]) -> Release:
+        return Release(
+            branches,
+            n,
+            _VERSION.replace("{version}", str(n)),
+            _VERSION_LAYER.replace("{version}", str(n)),
+        )
+
+    relu = Release(("v1",), 1, _RELU)
+    silu = Release(("v1",), 1, _SILU_AND_MUL, _SILU_AND_MUL_LAYER)
+    return {
+        # Numerical order matters to the tests (2 before 10); main is at v2.
+        "kernels-test/versions": [
+            versions(1, ("v1",)),
+            versions(10, ("v10",)),
+            versions(2, ("v2",)),
+        ],
+        "kernels-community/relu": [relu],
+        "kernels-test/silu-and-mul": [silu],
+        "kernels-test/backward-marker-test": [Release(("v1",), 1, "", _LINEAR_LAYERS)],
+        "kernels-test-untrusted/not-a-trused-org-kernel": [silu],
+        "kernels-test-untrusted/ci-test-kernel": [silu],
+        "untrusted-org/allowed-kernel": [silu],
+    }
+
+
+def build_standins(root: Path) -> dict[str, dict[str, str]]:
+    """Write every stand-in under `root/kernels/<org>/<name>`; repo -> branch -> commit (`main`
+    is the last release)."""
+    commits: dict[str, dict[str, str]] = {}
+    for repo_id, releases in _releases().items():
+        repo = GitRepo(root / "kernels" / repo_id)
+        table = commits.setdefault(repo_id, {})
+        for release in releases:
+            files = variant_files(
+                repo_id, release.version, init=release.init, layers=release.layers
+            )
+            sha = repo.commit(f"version {release.version}", files)
+            for branch in release.branches:
+                table[branch] = repo.branch(branch, force=True)
+            table["main"] = sha
+    return commits

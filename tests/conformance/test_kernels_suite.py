@@ -1,0 +1,104 @@
+"""`kernels` 0.17.2's own test suite, plain and through kerneld's start-up hook.
+
+One Hub test server serves the stand-in repos (standins.py); one real daemon, unprivileged, has
+that server as its upstream. The suite runs twice in fresh processes: as plain `kernels`
+(the baseline) and with KERNELD_HOOK_KERNELS=1, where every Hub load goes through the daemon.
+A test that passes on the baseline must pass through the hook, unless the "Conformance" table
+of docs/kernels-compatibility.md lists it with its reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.client.support import client_env
+from tests.conformance.standins import TRUSTED_ORGS, build_standins
+from tests.conformance.suite import KERNELS_VERSION, fetch_suite, run_suite
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import HubServer
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "kernels-compatibility.md"
+#: Below this many passing baseline tests the harness itself is broken (stand-ins not served,
+#: the suite not collected), whatever the comparison says.
+MIN_BASELINE_PASSED = 400
+
+
+def allowed_differences(configuration: str) -> dict[str, str]:
+    """test id -> reason, from the documented table (`| test | configuration | reason |`)."""
+    text = PAGE.read_text(encoding="utf-8")
+    section = text.split("\n## Conformance\n", 1)[1].split("\n## ", 1)[0]
+    body = section.split("| test | configuration | reason |", 1)[1]
+    allowed: dict[str, str] = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1] == configuration:
+            allowed[cells[0].strip("`")] = cells[2]
+    return allowed
+
+
+def per_file(outcomes: dict[str, str]) -> dict[str, Counter[str]]:
+    table: dict[str, Counter[str]] = {}
+    for test_id, outcome in outcomes.items():
+        table.setdefault(test_id.split("::")[0], Counter())[outcome] += 1
+    return table
+
+
+@pytest.fixture(scope="module")
+def suite() -> Path:
+    return fetch_suite()
+
+
+@pytest.fixture(scope="module")
+def standin_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    root = tmp_path_factory.mktemp("standin-hub")
+    build_standins(root)
+    with HubServer(root, trusted_orgs=dict.fromkeys(TRUSTED_ORGS, True)) as server:
+        yield server
+
+
+@pytest.mark.timeout(900)
+def test_the_kernels_suite_passes_through_the_hook(
+    suite: Path,
+    standin_hub: HubServer,
+    make_daemon: Callable[..., DaemonProcess],
+    tmp_path: Path,
+) -> None:
+    daemon = make_daemon(hub_endpoint=standin_hub.url)
+    runs: dict[str, dict[str, str]] = {}
+    for name, hook in (("baseline", "0"), ("hook", "1")):
+        (tmp_path / name).mkdir()
+        env = client_env(
+            None,
+            tmp_path / name,
+            HF_ENDPOINT=standin_hub.url,
+            HF_HOME=str(tmp_path / name / "hf-home"),
+            KERNELD_HOOK_KERNELS=hook,
+            KERNELD_SOCKET=str(daemon.user_socket),
+        )
+        runs[name] = run_suite(suite, env, tmp_path / f"{name}.xml")
+
+    baseline, hooked = runs["baseline"], runs["hook"]
+    passed = [t for t, outcome in baseline.items() if outcome == "passed"]
+    assert len(passed) >= MIN_BASELINE_PASSED, per_file(baseline)
+    # The hook route really went through the daemon: what the suite loaded is in its store.
+    published = daemon.store_root / "index" / "v1" / "kernels-test" / "versions.json"
+    assert published.is_file(), "the hooked suite never asked the daemon"
+
+    allowed = allowed_differences("hook")
+    regressions = {t: hooked.get(t, "missing") for t in passed if hooked.get(t) != "passed"}
+    unexplained = {t: o for t, o in regressions.items() if t not in allowed}
+    stale = sorted(set(allowed) - set(regressions))
+    table = "\n".join(
+        f"{path}: baseline {dict(per_file(baseline)[path])}, hook {dict(per_file(hooked)[path])}"
+        for path in sorted(per_file(baseline))
+    )
+    assert not unexplained, (
+        f"kernels {KERNELS_VERSION} tests that pass plainly but not through the hook "
+        f"(fix, or list in {PAGE.name} with the reason): {unexplained}\n{table}"
+    )
+    assert not stale, f"listed as differing but passing through the hook now: {stale}"
+    print(table)
