@@ -104,7 +104,12 @@ def _source(text: str, **values: object) -> bytes:
 
 
 def variant_files(
-    repo_id: str, version: int, *, init: str, layers: str | None = None
+    repo_id: str,
+    version: int,
+    *,
+    init: str,
+    layers: str | None = None,
+    python_depends: tuple[str, ...] = (),
 ) -> dict[str, bytes]:
     """One `torch-universal` build variant, keyed by repo path, with the metadata `kernels`
     0.17.2 requires and a digest of every file."""
@@ -118,7 +123,7 @@ def variant_files(
         "name": name,
         "version": version,
         "license": "Apache-2.0",
-        "python-depends": [],
+        "python-depends": list(python_depends),
         "backend": {"type": "cpu"},
         "kernels-minver": "0.17.0",
         "digest": {"algorithm": "sha256", "files": variant_digest(files)},
@@ -135,6 +140,7 @@ class Release:
     version: int
     init: str
     layers: str | None = None
+    python_depends: tuple[str, ...] = ()
 
 
 def _releases() -> dict[str, list[Release]]:
@@ -161,6 +167,12 @@ def _releases() -> dict[str, list[Release]]:
         "kernels-test-untrusted/not-a-trused-org-kernel": [silu],
         "kernels-test-untrusted/ci-test-kernel": [silu],
         "untrusted-org/allowed-kernel": [silu],
+        # A function kernel (FuncRepository's `silu_and_mul`) on every branch the tests name.
+        "kernels-test/flattened-build": [
+            Release(("pre-flattening", "without-compat-module"), 1, _SILU_AND_MUL)
+        ],
+        # A Python dependency kernels does not allow: its validators refuse the kernel.
+        "kernels-test/python-invalid-dep": [Release((), 1, _RELU, python_depends=("kepler-22b",))],
     }
 
 
@@ -173,7 +185,11 @@ def build_standins(root: Path) -> dict[str, dict[str, str]]:
         table = commits.setdefault(repo_id, {})
         for release in releases:
             files = variant_files(
-                repo_id, release.version, init=release.init, layers=release.layers
+                repo_id,
+                release.version,
+                init=release.init,
+                layers=release.layers,
+                python_depends=release.python_depends,
             )
             sha = repo.commit(f"version {release.version}", files)
             for branch in release.branches:
