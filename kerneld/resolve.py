@@ -64,6 +64,7 @@ class ResolveError(Exception):
     """Base of resolution failures that are not upstream or store errors."""
 
     def __init__(self, message: str, *, repo_id: str = "", revision: str = "") -> None:
+        self.message = message
         self.repo_id = repo_id
         self.revision = revision
         where = "@".join(p for p in (repo_id, revision) if p)

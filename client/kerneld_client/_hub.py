@@ -34,6 +34,7 @@ from kerneld_client.errors import (
     KernelNotFound,
     KernelUnavailable,
     NoCompatibleVariant,
+    UntrustedPublisher,
     VariantReason,
 )
 from kerneld_client.variants import PlatformFacts, decide
@@ -113,8 +114,8 @@ def _check_publisher(api: Any, repo_id: str, trust_remote_code: bool | list[str]
             hint="pass trust_remote_code=True or list the repo in trust_remote_code",
         ) from exc
     if not getattr(info, "trustedKernelPublisher", False):
-        raise KernelDenied(
-            f"{org} is not a trusted kernel publisher",
+        raise UntrustedPublisher(
+            f"not from a trusted publisher: {org} is not a trusted kernel publisher",
             repo_id=repo_id,
             hint="pass trust_remote_code=True or list the repo in trust_remote_code",
         )

@@ -118,10 +118,11 @@ class KernelDenied(KernelError, FileNotFoundError):
     """An administrator disabled this kernel (or revision) on this host."""
 
 
-class UntrustedPublisher(KernelDenied):
+class UntrustedPublisher(KernelDenied, ValueError):
     """The kernel's publisher is not trusted on this host (`[trust]` in kerneld.toml: the Hub's
     trusted kernel publishers and an allow-list), and the caller did not pass
-    `trust_remote_code`; `kernels` refuses such a kernel the same way."""
+    `trust_remote_code`; `kernels` refuses such a kernel the same way, with a `ValueError`
+    ("not from a trusted publisher"), which this also is."""
 
 
 class KernelUnavailable(KernelError, FileNotFoundError):

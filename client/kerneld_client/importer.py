@@ -252,11 +252,13 @@ def _inside(path: Path, folder: Path) -> Path | None:
     return real if real.is_relative_to(folder) else None
 
 
-def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
+def package_dir(variant_dir: Path, metadata: dict[str, object], *, links: bool = False) -> Path:
     """Where the package's `__init__.py` is: flattened layout, or `<python_name>/`.
 
     Always a folder inside `variant_dir` (resolved): code from anywhere else is never imported,
-    even if a symlink or a hostile `name` points there.
+    even if a symlink or a hostile `name` points there. With `links`, the package's files may
+    be symlinks to elsewhere (the Hugging Face cache's snapshot folders link every file into
+    its blob store); only for the caller's own folders, never for the store's trees.
     """
     folder = variant_dir.resolve()
     pyname = python_name(variant_dir, metadata)
@@ -266,7 +268,7 @@ def package_dir(variant_dir: Path, metadata: dict[str, object]) -> Path:
         if not init.is_file():
             continue
         real = _inside(candidate, folder)
-        if real is None or _inside(init, real) is None:
+        if real is None or (not links and _inside(init, real) is None):
             raise KernelLoadError(
                 f"{init} leads out of the variant folder {folder}; refusing to import it"
             )
@@ -287,11 +289,15 @@ def _file_inside(module: ModuleType, folder: Path) -> bool:
         return False
 
 
-def import_variant(variant_dir: Path | str, *, cache_bytecode: bool = False) -> ModuleType:
+def import_variant(
+    variant_dir: Path | str, *, cache_bytecode: bool = False, own_folder: bool = False
+) -> ModuleType:
     """Import the variant at `variant_dir` and return its package module.
 
     `cache_bytecode` declares the folder immutable (a verified store tree), so its compiled
-    code may be reused from the per-user bytecode cache by later processes.
+    code may be reused from the per-user bytecode cache by later processes. `own_folder` is a
+    folder of the caller's (a local kernel): its files may be symlinks, as in a Hugging Face
+    cache snapshot.
 
     Importing the same folder twice returns the same module. A different folder whose metadata
     `id` is already imported is refused: two builds claiming one id would register the same ops.
@@ -299,7 +305,7 @@ def import_variant(variant_dir: Path | str, *, cache_bytecode: bool = False) -> 
     folder = Path(variant_dir).resolve()
     metadata = read_metadata(folder)
     name = module_name_for(folder, metadata)
-    pkg = package_dir(folder, metadata)
+    pkg = package_dir(folder, metadata, links=own_folder)
     with _lock:
         existing = sys.modules.get(name)
         if existing is not None:

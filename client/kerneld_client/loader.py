@@ -179,6 +179,31 @@ def loaded_kernels() -> list[LoadedKernel]:
         return list(_loaded.values())
 
 
+_versions_seen: dict[str, tuple[int, ...] | None] = {}  # repo -> versions, from index reads
+
+
+def note_newer_version(req: KernelRequest, logger_name: str) -> None:
+    """`kernels`' notice when a load by version is not the repo's newest version, on every
+    such load as in `kernels`. The versions are the daemon's last upstream listing, from the
+    index this load read (or read now, after an RPC)."""
+    if req.version is None:
+        return
+    versions = (
+        _versions_seen[req.repo_id]
+        if req.repo_id in _versions_seen
+        else upstream_versions(req.repo_id)
+    )
+    if versions and max(versions) > req.version:
+        import logging
+
+        logging.getLogger(logger_name).warning(
+            "You are using version %d of '%s', but version %d is available.",
+            req.version,
+            req.repo_id,
+            max(versions),
+        )
+
+
 def upstream_versions(repo_id: str) -> tuple[int, ...] | None:
     """Every `vN` the daemon saw upstream when it last resolved a version of `repo_id`, from
     the published index; None when it never listed them or there is no readable store."""
@@ -323,7 +348,11 @@ def _import_tree(
             deps[dep_req.repo_id] = _load(dep_req, facts, opts, stack).module
     with _deps.providing(deps):
         # Store and hub-cache trees are immutable: their compiled code may be cached.
-        module = importer.import_variant(real, cache_bytecode=source in ("index", "daemon", "hub"))
+        module = importer.import_variant(
+            real,
+            cache_bytecode=source in ("index", "daemon", "hub"),
+            own_folder=source == "local",
+        )
     loaded = LoadedKernel(
         repo_id=req.repo_id,
         ref=req.ref,
@@ -502,6 +531,8 @@ def _pick_from_index(
         raise UntrustedPath(f"published index: {exc}", repo_id=req.repo_id) from exc
     except _index.IndexFormatError:
         return None  # the daemon will know
+    if doc is not None:
+        _versions_seen[req.repo_id] = doc.versions
     if doc is None:
         return None
     commit = doc.commit_for(req.ref)
@@ -949,7 +980,7 @@ def get_kernel(
     `hub` fallback.
     """
     req = _request(repo_id, version, revision)
-    return _run(
+    module = _run(
         req,
         backend=backend,
         opts=_Options(check_arch=check_arch, trust_remote_code=trust_remote_code),
@@ -959,6 +990,9 @@ def get_kernel(
         trust_remote_code=trust_remote_code,
         user_agent=user_agent,
     )
+    if version is not None and module is not fallback:
+        note_newer_version(req, "kerneld_client")
+    return module
 
 
 def has_kernel(

@@ -222,6 +222,8 @@ def _message(exc: BaseException) -> str:
     (client, kerneldctl) puts them in front, so an upstream error's `repo@rev: ` is left out."""
     if isinstance(exc, UpstreamError):
         return f"[{exc.upstream}] {exc.message}" if exc.upstream else exc.message
+    if isinstance(exc, ResolveError):
+        return exc.message
     return str(exc) or type(exc).__name__
 
 

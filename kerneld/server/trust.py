@@ -138,7 +138,8 @@ class PublisherTrust:
         hint = HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE
         if cfg.trust_publishers == "allow-list":
             raise UntrustedPublisher(
-                f"{org} is not a trusted kernel publisher on this host: it is not in [trust] "
+                f"not from a trusted publisher: {org} is not a trusted kernel publisher on this "
+                "host: it is not in [trust] "
                 "allow (this host trusts no other publishers: [trust] publishers = "
                 '"allow-list")',
                 repo_id=repo_id,
@@ -147,8 +148,8 @@ class PublisherTrust:
         verdict = self._hub_verdict(org, repo_id, hint)
         if not verdict.trusted:
             raise UntrustedPublisher(
-                f"{org} is not a trusted kernel publisher (the Hub's organisation overview says "
-                "trustedKernelPublisher: false)",
+                f"not from a trusted publisher: {org} is not a trusted kernel publisher (the "
+                "Hub's organisation overview says trustedKernelPublisher: false)",
                 repo_id=repo_id,
                 hint=hint,
             )
@@ -194,8 +195,8 @@ class PublisherTrust:
                 repo_id=repo_id,
             )
         raise UntrustedPublisher(
-            f"could not verify that {org} is a trusted kernel publisher: this daemon has no Hub "
-            "upstream to ask, and [trust] allow does not list it",
+            f"not from a trusted publisher: could not verify that {org} is a trusted kernel "
+            "publisher: this daemon has no Hub upstream to ask, and [trust] allow does not list it",
             repo_id=repo_id,
             hint=hint,
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +65,10 @@ def test_every_kernels_name_is_provided_or_documented() -> None:
     assert not (missing & ours), "listed as not provided, but exported"
     assert differing <= theirs & ours
     problems = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for name in sorted((theirs & ours) - differing - {"__version__"}):
-            found = incompatibilities(getattr(kernels, name), getattr(kerneld_client, name))
-            if found:
-                problems[name] = found
+    for name in sorted((theirs & ours) - differing - {"__version__"}):
+        found = incompatibilities(getattr(kernels, name), getattr(kerneld_client, name))
+        if found:
+            problems[name] = found
     assert not problems, f"signatures incompatible with kernels {kernels.__version__}: {problems}"
 
 

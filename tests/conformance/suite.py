@@ -105,16 +105,22 @@ def fetch_suite(cache: Path = CACHE) -> Path:
 
 
 def run_suite(
-    suite: Path, env: Mapping[str, str], report: Path, *, args: Sequence[str] = ()
+    suite: Path,
+    env: Mapping[str, str],
+    report: Path,
+    *,
+    paths: Sequence[str] = ("tests",),
+    args: Sequence[str] = (),
 ) -> dict[str, str]:
-    """Run the suite with `env`; test id (`tests/test_x.py::name[param]`) -> passed, failed,
-    error or skipped, from pytest's junit report."""
+    """Run the suite (or the files in `paths`) with `env`; test id
+    (`tests/test_x.py::name[param]`) -> passed, failed, error or skipped, from pytest's junit
+    report."""
     ignores = [f"--ignore={path}" for path in IGNORED]
     cmd = [
         sys.executable,
         "-m",
         "pytest",
-        "tests",
+        *paths,
         "-q",
         "-p",
         "no:cacheprovider",

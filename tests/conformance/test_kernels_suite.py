@@ -1,10 +1,11 @@
 """`kernels` 0.17.2's own test suite, plain and through kerneld's start-up hook.
 
 One Hub test server serves the stand-in repos (standins.py); one real daemon, unprivileged, has
-that server as its upstream. The suite runs twice in fresh processes: as plain `kernels`
-(the baseline) and with KERNELD_HOOK_KERNELS=1, where every Hub load goes through the daemon.
-A test that passes on the baseline must pass through the hook, unless the "Conformance" table
-of docs/kernels-compatibility.md lists it with its reason.
+that server as its upstream. The suite runs in fresh processes: as plain `kernels` (the
+baseline), with KERNELD_HOOK_KERNELS=1 (every Hub load goes through the daemon), and, for the
+files about the public API, with kerneld's own API under the `kernels` names ("api": the
+`kerneld_as_kernels` plugin). A test that passes on the baseline must pass in the other two,
+unless the "Conformance" table of docs/kernels-compatibility.md lists it with its reason.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "kernels-compatibility.md"
 #: Below this many passing baseline tests the harness itself is broken (stand-ins not served,
 #: the suite not collected), whatever the comparison says.
 MIN_BASELINE_PASSED = 400
+#: The suite's files about the public API (layers, functions, loading), run with kerneld's API.
+API_FILES = [
+    "tests/test_basic.py",
+    "tests/test_layer.py",
+    "tests/test_func.py",
+    "tests/test_loaded_kernels.py",
+]
 
 
 def allowed_differences(configuration: str) -> dict[str, str]:
@@ -38,6 +46,20 @@ def allowed_differences(configuration: str) -> dict[str, str]:
         if len(cells) == 3 and cells[1] == configuration:
             allowed[cells[0].strip("`")] = cells[2]
     return allowed
+
+
+def check(configuration: str, baseline: dict[str, str], outcomes: dict[str, str]) -> None:
+    """Every test passing on the baseline passes in `configuration`, or is listed."""
+    allowed = allowed_differences(configuration)
+    passed = [t for t, outcome in baseline.items() if outcome == "passed"]
+    regressions = {t: outcomes.get(t, "missing") for t in passed if outcomes.get(t) != "passed"}
+    unexplained = {t: o for t, o in regressions.items() if t not in allowed}
+    assert not unexplained, (
+        f"kernels {KERNELS_VERSION} tests that pass plainly but not in the {configuration} "
+        f"configuration (fix, or list in {PAGE.name} with the reason): {unexplained}"
+    )
+    stale = sorted(set(allowed) - set(regressions))
+    assert not stale, f"listed as differing in the {configuration} configuration, but pass: {stale}"
 
 
 def per_file(outcomes: dict[str, str]) -> dict[str, Counter[str]]:
@@ -88,17 +110,27 @@ def test_the_kernels_suite_passes_through_the_hook(
     published = daemon.store_root / "index" / "v1" / "kernels-test" / "versions.json"
     assert published.is_file(), "the hooked suite never asked the daemon"
 
-    allowed = allowed_differences("hook")
-    regressions = {t: hooked.get(t, "missing") for t in passed if hooked.get(t) != "passed"}
-    unexplained = {t: o for t, o in regressions.items() if t not in allowed}
-    stale = sorted(set(allowed) - set(regressions))
-    table = "\n".join(
-        f"{path}: baseline {dict(per_file(baseline)[path])}, hook {dict(per_file(hooked)[path])}"
-        for path in sorted(per_file(baseline))
+    print(
+        "\n".join(
+            f"{path}: baseline {dict(counts)}, hook {dict(per_file(hooked).get(path, {}))}"
+            for path, counts in sorted(per_file(baseline).items())
+        )
     )
-    assert not unexplained, (
-        f"kernels {KERNELS_VERSION} tests that pass plainly but not through the hook "
-        f"(fix, or list in {PAGE.name} with the reason): {unexplained}\n{table}"
+    check("hook", baseline, hooked)
+
+    # kerneld's own API under the `kernels` names, on the files about the public API.
+    (tmp_path / "api").mkdir()
+    env = client_env(
+        None,
+        tmp_path / "api",
+        HF_ENDPOINT=standin_hub.url,
+        HF_HOME=str(tmp_path / "api" / "hf-home"),
+        KERNELD_HOOK_KERNELS="0",
+        KERNELD_SOCKET=str(daemon.user_socket),
+        PYTHONPATH=str(Path(__file__).parent),
     )
-    assert not stale, f"listed as differing but passing through the hook now: {stale}"
-    print(table)
+    api = run_suite(
+        suite, env, tmp_path / "api.xml", paths=API_FILES, args=["-p", "kerneld_as_kernels"]
+    )
+    print("\n".join(f"{path}: api {dict(per_file(api).get(path, {}))}" for path in API_FILES))
+    check("api", {t: o for t, o in baseline.items() if t.split("::")[0] in API_FILES}, api)

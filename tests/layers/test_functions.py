@@ -6,7 +6,6 @@ kernel's top-level function instead."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,11 +91,11 @@ def test_a_function_kernel_replaces_the_marked_function(model: nn.Module, rotary
 
 
 def test_func_repository_takes_the_kernels_top_level_function(
-    model: nn.Module, rotary: Path
+    model: nn.Module, rotary: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     expected = model[0](*inputs())
-    with pytest.warns(DeprecationWarning, match="LocalFuncRepository is deprecated"):
-        repo = LocalFuncRepository(rotary, func_name="apply_rotary_transformers")
+    repo = LocalFuncRepository(rotary, func_name="apply_rotary_transformers")
+    assert "LocalFuncRepository is deprecated, as in kernels 0.17" in caplog.text
     got = run(model, repo)
     fn = apply_rotary_pos_emb.forward.__func__
     assert fn.__qualname__.startswith("_function_module")  # a module around the function
@@ -107,8 +106,7 @@ def test_func_repository_takes_the_kernels_top_level_function(
 
 
 def test_a_missing_function_keeps_pytorch_and_says_so(model: nn.Module, rotary: Path) -> None:
-    with pytest.warns(DeprecationWarning):
-        repo = LocalFuncRepository(rotary, func_name="no_such_function")
+    repo = LocalFuncRepository(rotary, func_name="no_such_function")
     expected = model[0](*inputs())
     torch.testing.assert_close(run(model, repo), expected)
     report = kernelize_report(model)
@@ -119,29 +117,28 @@ def test_a_missing_function_keeps_pytorch_and_says_so(model: nn.Module, rotary: 
 
 
 def test_function_repositories_are_their_own_kind() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        func = FuncRepository("org/rotary", func_name="f", version=1)
-        same = FuncRepository("org/rotary", func_name="f", version=1)
-        locked = LockedFuncRepository("org/rotary", lockfile=Path("k.lock"), func_name="f")
-        with pytest.raises(ValueError, match="not both"):
-            FuncRepository("org/rotary", func_name="f", version=1, revision="main")
+    func = FuncRepository("org/rotary", func_name="f", version=1)
+    same = FuncRepository("org/rotary", func_name="f", version=1)
+    locked = LockedFuncRepository("org/rotary", lockfile=Path("k.lock"), func_name="f")
+    with pytest.raises(ValueError, match="not both"):
+        FuncRepository("org/rotary", func_name="f", version=1, revision="main")
     layer = LocalLayerRepository(Path("x"), layer_name="f")
     assert func == same and hash(func) == hash(same)
     from kerneld_client.layers import LayerRepository
 
     assert func != LayerRepository("org/rotary", layer_name="f", version=1)
     assert locked != LockedLayerRepository("org/rotary", lockfile=Path("k.lock"), layer_name="f")
-    with pytest.warns(DeprecationWarning):
-        local_func = LocalFuncRepository(Path("x"), func_name="f")
+    local_func = LocalFuncRepository(Path("x"), func_name="f")
     assert layer != local_func and local_func != layer
     assert str(func) == "`org/rotary` (v1), function `f`"
     assert "func_name='f'" in repr(locked)
 
 
-def test_use_kernel_func_from_hub_is_the_deprecated_spelling() -> None:
-    with pytest.warns(DeprecationWarning, match="use_kernel_forward_from_hub instead"):
-        deco = use_kernel_func_from_hub("relu")
+def test_use_kernel_func_from_hub_is_the_deprecated_spelling(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    deco = use_kernel_func_from_hub("relu")
+    assert "use use_kernel_forward_from_hub instead" in caplog.text
 
     @deco
     def relu(x: torch.Tensor) -> torch.Tensor:

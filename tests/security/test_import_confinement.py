@@ -210,3 +210,25 @@ def test_the_importer_refuses_every_hostile_name(
     with pytest.raises(KernelLoadError, match="'name' must be a Kernel Hub name"):
         importer.package_dir(variant, metadata)
     assert not marker.exists()
+
+
+def test_a_local_kernel_in_a_hub_cache_snapshot_loads_with_its_file_links(tmp_path: Path) -> None:
+    """The Hugging Face cache links every file of a snapshot into its blob store, and `kernels`
+    loads such folders (`get_local_kernel(install_kernel(...))`): a local kernel's files may be
+    links. Its package folder still may not be, and a store tree's files never are followed."""
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    files = {
+        "__init__.py": b"ANSWER = 42\n",
+        "metadata.json": b'{"id": "_sec_conf_snapshot", "name": "snapshot-kernel"}',
+    }
+    variant = tmp_path / "snapshots" / "abc" / "build" / "torch-universal"
+    variant.mkdir(parents=True)
+    for name, data in files.items():
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (variant / name).symlink_to(os.path.relpath(blob, variant))
+    with pytest.raises(KernelLoadError, match="leads out of the variant folder"):
+        importer.import_variant(variant)  # a store tree: links are not followed
+    module = importer.import_variant(variant, own_folder=True)
+    assert module.ANSWER == 42

@@ -427,20 +427,8 @@ def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
 
 
 def _note_newer_version(req: KernelRequest) -> None:
-    """`kernels`' notice, on its own logger, when a load by version is not the newest version
-    the repo has (the versions are the daemon's last upstream listing, from the index)."""
-    if req.version is None:
-        return
-    versions = loader.upstream_versions(req.repo_id)
-    if versions and max(versions) > req.version:
-        import logging
-
-        logging.getLogger("kernels._versions").warning(
-            "You are using version %d of '%s', but version %d is available.",
-            req.version,
-            req.repo_id,
-            max(versions),
-        )
+    """`kernels`' "version N is available" notice, on its own logger."""
+    loader.note_newer_version(req, "kernels._versions")
 
 
 def _mark(func: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:

@@ -2,17 +2,17 @@
 
 `FuncRepository`, `LocalFuncRepository`, `LockedFuncRepository` and `use_kernel_func_from_hub`
 exist so code written for `kernels` <= 0.16 runs unchanged; `kernels` 0.17 keeps them deprecated
-and so do we (a `DeprecationWarning` at construction). They differ from the layer repositories in
-one point only: the replacement is the kernel's top-level function `func_name` (not
+and so do we (one logged warning at construction, as `kernels` logs it). They differ from the layer
+repositories in one point only: the replacement is the kernel's top-level function `func_name` (not
 `layers.<name>`), wrapped into an `nn.Module` whose forward has the function's signature, as
-`use_kernel_forward_from_hub` does for a marked function. Loading, caching, trust and fallback
-are the layer repositories' own. New code maps a function kernel with a `LayerRepository` whose
-layer is the kernel's function-shaped layer class.
+`use_kernel_forward_from_hub` does for a marked function. Loading, caching, trust and fallback are
+the layer repositories' own. New code maps a function kernel with a `LayerRepository` whose layer
+is the kernel's function-shaped layer class.
 """
 
 from __future__ import annotations
 
-import warnings
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,10 +38,10 @@ __all__ = [
 
 
 def _deprecated(name: str, instead: str) -> None:
-    warnings.warn(
-        f"{name} is deprecated (as in kernels 0.17); use {instead} instead",
-        DeprecationWarning,
-        stacklevel=3,
+    logging.getLogger("kerneld_client.layers").warning(
+        "%s is deprecated, as in kernels 0.17, and will be removed; use %s instead",
+        name,
+        instead,
     )
 
 
