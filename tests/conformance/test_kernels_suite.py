@@ -4,7 +4,7 @@ One Hub test server serves the stand-in repos (standins.py); one real daemon, un
 that server as its upstream. The suite runs in fresh processes: as plain `kernels` (the
 baseline), with KERNELD_HOOK_KERNELS=1 (every Hub load goes through the daemon), and, for the
 files about the public API, with kerneld's own API under the `kernels` names ("api": the
-`kerneld_as_kernels` plugin). A test that passes on the baseline must pass in the other two,
+`api_as_kernels` plugin). A test that passes on the baseline must pass in the other two,
 unless the "Conformance" table of docs/kernels-compatibility.md lists it with its reason.
 """
 
@@ -130,7 +130,7 @@ def test_the_kernels_suite_passes_through_the_hook(
         PYTHONPATH=str(Path(__file__).parent),
     )
     api = run_suite(
-        suite, env, tmp_path / "api.xml", paths=API_FILES, args=["-p", "kerneld_as_kernels"]
+        suite, env, tmp_path / "api.xml", paths=API_FILES, args=["-p", "api_as_kernels"]
     )
     print("\n".join(f"{path}: api {dict(per_file(api).get(path, {}))}" for path in API_FILES))
     check("api", {t: o for t, o in baseline.items() if t.split("::")[0] in API_FILES}, api)

@@ -1,6 +1,6 @@
 """pytest plugin: the `kernels` package's public names, answered by `kerneld_client`.
 
-Loaded with `-p kerneld_as_kernels` when the suite runs in the "api" configuration: before any
+Loaded with `-p api_as_kernels` when the suite runs in the "api" configuration: before any
 test module is imported, every name of `kernels.__all__` that `kerneld_client` also exports is
 rebound on the `kernels` module, so `from kernels import get_kernel, kernelize, ...` in the
 tests gets kerneld's. Names kerneld does not provide, and `kernels`' internal modules that some
