@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
@@ -136,7 +136,7 @@ class LoadedKernel:
 
 
 class _Options:
-    __slots__ = ("allow_fetch", "check_arch", "locks", "trust")
+    __slots__ = ("allow_fetch", "before_import", "check_arch", "locks", "trust")
 
     def __init__(
         self,
@@ -145,9 +145,13 @@ class _Options:
         allow_fetch: bool = True,
         locks: Mapping[str, str] | None = None,
         trust_remote_code: bool | Sequence[str] = False,
+        before_import: Callable[[Path, str], None] | None = None,
     ) -> None:
         self.check_arch = check_arch
         self.allow_fetch = allow_fetch
+        # (folder, variant) -> None, or raises: a caller's own check of a verified tree before
+        # its code runs (the start-up hook runs kernels' metadata validators here)
+        self.before_import = before_import
         # repo -> locked commit, from a lock file (applies to dependencies too)
         self.locks: Mapping[str, str] = locks or {}
         # `kernels`' trust_remote_code: True, or the repos whose publisher the caller trusts
@@ -342,6 +346,8 @@ def _import_tree(
     metadata = importer.read_metadata(real)
     if opts.check_arch:
         _check_device(real, metadata, facts, ctx)
+    if opts.before_import is not None:
+        opts.before_import(real, variant)
     if deps is None:
         deps = {}
         for dep_req in _dependency_requests(metadata, opts):

@@ -171,8 +171,13 @@ def _releases() -> dict[str, list[Release]]:
         "kernels-test/flattened-build": [
             Release(("pre-flattening", "without-compat-module"), 1, _SILU_AND_MUL)
         ],
-        # A Python dependency kernels does not allow: its validators refuse the kernel.
-        "kernels-test/python-invalid-dep": [Release((), 1, _RELU, python_depends=("kepler-22b",))],
+        # A Python dependency kernels does not allow: its validators refuse the kernel before
+        # any of its code runs (the import of the missing module would fail otherwise).
+        "kernels-test/python-invalid-dep": [
+            Release(
+                (), 1, "import kepler22b  # noqa: F401\n" + _RELU, python_depends=("kepler-22b",)
+            )
+        ],
     }
 
 

@@ -10,6 +10,8 @@ unless the "Conformance" table of docs/kernels-compatibility.md lists it with it
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +62,34 @@ def check(configuration: str, baseline: dict[str, str], outcomes: dict[str, str]
     )
     stale = sorted(set(allowed) - set(regressions))
     assert not stale, f"listed as differing in the {configuration} configuration, but pass: {stale}"
+
+
+def refused_before_import(hub: HubServer, daemon: DaemonProcess, tmp: Path) -> None:
+    """Through the hook, kernels' validators refuse a kernel (a Python dependency it does not
+    allow) before kerneld imports it, as kernels does: its ValueError, no fallback to kernels'
+    own download, and the kernel's code never ran (it imports a module that does not exist)."""
+    tmp.mkdir()
+    env = client_env(
+        None,
+        tmp,
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(tmp / "hf-home"),
+        KERNELD_HOOK_KERNELS="1",
+        KERNELD_SOCKET=str(daemon.user_socket),
+    )
+    code = (
+        "import kernels\n"
+        "try:\n"
+        "    kernels.get_kernel('kernels-test/python-invalid-dep', revision='main')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.startswith("ValueError ") and "kepler-22b" in proc.stdout, proc
+    assert "KernelFallbackWarning" not in proc.stderr, proc.stderr
+    assert not (tmp / "hf-home" / "hub").exists(), "kernels' own resolver downloaded it"
 
 
 def per_file(outcomes: dict[str, str]) -> dict[str, Counter[str]]:
@@ -117,6 +147,7 @@ def test_the_kernels_suite_passes_through_the_hook(
         )
     )
     check("hook", baseline, hooked)
+    refused_before_import(standin_hub, daemon, tmp_path / "refused")
 
     # kerneld's own API under the `kernels` names, on the files about the public API.
     (tmp_path / "api").mkdir()

@@ -303,7 +303,11 @@ def _trust(resolver: Any) -> bool | list[str]:
     return trust if isinstance(trust, bool) else [str(r) for r in trust]
 
 
-def _through_kerneld(plan: _Plan, backend: str | None) -> loader.LoadedKernel:
+def _through_kerneld(
+    plan: _Plan,
+    backend: str | None,
+    before_import: Callable[[Path, str], None] | None = None,
+) -> loader.LoadedKernel:
     """kerneld_client's load with no fallback (typed errors), memoised like get_kernel."""
     module = loader._run(
         plan.request,
@@ -313,6 +317,7 @@ def _through_kerneld(plan: _Plan, backend: str | None) -> loader.LoadedKernel:
             allow_fetch=plan.allow_fetch,
             locks=plan.locks,
             trust_remote_code=plan.trust_remote_code,
+            before_import=before_import,
         ),
         fallback=loader.MISSING,
         policy=FallbackPolicy.ERROR,
@@ -406,15 +411,29 @@ def _cannot_be_had(err: Exception, exc: KernelError, req: KernelRequest) -> Exce
     )
 
 
-def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
-    """kernels' metadata validators (arch excepted: kerneld checked it before the import), then
-    the kernel joins kernels' registry of loaded kernels."""
-    metadata = api.Metadata.read_from_file(loaded.path / "metadata.json")
+class _Refused(Exception):
+    """kernels' validators refused a kernel before kerneld imported it (carries their error)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _validate(api: _Api, validator: Any, folder: Path, variant: str) -> Any:
+    """kernels' metadata validators (arch excepted: kerneld checks it itself); the metadata."""
+    metadata = api.Metadata.read_from_file(folder / "metadata.json")
     if isinstance(validator, api.AllValidator):
         validator = api.AllValidator(
             validators=[v for v in validator.validators if not isinstance(v, api.ArchValidator)]
         )
-    validator.validate_metadata(metadata=metadata, variant=loaded.variant)
+    validator.validate_metadata(metadata=metadata, variant=variant)
+    return metadata
+
+
+def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
+    """The loaded kernel, validated (again, if this process imported it earlier: kernels
+    validates on every load), in kernels' registry of loaded kernels."""
+    metadata = _validate(api, validator, loaded.path, loaded.variant)
     api.registry.setdefault(
         loaded.path,
         api.LoadedKernel(
@@ -461,8 +480,26 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
             plan = None
         if plan is None:
             return theirs()
+
+        def before_import(folder: Path, variant: str) -> None:
+            # As in kernels: a kernel its validators refuse (python-depends, kernels_minver)
+            # never runs any code, here or in its dependencies.
+            try:
+                _validate(state.api, metadata_validator, folder, variant)
+            except Exception as exc:
+                raise _Refused(exc) from exc
+
         try:
-            loaded = _through_kerneld(plan, backend)
+            loaded = _through_kerneld(plan, backend, before_import)
+        except KernelLoadError as exc:
+            refused = exc.__cause__
+            if isinstance(refused, _Refused):  # kernels' own verdict, as kernels raises it
+                raise refused.error from None
+            _fall_back(exc, plan.request)
+            try:
+                return theirs()
+            except Exception as err:
+                raise _cannot_be_had(err, exc, plan.request) from err
         except VersionNotFound:
             raise  # kernels' own ValueError for it, with the versions the repo has
         except UntrustedPublisher as exc:
