@@ -85,6 +85,32 @@ def test_second_build_with_same_id_is_refused(tmp_path: Path) -> None:
         import_variant(_variant(tmp_path / "b", "_dup"))
 
 
+def _with_digest(folder: Path) -> Path:
+    """Give a variant's metadata.json the digest of every file, as builds have."""
+    from examples.kernels.build import variant_digest
+
+    meta = json.loads((folder / "metadata.json").read_text())
+    meta["digest"] = {"algorithm": "sha256", "files": variant_digest(folder)}
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_the_same_build_from_another_folder_is_the_imported_module(tmp_path: Path) -> None:
+    """A Hub cache copy first, the store's copy later: one build (identical metadata.json with
+    a digest its files match), so the running module is returned and nothing runs twice. A copy
+    whose files do not match the digest is another build, and refused."""
+    first = import_variant(_with_digest(_variant(tmp_path / "a", "_same", value=5)))
+    same = _with_digest(_variant(tmp_path / "b", "_same", value=5))
+    assert import_variant(same) is first
+    changed = _with_digest(_variant(tmp_path / "c", "_same", value=5))
+    (changed / "_ops.py").write_text("def value():\n    return 6\n")  # not what the digest says
+    with pytest.raises(KernelLoadError, match="already imported"):
+        import_variant(changed)
+    other = _with_digest(_variant(tmp_path / "d", "_same", value=7))  # another build, same id
+    with pytest.raises(KernelLoadError, match="already imported"):
+        import_variant(other)
+
+
 def test_broken_kernel_leaves_no_module_behind(tmp_path: Path) -> None:
     folder = _variant(tmp_path, "_broken")
     (folder / "_ops.py").write_text("raise RuntimeError('boom')\n")

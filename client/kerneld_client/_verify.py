@@ -113,7 +113,7 @@ def _hash(path: str, extra: str | None) -> tuple[_Hashed, bytes | None]:
     return hashed, b"".join(keep) if keep is not None else None
 
 
-def _metadata_digest(raw: bytes | None) -> tuple[str, dict[str, object]] | None:
+def metadata_digest(raw: bytes | None) -> tuple[str, dict[str, object]] | None:
     """(algorithm, files) of metadata.json's digest, None when it declares none."""
     if raw is None:
         return None
@@ -179,7 +179,7 @@ def verify_tree(
         meta_raw: bytes | None = None
         if any(full == meta_path for _rel, full in files):
             _meta_hashed, meta_raw = _hash(meta_path, None)
-        claim = _metadata_digest(meta_raw)
+        claim = metadata_digest(meta_raw)
         extra = claim[0] if claim is not None and claim[0] != "sha256" else None
         hashed = {rel: _hash(full, extra)[0] for rel, full in files}
     except OSError as exc:

@@ -289,6 +289,39 @@ def _file_inside(module: ModuleType, folder: Path) -> bool:
         return False
 
 
+def _imported_from(module: ModuleType) -> Path | None:
+    """The variant folder an imported kernel module came from (ours, or the `kernels`
+    package's: the folder of its `__init__.py`, unresolved, as a Hub cache snapshot has it)."""
+    tree = getattr(module, TREE_ATTR, None)
+    if isinstance(tree, str):
+        return Path(tree)
+    origin = getattr(module, "__file__", None)
+    return Path(origin).parent if isinstance(origin, str) else None
+
+
+def _same_build(existing: ModuleType, folder: Path) -> bool:
+    """Is `folder` the build `existing` was imported from: byte-identical metadata.json with a
+    digest of every file, and `folder`'s files match that digest? (No code from `folder` runs.)"""
+    from kerneld_client import _verify
+    from kerneld_client.errors import CorruptTree
+
+    other = _imported_from(existing)
+    if other is None:
+        return False
+    try:
+        mine = (folder / "metadata.json").read_bytes()
+        theirs = (other / "metadata.json").read_bytes()
+    except OSError:
+        return False
+    if mine != theirs or _verify.metadata_digest(mine) is None:
+        return False
+    try:
+        _verify.verify_tree(folder, None)
+    except CorruptTree:
+        return False
+    return True
+
+
 def import_variant(
     variant_dir: Path | str, *, cache_bytecode: bool = False, own_folder: bool = False
 ) -> ModuleType:
@@ -299,8 +332,9 @@ def import_variant(
     folder of the caller's (a local kernel): its files may be symlinks, as in a Hugging Face
     cache snapshot.
 
-    Importing the same folder twice returns the same module. A different folder whose metadata
-    `id` is already imported is refused: two builds claiming one id would register the same ops.
+    Importing the same folder twice returns the same module, and so does another folder holding
+    the same build (identical metadata.json with a file digest its files match). A different
+    build whose metadata `id` is already imported is refused: it would register the same ops.
     """
     folder = Path(variant_dir).resolve()
     metadata = read_metadata(folder)
@@ -311,6 +345,10 @@ def import_variant(
         if existing is not None:
             if getattr(existing, TREE_ATTR, None) == str(folder) or _file_inside(existing, folder):
                 # Same folder, possibly imported by another loader (the `kernels` package).
+                return existing
+            if _same_build(existing, folder):
+                # The same build from another folder (a Hub cache copy, then the store's):
+                # the module already running is it, and nothing is registered twice.
                 return existing
             raise KernelLoadError(
                 f"module {name!r} is already imported from "

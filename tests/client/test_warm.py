@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -378,24 +379,30 @@ print(json.dumps({{"ops": check_activation(m, 1), "src": loaded_kernels()[0].sou
     assert out["ops"][0] == "silu_and_mul" and out["src"] == "index"
 
 
-def test_same_id_from_another_folder_is_refused(
+def test_same_id_from_another_folder(
     shared_store: Populated, built_examples: BuiltExamples, tmp_path: Path
 ) -> None:
-    """Two builds claiming one metadata id would register the same ops twice: the second is
-    refused with a typed error (and a fallback is possible)."""
+    """The same build from another folder (here the example build the store holds) is the
+    module already imported; a different build claiming the same metadata id would register
+    the same ops twice, so it is refused with a typed error (and a fallback is possible)."""
     local = built_examples.variant("activation", 1).path
+    edited = tmp_path / "edited"
+    shutil.copytree(local, edited)
+    (edited / "__init__.py").write_text((local / "__init__.py").read_text() + "\nEDITED = 1\n")
     env = client_env(shared_store.root, tmp_path)
     out = run_client(
         PRELUDE
         + f"""
-kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+store = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+same = kerneld_client.get_local_kernel("{local}") is store
 try:
-    kerneld_client.get_local_kernel("{local}")
+    kerneld_client.get_local_kernel("{edited}")
     err = None
 except kerneld_client.KernelLoadError as exc:
     err = str(exc)
-print(json.dumps({{"err": err}}))
+print(json.dumps({{"same": same, "err": err}}))
 """,
         env,
     )
+    assert out["same"] is True
     assert out["err"] and "already imported" in out["err"]

@@ -31,8 +31,9 @@ MIN_BASELINE_PASSED = 400
 #: The suite's files about the public API (layers, functions, loading), run with kerneld's API.
 API_FILES = [
     "tests/test_basic.py",
-    "tests/test_layer.py",
     "tests/test_func.py",
+    "tests/test_layer.py",
+    "tests/test_layer_cpu.py",
     "tests/test_loaded_kernels.py",
 ]
 
