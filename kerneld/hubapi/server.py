@@ -123,6 +123,9 @@ class HubApiHandler(BaseHTTPRequestHandler):
     view: HubView
     user_socket: Path
     _caller: Caller | None = None
+    # (metrics route label, counted yet) of the request being answered; outside a request
+    # (the base class's own error replies) nothing is counted
+    _counted: tuple[str, bool] = ("", True)
 
     def setup(self) -> None:
         super().setup()
@@ -179,6 +182,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         parts = split.path.split("/")
         route = _route_name(parts)
+        self._counted = (route, False)
         status = 500
         try:
             caller = self._who()  # before anything of the request is read
@@ -197,7 +201,15 @@ class HubApiHandler(BaseHTTPRequestHandler):
             answer = _hub_error(exc, parts)
             status = answer.status
             self._send_error(answer)
-        self.view.core.metrics.hub_api_requests.labels(route, str(status)).inc()
+        self._count(status)  # a request that got no answer (the peer went away)
+
+    def _count(self, status: int) -> None:
+        """Count the request once, before its answer goes out: a client that reads the metrics
+        right after its answer sees it counted."""
+        route, done = self._counted
+        if not done:
+            self._counted = (route, True)
+            self.view.core.metrics.hub_api_requests.labels(route, str(status)).inc()
 
     def _route(
         self,
@@ -401,6 +413,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
     # -- answers --------------------------------------------------------------------------------
 
     def _send_head(self, status: int, headers: Mapping[str, str]) -> None:
+        self._count(status)
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
