@@ -10,7 +10,6 @@ Every invalid value fails at start with the file, the key and the reason (`Confi
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import grp
 import math
 import os
@@ -24,6 +23,7 @@ from typing import Any
 from kerneld.store.verify import DEFAULT_QUARANTINE_MAX_BYTES
 from kerneld.upstream.base import check_repo_id
 from kerneld_client import locations
+from kerneld_client._index import repo_matches
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,11 +204,11 @@ class Config:
 
     def publisher_allowed(self, repo_id: str) -> bool:
         """Is `repo_id` trusted by `[trust] allow` alone?"""
-        return any(fnmatch.fnmatchcase(repo_id, pat) for pat in self.trust_allow)
+        return any(repo_matches(repo_id, pat) for pat in self.trust_allow)
 
     def fetch_allowed(self, repo_id: str) -> bool:
         """May an unprivileged client's Resolve trigger a download of `repo_id`?"""
-        return any(fnmatch.fnmatchcase(repo_id, pat) for pat in self.fetch_allow)
+        return any(repo_matches(repo_id, pat) for pat in self.fetch_allow)
 
     def fetch_allow_gids(self) -> frozenset[int] | None:
         """`[fetch] allow_groups` as gids (a group deleted since the config was read admits
