@@ -537,10 +537,9 @@ def _pick_from_index(
         raise UntrustedPath(f"published index: {exc}", repo_id=req.repo_id) from exc
     except _index.IndexFormatError:
         return None  # the daemon will know
-    if doc is not None:
-        _versions_seen[req.repo_id] = doc.versions
     if doc is None:
         return None
+    _versions_seen[req.repo_id] = doc.versions
     commit = doc.commit_for(req.ref)
     reason = doc.deny_reason(req.ref, commit)
     if reason is not None:
@@ -677,6 +676,8 @@ def _load_via_daemon(
 ) -> LoadedKernel:
     from kerneld_client import _rpc
 
+    # The daemon may publish this repo's version list as it answers: read it again afterwards.
+    _versions_seen.pop(req.repo_id, None)
     socket_path = locations.default_socket()
     try:
         resolved = _rpc.resolve(

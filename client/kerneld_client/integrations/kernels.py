@@ -430,10 +430,12 @@ def _validate(api: _Api, validator: Any, folder: Path, variant: str) -> Any:
     return metadata
 
 
-def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel) -> Any:
-    """The loaded kernel, validated (again, if this process imported it earlier: kernels
-    validates on every load), in kernels' registry of loaded kernels."""
-    metadata = _validate(api, validator, loaded.path, loaded.variant)
+def _validated(api: _Api, validator: Any, loaded: loader.LoadedKernel, metadata: Any = None) -> Any:
+    """The loaded kernel, in kernels' registry of loaded kernels. `metadata` is given when the
+    validators passed it before this load's import; else (imported earlier in the process)
+    they run now, as kernels validates on every load."""
+    if metadata is None:
+        metadata = _validate(api, validator, loaded.path, loaded.variant)
     api.registry.setdefault(
         loaded.path,
         api.LoadedKernel(
@@ -481,25 +483,18 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
         if plan is None:
             return theirs()
 
+        validated: dict[Path, Any] = {}  # folder -> its metadata, validated before import
+
         def before_import(folder: Path, variant: str) -> None:
             # As in kernels: a kernel its validators refuse (python-depends, kernels_minver)
             # never runs any code, here or in its dependencies.
             try:
-                _validate(state.api, metadata_validator, folder, variant)
+                validated[folder] = _validate(state.api, metadata_validator, folder, variant)
             except Exception as exc:
                 raise _Refused(exc) from exc
 
         try:
             loaded = _through_kerneld(plan, backend, before_import)
-        except KernelLoadError as exc:
-            refused = exc.__cause__
-            if isinstance(refused, _Refused):  # kernels' own verdict, as kernels raises it
-                raise refused.error from None
-            _fall_back(exc, plan.request)
-            try:
-                return theirs()
-            except Exception as err:
-                raise _cannot_be_had(err, exc, plan.request) from err
         except VersionNotFound:
             raise  # kernels' own ValueError for it, with the versions the repo has
         except UntrustedPublisher as exc:
@@ -512,6 +507,8 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
                 "from untrusted sources."
             ) from exc
         except KernelError as exc:
+            if isinstance(exc.__cause__, _Refused):  # kernels' own verdict, as kernels raises it
+                raise exc.__cause__.error from None
             _fall_back(exc, plan.request)
             try:
                 return theirs()
@@ -520,7 +517,7 @@ def _get_kernel_with_resolver(original: Callable[..., Any]) -> Callable[..., Any
         except ValueError:  # e.g. a backend kerneld does not know: kernels decides
             return theirs()
         _note_newer_version(plan.request)
-        return _validated(state.api, metadata_validator, loaded)
+        return _validated(state.api, metadata_validator, loaded, validated.get(loaded.path))
 
     return _mark(get_kernel_with_resolver, original)
 
