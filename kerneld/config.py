@@ -124,6 +124,31 @@ class PrefetchEntry:
 
 
 @dataclass(frozen=True)
+class ProvenanceIdentity:
+    """A signer the site trusts (`[provenance] identities`): an OIDC `identity` + `issuer` (as
+    `sigstore verify identity`), or a GitHub `repository` + its build `workflows` (as kernels'
+    own policy for kernels-community)."""
+
+    identity: str = ""
+    issuer: str = ""
+    repository: str = ""
+    workflows: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.repository:
+            return f"workflows of github.com/{self.repository}"
+        return f"{self.identity} (issuer {self.issuer})"
+
+    def as_toml(self) -> dict[str, object]:
+        if self.repository:
+            return {"repository": self.repository, "workflows": list(self.workflows)}
+        return {"identity": self.identity, "issuer": self.issuer}
+
+
+PROVENANCE_POLICIES = ("off", "warn", "require")
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything the daemon needs, resolved to concrete values."""
 
@@ -201,6 +226,17 @@ class Config:
     `kernels`); empty: off. Only users who may use the user socket get answers."""
     hub_api_socket: Path | None = None
     """A unix socket for the same endpoint, with the user socket's mode and group."""
+    provenance_policy: str = "warn"
+    """Sigstore bundles (metadata.json.sigstore) checked when a tree enters the store: "off"
+    (not checked), "warn" (checked and recorded; a bad signature is logged, the kernel served),
+    "require" (only kernels signed by a trusted identity enter the store or are served)."""
+    provenance_identities: tuple[ProvenanceIdentity, ...] = ()
+    """Signers trusted besides kernels' own (kernels-community's build workflows)."""
+    provenance_kernels_defaults: bool = True
+    """Trust the signers `kernels` trusts by default (kernels.verify.DEFAULT_POLICIES)?"""
+    provenance_trusted_root: Path | None = None
+    """A Sigstore trusted_root.json (a private Sigstore instance, or an air-gapped site's copy);
+    unset: Sigstore's public-good instance (refreshed over TUF, else the copy sigstore ships)."""
 
     def publisher_allowed(self, repo_id: str) -> bool:
         """Is `repo_id` trusted by `[trust] allow` alone?"""
@@ -295,6 +331,7 @@ _KNOWN: dict[str, set[str]] = {
     "metrics": {"socket", "socket_mode", "socket_group", "listen"},
     "log": {"level"},
     "trust": {"publishers", "allow", "ttl", "honor_trust_remote_code"},
+    "provenance": {"policy", "identities", "kernels_defaults", "trusted_root"},
     "hub_api": {"listen", "socket"},
     "server": {
         "drain_timeout",
@@ -648,6 +685,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config
         updates["idle_timeout_s"] = idle
 
     updates.update(_parse_trust(_table(doc, "trust", source), source))
+    updates.update(_parse_provenance(_table(doc, "provenance", source), source))
 
     hub_api = _table(doc, "hub_api", source)
     if "listen" in hub_api:
@@ -693,6 +731,58 @@ def _parse_trust(trust: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "honor_trust_remote_code" in trust:
         updates["trust_honor_remote_code"] = _bool(
             trust["honor_trust_remote_code"], source, "trust.honor_trust_remote_code"
+        )
+    return updates
+
+
+def _parse_identity(value: object, source: str, key: str) -> ProvenanceIdentity:
+    shape = (
+        '{ identity = "...", issuer = "https://..." } or '
+        '{ repository = "org/repo", workflows = ["https://github.com/org/repo/.github/'
+        'workflows/build.yaml@refs/heads/main"] }'
+    )
+    if not isinstance(value, dict):
+        raise ConfigError(source, key, f"expected a table like {shape}")
+    keys = set(value)
+    if keys == {"identity", "issuer"} and all(isinstance(value[k], str) and value[k] for k in keys):
+        return ProvenanceIdentity(identity=value["identity"], issuer=value["issuer"])
+    workflows = value.get("workflows")
+    if (
+        keys == {"repository", "workflows"}
+        and isinstance(value["repository"], str)
+        and value["repository"].count("/") == 1
+        and isinstance(workflows, list)
+        and workflows
+        and all(isinstance(w, str) and w.startswith("https://") for w in workflows)
+    ):
+        return ProvenanceIdentity(repository=value["repository"], workflows=tuple(workflows))
+    raise ConfigError(source, key, f"expected {shape}, got {value!r}")
+
+
+def _parse_provenance(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    updates: dict[str, Any] = {}
+    if "policy" in table:
+        policy = table["policy"]
+        if policy not in PROVENANCE_POLICIES:
+            known = ", ".join(PROVENANCE_POLICIES)
+            raise ConfigError(
+                source, "provenance.policy", f"expected one of {known}, got {policy!r}"
+            )
+        updates["provenance_policy"] = policy
+    if "identities" in table:
+        items = table["identities"]
+        if not isinstance(items, list):
+            raise ConfigError(source, "provenance.identities", "must be a list of tables")
+        updates["provenance_identities"] = tuple(
+            _parse_identity(v, source, f"provenance.identities[{i}]") for i, v in enumerate(items)
+        )
+    if "kernels_defaults" in table:
+        updates["provenance_kernels_defaults"] = _bool(
+            table["kernels_defaults"], source, "provenance.kernels_defaults"
+        )
+    if "trusted_root" in table:
+        updates["provenance_trusted_root"] = _path(
+            table["trusted_root"], source, "provenance.trusted_root"
         )
     return updates
 
@@ -869,6 +959,10 @@ FIELD_KEYS: dict[str, str] = {
     "trust_honor_remote_code": "[trust] honor_trust_remote_code",
     "hub_api_listen": "[hub_api] listen",
     "hub_api_socket": "[hub_api] socket",
+    "provenance_policy": "[provenance] policy",
+    "provenance_identities": "[provenance] identities",
+    "provenance_kernels_defaults": "[provenance] kernels_defaults",
+    "provenance_trusted_root": "[provenance] trusted_root",
 }
 
 
@@ -981,6 +1075,19 @@ def dump_config(cfg: Config) -> str:
             {
                 "listen": cfg.hub_api_listen,
                 **({"socket": cfg.hub_api_socket} if cfg.hub_api_socket else {}),
+            },
+        ),
+        (
+            "provenance",
+            {
+                "policy": cfg.provenance_policy,
+                "identities": [i.as_toml() for i in cfg.provenance_identities],
+                "kernels_defaults": cfg.provenance_kernels_defaults,
+                **(
+                    {"trusted_root": cfg.provenance_trusted_root}
+                    if cfg.provenance_trusted_root
+                    else {}
+                ),
             },
         ),
     ]

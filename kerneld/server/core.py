@@ -20,6 +20,7 @@ from kerneld.config import Config
 from kerneld.fetch import Fetcher, FetchResult
 from kerneld.hardware import Hardware, detect
 from kerneld.prefetch import Cancelled, ClientPlatforms, Emit, Prefetcher, PrefetchSummary
+from kerneld.provenance import provenance_check
 from kerneld.resolve import (
     FetchNotAllowed,
     KernelSpec,
@@ -162,6 +163,7 @@ class Core:
             orphan_grace_s=cfg.orphan_grace_s,
         )
         store.quarantine_max_bytes = cfg.quarantine_max_bytes
+        store.provenance = provenance_check(cfg)
         if not cfg.system:
             store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
@@ -759,6 +761,8 @@ class Core:
             )
         if self._store is not None:
             self._store.quarantine_max_bytes = effective.quarantine_max_bytes
+            if any(c.startswith("provenance_") for c in applied):
+                self._store.provenance = provenance_check(effective)
         if self._trust is not None and any(c.startswith("trust_") for c in applied):
             self._trust.reconfigure(effective)
         if self._prefetcher is not None:

@@ -19,6 +19,7 @@ from .errors import (
     MetadataDigestError,
     MetadataError,
     PathConflictError,
+    ProvenanceError,
     ReadOnlyStoreError,
     ResourceExhaustedError,
     SchemaError,
@@ -31,9 +32,10 @@ from .errors import (
 )
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
+from .index import ProvenanceRecord
 from .locks import TreeGone, hold_tree_lock
 from .manifest import TreeFile, VariantMetadata, tree_digest
-from .store import Lease, PublishedFile, Resolved, Store, TreeInfo, Usage
+from .store import Lease, ProvenanceCheck, PublishedFile, Resolved, Store, TreeInfo, Usage
 from .verify import Problem, VerifyReport
 
 __all__ = [
@@ -58,6 +60,9 @@ __all__ = [
     "MetadataError",
     "PathConflictError",
     "Problem",
+    "ProvenanceCheck",
+    "ProvenanceError",
+    "ProvenanceRecord",
     "PublishedFile",
     "ReadOnlyStoreError",
     "Resolved",

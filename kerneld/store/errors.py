@@ -24,6 +24,8 @@ says what was wrong and what to do about it. Callers branch on the class, never 
     ├── IngestInProgressError     another writer holds the same partial download
     ├── ResourceExhaustedError    the size cap or the free-space watermark would be crossed
     ├── DeniedError               an admin denied this repo/revision
+    │   └── ProvenanceError       `[provenance] policy = "require"` and the variant is not
+    │                             signed by a trusted identity
     ├── LeaseNotFoundError
     └── TreeNotFoundError
 """
@@ -243,6 +245,26 @@ class DeniedError(StoreError):
         super().__init__(
             f"denied by the administrator: {reason or 'no reason given'}; ask an admin to "
             "`kerneldctl allow` it",
+            **ctx,
+        )
+
+
+class ProvenanceError(DeniedError):
+    """The site requires signed kernels and this variant's signature is missing or does not
+    verify (a DeniedError: the same status for jobs, since the site's policy refuses it)."""
+
+    def __init__(self, status: str, detail: str, **ctx: str | None) -> None:
+        self.reason = detail
+        self.status = status
+        what = {
+            "unsigned": "has no sigstore signature (metadata.json.sigstore)",
+            "unchecked": "could not be checked",
+        }.get(status, "has a signature that does not verify")
+        StoreError.__init__(
+            self,
+            f"the variant {what}: {detail}; this site requires signed kernels "
+            '([provenance] policy = "require"): ask the publisher for a signed build, or an '
+            "admin to add its signer to [provenance] identities",
             **ctx,
         )
 

@@ -121,13 +121,24 @@ _MIGRATIONS: dict[int, str] = {
     """,
 }
 
-#: Indexes added after schema 1, created when a store is opened read-write (an older kerneld
-#: opens such a database unchanged: it just does not use them). They keep the bounds on what
-#: callers make the daemon store (leases per holder, expired rows) cheap to enforce.
-_EXTRA_INDEXES = (
+#: Additions after schema 1, created when a store is opened read-write (an older kerneld opens
+#: such a database unchanged: it just does not use them, so no version bump and no downgrade
+#: wall). The indexes keep the bounds on what callers make the daemon store (leases per holder,
+#: expired rows) cheap to enforce. ``provenance`` is one row per tree whose sigstore bundle was
+#: checked at ingest (kerneld/provenance.py); a tree's digest covers the bundle and the files, so
+#: the answer belongs to the tree, whichever repo or revision publishes it.
+_ADDITIONS = (
     "CREATE INDEX IF NOT EXISTS leases_holder ON leases (holder, expires_at)",
     "CREATE INDEX IF NOT EXISTS leases_expires ON leases (expires_at)",
     "CREATE INDEX IF NOT EXISTS negative_expires ON negative (expires_at)",
+    """CREATE TABLE IF NOT EXISTS provenance (
+        tree TEXT PRIMARY KEY,
+        status TEXT NOT NULL,
+        signer TEXT NOT NULL,
+        issuer TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        checked_at REAL NOT NULL
+    )""",
 )
 
 #: Rows the negative cache keeps at most (each is a failed upstream lookup a caller caused).
@@ -149,6 +160,27 @@ class TreeRow:
     state: str
     created_at: float
     last_resolved: float
+
+
+@dataclass(frozen=True)
+class ProvenanceRecord:
+    """What the ingest check found out about a tree's signature (kerneld/provenance.py)."""
+
+    status: str
+    """"verified" (signed by a trusted identity, and the signed metadata's digest covers the
+    files), "unsigned" (no bundle), "invalid" (a bundle that does not verify, or an untrusted
+    signer) or "unchecked" (the check could not run: no trust root)."""
+    signer: str = ""
+    """The certificate's identity (an email or a workflow URI); empty unless verified."""
+    issuer: str = ""
+    """The OIDC issuer that vouched for the signer; empty unless verified."""
+    detail: str = ""
+    """Why, in words: the verifier's reason for anything but "verified"."""
+    checked_at: float = 0.0
+
+    @property
+    def verified(self) -> bool:
+        return self.status == "verified"
 
 
 @dataclass(frozen=True)
@@ -276,7 +308,7 @@ class Index:
                 conn.execute("PRAGMA synchronous = FULL")
             self._migrate()
             if not read_only:
-                for statement in _EXTRA_INDEXES:
+                for statement in _ADDITIONS:
                     conn.execute(statement)
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -512,6 +544,28 @@ class Index:
         conn.execute("DELETE FROM tree_files WHERE tree = ?", (digest,))
         conn.execute("DELETE FROM trees WHERE digest = ?", (digest,))
         conn.execute("DELETE FROM leases WHERE tree = ?", (digest,))
+        conn.execute("DELETE FROM provenance WHERE tree = ?", (digest,))
+
+    def get_provenance(self, digest: str) -> ProvenanceRecord | None:
+        """The ingest check's answer for a tree; None: never checked (or a store opened
+        read-only that no provenance-aware kerneld has opened yet)."""
+        try:
+            row = self._one("SELECT * FROM provenance WHERE tree = ?", (digest,))
+        except sqlite3.OperationalError:  # no such table: read-only open of an older store
+            return None
+        if row is None:
+            return None
+        return ProvenanceRecord(
+            row["status"], row["signer"], row["issuer"], row["detail"], row["checked_at"]
+        )
+
+    @staticmethod
+    def put_provenance(conn: sqlite3.Connection, digest: str, record: ProvenanceRecord) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO provenance (tree, status, signer, issuer, detail, checked_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (digest, record.status, record.signer, record.issuer, record.detail, record.checked_at),
+        )
 
     def touch_tree(self, digest: str, now: float, resolution: float = 1.0) -> None:
         """Record a resolve (throttled: at most one write per ``resolution`` seconds)."""

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from . import client_index, faults
 from . import gc as gc_mod
@@ -43,6 +43,7 @@ from .errors import (
     InvalidInputError,
     LeaseNotFoundError,
     MetadataError,
+    ProvenanceError,
     ReadOnlyStoreError,
     ResourceExhaustedError,
     SizeMismatchError,
@@ -52,7 +53,7 @@ from .errors import (
     UnsupportedFileTypeError,
 )
 from .holds import Holds
-from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, RefRow
+from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, ProvenanceRecord, RefRow
 from .layout import DIR_MODE_PRIVATE, DIR_MODE_PUBLIC, Layout, check_root, fsync_dir, user_name
 from .locks import OwnerLock, Probe, create_tree_lock, is_held
 from .manifest import (
@@ -84,6 +85,26 @@ log = logging.getLogger("kerneld.store")
 READ_CHUNK = 1 << 20
 
 
+class ProvenanceCheck(Protocol):
+    """The ingest check a daemon installs (``Store.provenance``): who signed a variant.
+
+    The store stays free of any signing scheme; it hands over a variant's files by path, once
+    per new tree, after the files and the metadata digest have been verified.
+    """
+
+    @property
+    def required(self) -> bool:
+        """Refuse (ProvenanceError) every tree that is not "verified"?"""
+        ...
+
+    def check(
+        self, read: Callable[[str], bytes | None], *, digest_checked: bool, **ctx: str | None
+    ) -> ProvenanceRecord:
+        """The record for one variant: `read(path)` gives a file's bytes (None: no such file);
+        `digest_checked` says metadata.json's digest was there and matched every file."""
+        ...
+
+
 @dataclass(frozen=True)
 class Lease:
     id: str
@@ -108,6 +129,8 @@ class TreeInfo:
     """False when an identical tree already existed (dedupe across revisions and repos)."""
     metadata: VariantMetadata
     metadata_digest_checked: bool
+    provenance: ProvenanceRecord | None = None
+    """Who signed the tree, as checked at ingest (None: the daemon checks no signatures)."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +182,8 @@ class _Publish:
     upstream_ids: Sequence[tuple[str, str | None]]
     meta: VariantMetadata
     checked: bool
+    provenance: ProvenanceRecord | None = None
+    """The ingest check's answer, to record with the tree (None: no check installed)."""
 
 
 def _hex(digest: str) -> str:
@@ -201,6 +226,9 @@ class Store:
         self.holds = Holds()
         """Variants requests in flight keep from GC until they answered (see ``holds``)."""
         self._gc_guards: list[Callable[[], Iterable[str]]] = []
+        self.provenance: ProvenanceCheck | None = None
+        """Who signed a variant, checked once per new tree at publish (``[provenance]``; the
+        daemon installs kerneld.provenance.SigstoreCheck). None: no check, nothing recorded."""
         self.generation = int(index.get_meta("generation") or 0)
         """The client index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
@@ -612,7 +640,10 @@ class Store:
         upstream_ids = [(w[0], w[4]) for w in wanted if w[4]]
 
         meta, checked = self._check_metadata(by_path, ctx)
-        job = _Publish(repo, commit, variant, hexd, entries, upstream_ids, meta, checked)
+        provenance = self._check_provenance(hexd, by_path, checked, ctx)
+        job = _Publish(
+            repo, commit, variant, hexd, entries, upstream_ids, meta, checked, provenance
+        )
 
         with self._lock:
             existing = self.index.get_tree(hexd)
@@ -681,6 +712,35 @@ class Store:
             )
         return meta, checked
 
+    def _check_provenance(
+        self,
+        hexd: str,
+        by_path: dict[str, ManifestEntry],
+        checked: bool,
+        ctx: dict[str, str | None],
+    ) -> ProvenanceRecord | None:
+        """Who signed this tree: the record a live tree already has, or the installed check's
+        answer for a new one (ProvenanceError when the site requires signed kernels)."""
+        check = self.provenance
+        if check is None:
+            return None
+        tree = self.index.get_tree(hexd)
+        record = self.index.get_provenance(hexd) if tree and tree.state == "live" else None
+        if record is None:
+
+            def read(path: str) -> bytes | None:
+                entry = by_path.get(path)
+                return None if entry is None else self.layout.blob_path(entry.sha256).read_bytes()
+
+            record = check.check(read, digest_checked=checked, **ctx)
+        if check.required and not record.verified:
+            raise ProvenanceError(record.status, record.detail, **ctx)
+        return record
+
+    def provenance_of(self, digest: str) -> ProvenanceRecord | None:
+        """The ingest check's record for a tree (``sha256:<hex>`` or hex); None: not checked."""
+        return self.index.get_provenance(_hex(digest))
+
     def _commit_tree(
         self, job: _Publish, copied: int, staging: Path, ctx: dict[str, str | None]
     ) -> None:
@@ -723,6 +783,8 @@ class Store:
         with self.index.tx() as conn:
             if created:
                 self.index.set_tree_state(conn, hexd, "live")
+            if job.provenance is not None:
+                self.index.put_provenance(conn, hexd, job.provenance)
             self.index.put_variant(
                 conn,
                 repo=repo,
@@ -756,6 +818,7 @@ class Store:
             created=created,
             metadata=job.meta,
             metadata_digest_checked=job.checked,
+            provenance=job.provenance,
         )
 
     # ---- resolution ----
