@@ -303,6 +303,7 @@ _KNOWN: dict[str, set[str]] = {
         "server",
         "trust",
         "hub_api",
+        "provenance",
         "mode",
     },
     "store": {

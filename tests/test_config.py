@@ -13,6 +13,7 @@ from kerneld.config import (
     Config,
     ConfigError,
     PrefetchEntry,
+    ProvenanceIdentity,
     SocketConfig,
     UpstreamConfig,
     default_config,
@@ -134,6 +135,14 @@ publishers = "allow-list"
 allow = ["my-org/*", "kernels-community/activation"]
 ttl = "10m"
 honor_trust_remote_code = false
+[provenance]
+policy = "require"
+identities = [
+  { identity = "builds@example.org", issuer = "https://accounts.example.org" },
+  { repository = "o/k", workflows = ["https://github.com/o/k/.github/workflows/b.yaml@main"] },
+]
+kernels_defaults = false
+trusted_root = "/etc/kerneld/trusted_root.json"
 """
 
 
@@ -180,6 +189,15 @@ def test_full_file(tmp_path: Path) -> None:
     )
     assert not cfg.publisher_allowed("kernels-community/relu")
     assert not cfg.trust_honor_remote_code
+    assert cfg.provenance_policy == "require" and not cfg.provenance_kernels_defaults
+    assert cfg.provenance_identities == (
+        ProvenanceIdentity(identity="builds@example.org", issuer="https://accounts.example.org"),
+        ProvenanceIdentity(
+            repository="o/k",
+            workflows=("https://github.com/o/k/.github/workflows/b.yaml@main",),
+        ),
+    )
+    assert cfg.provenance_trusted_root == Path("/etc/kerneld/trusted_root.json")
 
 
 @pytest.mark.parametrize("text", ["", FULL])
@@ -265,6 +283,21 @@ INVALID = [
     ("[trust]\nallow = ['my-org']", "trust.allow"),
     ("[trust]\nttl = 'daily'", "trust.ttl"),
     ("[trust]\nhonor_trust_remote_code = 'yes'", "trust.honor_trust_remote_code"),
+    ("[provenance]\npolicy = 'strict'", "provenance.policy"),
+    ("[provenance]\nidentities = {identity = 'a'}", "provenance.identities"),
+    ("[provenance]\nidentities = ['me@example.org']", "provenance.identities[0]"),
+    ("[provenance]\nidentities = [{identity = 'me@example.org'}]", "provenance.identities[0]"),
+    (
+        "[provenance]\nidentities = [{repository = 'org', workflows = ['https://x']}]",
+        "provenance.identities[0]",
+    ),
+    (
+        "[provenance]\nidentities = [{repository = 'o/r', workflows = []}]",
+        "provenance.identities[0]",
+    ),
+    ("[provenance]\nkernels_defaults = 1", "provenance.kernels_defaults"),
+    ("[provenance]\ntrusted_root = ''", "provenance.trusted_root"),
+    ("[provenance]\nsigstore = true", "provenance.sigstore"),
 ]
 
 

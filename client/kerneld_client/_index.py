@@ -63,8 +63,44 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 
 
+PROVENANCE_KEYS = ("status", "signer", "issuer")
+
+
 class IndexFormatError(ValueError):
     """An index document exists but is malformed (treated as a miss by the client)."""
+
+
+class Provenance:
+    """Who signed a tree, as the daemon checked it when the tree entered the store
+    (`[provenance]`): `status` is "verified", "unsigned", "invalid" or "unchecked"; `signer`
+    (an email or a CI workflow URI) and `issuer` (its OIDC issuer) are set when verified."""
+
+    __slots__ = ("issuer", "signer", "status")
+
+    def __init__(self, status: str, signer: str = "", issuer: str = "") -> None:
+        self.status = status
+        self.signer = signer
+        self.issuer = issuer
+
+    @property
+    def verified(self) -> bool:
+        return self.status == "verified"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Provenance):
+            return NotImplemented
+        return (self.status, self.signer, self.issuer) == (other.status, other.signer, other.issuer)
+
+    def __hash__(self) -> int:
+        return hash((self.status, self.signer, self.issuer))
+
+    def __str__(self) -> str:
+        if self.verified:
+            return f"verified: signed by {self.signer} (issuer {self.issuer})"
+        return self.status
+
+    def __repr__(self) -> str:
+        return f"Provenance({self.status!r}, signer={self.signer!r}, issuer={self.issuer!r})"
 
 
 class VariantEntry:
@@ -74,7 +110,7 @@ class VariantEntry:
     warm load and a frozen dataclass costs about a millisecond to define.
     """
 
-    __slots__ = ("archs", "backend", "digest", "lock", "metadata_id", "name", "tree")
+    __slots__ = ("archs", "backend", "digest", "lock", "metadata_id", "name", "provenance", "tree")
 
     def __init__(
         self,
@@ -85,6 +121,7 @@ class VariantEntry:
         metadata_id: str | None,
         backend: str | None,
         archs: tuple[str, ...],
+        provenance: Provenance | None = None,
     ) -> None:
         self.name = name
         self.tree = tree
@@ -93,6 +130,7 @@ class VariantEntry:
         self.metadata_id = metadata_id
         self.backend = backend
         self.archs = archs
+        self.provenance = provenance  # None: the daemon recorded none (it checks no signatures)
 
     def __repr__(self) -> str:
         return f"VariantEntry({self.name!r}, tree={self.tree!r}, digest={self.digest!r})"
@@ -193,6 +231,13 @@ def _variant(name: str, raw: Any) -> VariantEntry:
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise IndexFormatError(f"variant {name!r}: archs must be a list of strings")
     mid, backend = raw.get("metadata_id"), raw.get("backend")
+    prov = raw.get("provenance")
+    if prov is not None and not (
+        isinstance(prov, dict) and all(isinstance(prov.get(k, ""), str) for k in PROVENANCE_KEYS)
+    ):
+        raise IndexFormatError(
+            f"variant {name!r}: provenance must map {PROVENANCE_KEYS} to strings"
+        )
     return VariantEntry(
         name=name,
         tree=_str(raw.get("tree"), "tree"),
@@ -201,6 +246,9 @@ def _variant(name: str, raw: Any) -> VariantEntry:
         metadata_id=mid if isinstance(mid, str) else None,
         backend=backend if isinstance(backend, str) else None,
         archs=tuple(archs),
+        provenance=None
+        if prov is None
+        else Provenance(*(prov.get(k, "") for k in PROVENANCE_KEYS)),
     )
 
 

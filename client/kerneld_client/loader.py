@@ -128,6 +128,25 @@ class LoadedKernel:
         """The repo and the revision asked for (`kernels`' field); None for a local kernel."""
         return None if self.source == "local" else RepoInfo(self.repo_id, self.ref)
 
+    @property
+    def provenance(self) -> _index.Provenance | None:
+        """Who signed this tree, as kerneld checked it when the tree entered the store
+        (`[provenance]`); None: nothing recorded (a local or hub-fallback kernel, or a daemon
+        that checks no signatures). Read from the published index when asked, so loading
+        costs nothing more."""
+        if self.source not in ("index", "daemon"):
+            return None
+        root = _store_root()
+        if root is None:
+            return None
+        try:
+            doc = _index.read_repo_index(Path(root.real), self.repo_id, owner_uid=root.owner_uid)
+        except (OSError, _index.IndexFormatError):
+            return None
+        commit = None if doc is None else doc.commits.get(self.commit)
+        entry = None if commit is None else commit.variants.get(self.variant)
+        return entry.provenance if entry is not None and entry.digest == self.digest else None
+
     def __repr__(self) -> str:
         return (
             f"LoadedKernel({self.repo_id}@{self.ref} commit={self.commit[:12]} "

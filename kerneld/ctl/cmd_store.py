@@ -194,7 +194,22 @@ def _flags(item: dict[str, Any]) -> str:
         bits.append("DENIED")
     if item.get("active_leases"):
         bits.append(f"{item['active_leases']} lease(s)")
+    provenance = item.get("provenance") or {}
+    status = provenance.get("status")
+    if status:  # verified, unsigned, INVALID, unchecked: the sigstore check at ingest
+        bits.append(
+            "signed" if status == "verified" else status.upper() if status == "invalid" else status
+        )
     return ",".join(bits)
+
+
+def _signature(provenance: dict[str, Any] | None) -> str:
+    """`kerneldctl info`'s line about who signed a tree."""
+    if not provenance:
+        return "not checked ([provenance] policy is off, or the tree predates the check)"
+    if provenance["status"] == "verified":
+        return f"verified: {provenance['signer']} (issuer {provenance['issuer']})"
+    return f"{provenance['status']}: {provenance['detail']}"
 
 
 def cmd_ls(ctx: Ctx) -> int:
@@ -274,6 +289,7 @@ def cmd_info(ctx: Ctx) -> int:
             ctx.say(f"      tree:    {v['tree_digest']}")
             ctx.say(f"      path:    {v['path']}")
             ctx.say(f"      size:    {human_bytes(int(v['size_bytes']))} in {v['files']} files")
+            ctx.say(f"      signature: {_signature(v.get('provenance'))}")
             if meta:
                 ctx.say(
                     f"      id:      {meta.get('id')}  version {meta.get('version')}  "

@@ -99,6 +99,7 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
                     "last_resolved": _iso(tree.last_resolved),
                     "pinned": v.tree in pinned,
                     "active_leases": leases.get(v.tree, 0),
+                    "provenance": _provenance(index.get_provenance(v.tree)),
                 }
             )
         for r in refs:
@@ -123,6 +124,18 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
             }
         )
     return out
+
+
+def _provenance(record: Any) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {
+        "status": record.status,
+        "signer": record.signer,
+        "issuer": record.issuer,
+        "detail": record.detail,
+        "checked_at": _iso(record.checked_at),
+    }
 
 
 def read_metadata(path: str) -> dict[str, Any] | None:

@@ -246,6 +246,17 @@ class AdminService(pb_grpc.AdminServicer):
                     entry.size_bytes = tree.size
                     entry.files = tree.files
                     entry.last_resolved.CopyFrom(convert.ts(tree.last_resolved))
+                record = index.get_provenance(row.tree)
+                if record is not None:
+                    entry.provenance.CopyFrom(
+                        pb.Provenance(
+                            status=record.status,
+                            signer=record.signer,
+                            issuer=record.issuer,
+                            detail=record.detail,
+                            checked_at=convert.ts(record.checked_at),
+                        )
+                    )
                 by_commit.setdefault(row.commit, []).append(entry)
             kernel = pb.KernelEntry(
                 repo_id=repo,

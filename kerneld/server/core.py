@@ -163,7 +163,7 @@ class Core:
             orphan_grace_s=cfg.orphan_grace_s,
         )
         store.quarantine_max_bytes = cfg.quarantine_max_bytes
-        store.provenance = provenance_check(cfg)
+        store.set_provenance(provenance_check(cfg))
         if not cfg.system:
             store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
@@ -762,7 +762,7 @@ class Core:
         if self._store is not None:
             self._store.quarantine_max_bytes = effective.quarantine_max_bytes
             if any(c.startswith("provenance_") for c in applied):
-                self._store.provenance = provenance_check(effective)
+                self._store.set_provenance(provenance_check(effective))
         if self._trust is not None and any(c.startswith("trust_") for c in applied):
             self._trust.reconfigure(effective)
         if self._prefetcher is not None:

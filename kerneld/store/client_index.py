@@ -30,7 +30,11 @@ Per-repo document, format version 1 (all paths are relative to the store root)::
               "lock": "locks/<64 hex>.lock",     # hold an OFD read lock while using the tree
               "metadata_id": "..." | null,       # metadata.json "id": the module name
               "backend": "cpu" | null,
-              "archs": ["8.0", "9.0a", ...]
+              "archs": ["8.0", "9.0a", ...],
+              "provenance": {                    # optional: the sigstore check at ingest
+                "status": "verified" | "unsigned" | "invalid" | "unchecked",
+                "signer": "...", "issuer": "..."  # set when verified
+              }
             }
           }
         }
@@ -86,14 +90,21 @@ __all__ = [
 ]
 
 
-def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> dict[str, Any]:
+def build_repo_doc(
+    index: Index, layout: Layout, repo: str, generation: int, *, require_signed: bool = False
+) -> dict[str, Any]:
+    """`repo`'s document; with `require_signed` (``[provenance] policy = "require"``) a variant
+    whose tree is not recorded as verified is left out, so a job asks the daemon, which says
+    why it refuses."""
     commits: dict[str, dict[str, Any]] = {}
     upstream = index.all_upstream_variants(repo)
     for v in index.live_variants_of(repo):
+        if require_signed and not (v.provenance and v.provenance.verified):
+            continue
         entry = commits.setdefault(
             v.commit, {"upstream_variants": upstream.get(v.commit), "variants": {}}
         )
-        entry["variants"][v.variant] = {
+        variant: dict[str, Any] = {
             "tree": layout.tree_relpath(v.tree),
             "digest": f"sha256:{v.tree}",
             "lock": layout.lock_relpath(v.tree),
@@ -101,6 +112,13 @@ def build_repo_doc(index: Index, layout: Layout, repo: str, generation: int) -> 
             "backend": v.backend,
             "archs": v.archs,
         }
+        if v.provenance is not None:
+            variant["provenance"] = {
+                "status": v.provenance.status,
+                "signer": v.provenance.signer,
+                "issuer": v.provenance.issuer,
+            }
+        entry["variants"][v.variant] = variant
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,

@@ -211,6 +211,7 @@ class LiveVariantRow:
     metadata_id: str | None
     backend: str | None
     archs: list[str]
+    provenance: ProvenanceRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -599,12 +600,25 @@ class Index:
     def live_variants_of(self, repo: str) -> list[LiveVariantRow]:
         """One query for a repo's client index (no manifests: a store may hold 100,000 trees)."""
         rows = self._all(
-            "SELECT v.commit_sha, v.variant, v.tree, t.metadata_id, t.backend, t.archs "
+            "SELECT v.commit_sha, v.variant, v.tree, t.metadata_id, t.backend, t.archs, "
+            "p.status, p.signer, p.issuer, p.detail, p.checked_at "
             "FROM variants v JOIN trees t ON t.digest = v.tree "
+            "LEFT JOIN provenance p ON p.tree = v.tree "
             "WHERE v.repo = ? AND t.state = 'live' ORDER BY 1, 2",
             (repo,),
         )
-        return [LiveVariantRow(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+        return [
+            LiveVariantRow(
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                json.loads(r[5]),
+                None if r[6] is None else ProvenanceRecord(r[6], r[7], r[8], r[9], r[10]),
+            )
+            for r in rows
+        ]
 
     def variants_of_tree(self, tree: str) -> list[VariantRow]:
         rows = self._all("SELECT * FROM variants WHERE tree = ?", (tree,))

@@ -737,6 +737,48 @@ class Store:
             raise ProvenanceError(record.status, record.detail, **ctx)
         return record
 
+    @property
+    def _require_signed(self) -> bool:
+        return self.provenance is not None and self.provenance.required
+
+    def set_provenance(self, check: ProvenanceCheck | None) -> None:
+        """Install the ingest check (see ``provenance``) and republish the client index, which
+        leaves out unverified trees while signatures are required."""
+        with self._lock:
+            before = self._require_signed
+            self.provenance = check
+            if self._require_signed != before and not self.read_only:
+                self._publish_index(self.index.repos(), skip_unchanged=True)
+
+    def _provenance_of_live(
+        self, hexd: str, repo: str, commit: str, variant: str
+    ) -> ProvenanceRecord:
+        """A live tree's record; one that entered the store while no check was installed (or
+        under an older kerneld) is checked now, once, from its published files (caller holds
+        the lock and has installed a check)."""
+        assert self.provenance is not None
+        record = self.index.get_provenance(hexd)
+        if record is not None or self.read_only:
+            return record or ProvenanceRecord("unchecked", detail="never checked")
+        tree = self.layout.tree_path(hexd)
+
+        def read(path: str) -> bytes | None:
+            file = tree / path
+            return file.read_bytes() if file.is_file() else None
+
+        # Its metadata digest, if it has one, was checked against the files when it was published.
+        try:
+            meta = json.loads(read(METADATA_FILE) or b"{}")
+        except ValueError:
+            meta = {}
+        checked = isinstance(meta, dict) and meta.get("digest") is not None
+        ctx = {"repo": repo, "commit": commit, "variant": variant}
+        record = self.provenance.check(read, digest_checked=checked, **ctx)
+        with self.index.tx() as conn:
+            self.index.put_provenance(conn, hexd, record)
+        self._publish_index([repo])
+        return record
+
     def provenance_of(self, digest: str) -> ProvenanceRecord | None:
         """The ingest check's record for a tree (``sha256:<hex>`` or hex); None: not checked."""
         return self.index.get_provenance(_hex(digest))
@@ -859,6 +901,12 @@ class Store:
             tree = self.index.get_tree(row.tree)
             if tree is None or tree.state != "live":
                 return None
+            if self.provenance is not None:
+                record = self._provenance_of_live(tree.digest, repo, commit, variant)
+                if self.provenance.required and not record.verified:
+                    raise ProvenanceError(
+                        record.status, record.detail, repo=repo, commit=commit, variant=variant
+                    )
             now = time.time()
             if not self.read_only:
                 self.index.touch_tree(tree.digest, now)
@@ -1697,7 +1745,9 @@ class Store:
             self.generation = generation
             for repo in repos:
                 path = self.layout.repo_index_path(repo)
-                doc = client_index.build_repo_doc(self.index, self.layout, repo, generation)
+                doc = client_index.build_repo_doc(
+                    self.index, self.layout, repo, generation, require_signed=self._require_signed
+                )
                 if not doc["refs"] and not doc["commits"] and not doc["denies"]:
                     client_index.remove(path)
                 elif not (skip_unchanged and client_index.unchanged(path, doc)):

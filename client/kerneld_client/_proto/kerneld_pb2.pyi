@@ -1158,6 +1158,7 @@ class VariantEntry(_message.Message):
     LAST_RESOLVED_FIELD_NUMBER: _builtins.int
     PINNED_FIELD_NUMBER: _builtins.int
     ACTIVE_LEASES_FIELD_NUMBER: _builtins.int
+    PROVENANCE_FIELD_NUMBER: _builtins.int
     variant: _builtins.str
     tree_digest: _builtins.str
     path: _builtins.str
@@ -1167,6 +1168,12 @@ class VariantEntry(_message.Message):
     active_leases: _builtins.int
     @_builtins.property
     def last_resolved(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def provenance(self) -> Global___Provenance:
+        """Who signed the tree, as checked when it entered the store ([provenance]); unset: never
+        checked (the daemon checks no signatures, or the tree predates the check).
+        """
+
     def __init__(
         self,
         *,
@@ -1178,14 +1185,54 @@ class VariantEntry(_message.Message):
         last_resolved: _timestamp_pb2.Timestamp | None = ...,
         pinned: _builtins.bool = ...,
         active_leases: _builtins.int = ...,
+        provenance: Global___Provenance | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["last_resolved", b"last_resolved"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_resolved", b"last_resolved", "provenance", b"provenance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "files", b"files", "last_resolved", b"last_resolved", "path", b"path", "pinned", b"pinned", "size_bytes", b"size_bytes", "tree_digest", b"tree_digest", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "files", b"files", "last_resolved", b"last_resolved", "path", b"path", "pinned", b"pinned", "provenance", b"provenance", "size_bytes", b"size_bytes", "tree_digest", b"tree_digest", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VariantEntry: _TypeAlias = VariantEntry  # noqa: Y015
+
+@_typing.final
+class Provenance(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    SIGNER_FIELD_NUMBER: _builtins.int
+    ISSUER_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    CHECKED_AT_FIELD_NUMBER: _builtins.int
+    status: _builtins.str
+    """"verified" (signed by a trusted identity; the signed metadata's digest covers the files),
+    "unsigned" (no metadata.json.sigstore), "invalid" (it does not verify, or an untrusted
+    signer) or "unchecked" (the check could not run, e.g. no trust root).
+    """
+    signer: _builtins.str
+    """the certificate's identity: an email or a CI workflow URI"""
+    issuer: _builtins.str
+    """the OIDC issuer that vouched for the signer"""
+    detail: _builtins.str
+    """why, in words"""
+    @_builtins.property
+    def checked_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        status: _builtins.str = ...,
+        signer: _builtins.str = ...,
+        issuer: _builtins.str = ...,
+        detail: _builtins.str = ...,
+        checked_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checked_at", b"checked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checked_at", b"checked_at", "detail", b"detail", "issuer", b"issuer", "signer", b"signer", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Provenance: _TypeAlias = Provenance  # noqa: Y015
 
 @_typing.final
 class RevisionEntry(_message.Message):

@@ -523,7 +523,11 @@ class _Run:
         layer, source = obtained
         if source is not None:
             base = replace(
-                base, revision=source.revision, commit=source.commit, variant=source.variant
+                base,
+                revision=source.revision,
+                commit=source.commit,
+                variant=source.variant,
+                provenance=source.provenance,
             )
             if source.commit:
                 for rule in self.rules:

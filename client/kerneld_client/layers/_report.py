@@ -72,6 +72,9 @@ class LayerReport:
     variant: str = ""
     hub_layer: str = ""
     repo_mode: str = ""
+    provenance: str = ""
+    """Who signed the kernel, as kerneld checked at ingest ("verified: signed by ...",
+    "unsigned", "invalid"); empty: nothing recorded."""
 
     @property
     def kernelized(self) -> bool:

@@ -49,6 +49,9 @@ class KernelSource:
     variant: str = ""
     path: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    provenance: str = ""
+    """Who signed it, as the daemon checked at ingest (`LoadedKernel.provenance`); empty:
+    nothing recorded."""
 
 
 class _Repository:
@@ -81,7 +84,7 @@ class _Repository:
         return self.layer_class(kernel_source(self, None))
 
 
-def _provenance(module: ModuleType, repo: str, revision: str) -> KernelSource:
+def _source_of(module: ModuleType, repo: str, revision: str) -> KernelSource:
     """Commit and variant of a module the client loaded, from its record of loaded kernels."""
     from kerneld_client import loader
 
@@ -95,6 +98,7 @@ def _provenance(module: ModuleType, repo: str, revision: str) -> KernelSource:
                 variant=loaded.variant,
                 path=str(loaded.path),
                 metadata=dict(loaded.metadata),
+                provenance=str(loaded.provenance or ""),
             )
     # Not loaded through the client's records (a `fallback=` object would land here).
     return KernelSource(module=module, repo=repo, revision=revision)
@@ -167,7 +171,7 @@ class LayerRepository(_Repository):
             trust_remote_code=list(trust) if isinstance(trust, tuple) else trust,
             user_agent=self._user_agent,
         )
-        return _provenance(_as_module(module, self.repo_id), self.repo_id, self.ref)
+        return _source_of(_as_module(module, self.repo_id), self.repo_id, self.ref)
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -210,7 +214,7 @@ class LocalLayerRepository(_Repository):
         from kerneld_client import loader
 
         module = loader.get_local_kernel(self.repo_path, backend=backend)
-        return _provenance(_as_module(module, str(self.repo_path)), str(self.repo_path), "")
+        return _source_of(_as_module(module, str(self.repo_path)), str(self.repo_path), "")
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -338,7 +342,7 @@ class LockedLayerRepository(_Repository):
                 backend=backend,
                 trust_remote_code=list(trust) if isinstance(trust, tuple) else trust,
             )
-        return _provenance(_as_module(module, self.repo_id), self.repo_id, commit)
+        return _source_of(_as_module(module, self.repo_id), self.repo_id, commit)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LockedLayerRepository) and (
