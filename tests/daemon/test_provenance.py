@@ -83,6 +83,32 @@ else:
     return {k: v for k, v in run_client(code, env).items() if not k.startswith("_")}
 
 
+def _kernelize(d: DaemonProcess, tmp: Path, repo: str) -> dict[str, Any]:
+    """A job that kernelizes a `Scale` layer from `repo`: its report entry."""
+    env = client_env(
+        d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
+    )
+    code = f"""
+import json, torch
+from kerneld_client import (LayerRepository, Mode, kernelize, kernelize_report,
+                            use_kernel_forward_from_hub, use_kernel_mapping)
+
+@use_kernel_forward_from_hub("Scale")
+class Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+model = torch.nn.Sequential(Scale())
+repo = LayerRepository({repo!r}, layer_name="Scale", version=1)
+with use_kernel_mapping({{"Scale": {{"cpu": repo}}}}):
+    kernelize(model, mode=Mode.INFERENCE, device="cpu")
+entry = kernelize_report(model).layers[0]
+print(json.dumps({{"status": entry.status.value, "provenance": entry.provenance,
+                  "text": kernelize_report(model).format()}}))
+"""
+    return {k: v for k, v in run_client(code, env).items() if not k.startswith("_")}
+
+
 def _info(d: DaemonProcess, tmp: Path, repo: str) -> tuple[str, dict[str, Any]]:
     env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket), "KERNELD_SOCKET": str(d.user_socket)}
     human = run_ctl("info", repo, home=tmp / "ctl", env=env)
@@ -109,6 +135,11 @@ def test_require_serves_signed_kernels_and_refuses_the_rest(
     forged = _job(d, tmp_path, FORGED)
     assert forged["error"] == "KernelDenied", forged
     assert "does not verify" in forged["message"] and SIGNER.identity in forged["message"]
+
+    report = _kernelize(d, tmp_path, SIGNED)
+    signed_by = f"verified: signed by {SIGNER.identity} (issuer {SIGNER.issuer})"
+    assert (report["status"], report["provenance"]) == ("kernelized", signed_by), report
+    assert "{" + signed_by + "}" in report["text"]
 
     human, record = _info(d, tmp_path, SIGNED)
     assert f"signature: verified: {SIGNER.identity} (issuer {SIGNER.issuer})" in human

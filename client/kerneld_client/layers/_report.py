@@ -179,6 +179,8 @@ class KernelizeReport:
                 where += f" ({e.commit[:12]})"
             if e.variant:
                 where += f" [{e.variant}]"
+            if e.provenance:
+                where += f" {{{e.provenance}}}"
             tail = f" {e.cause.value}: {e.reason}" if e.cause is not Cause.NONE else ""
             lines.append(f"  {e.name} <{e.layer_name}> {e.status.value} {where}{tail}".rstrip())
         return "\n".join(lines)
