@@ -151,8 +151,10 @@ def wheelhouse(python: str) -> Path:
     try:
         for argv in (
             [BASE_PYTHON, "-m", "venv", str(tmp / "venv")],
+            # --use-pep517: Debian 12's pip (23.0.1) would build an sdist-only project (sdnotify)
+            # with `setup.py bdist_wheel`, which needs a `wheel` its venv does not have.
             [str(tmp / "venv" / "bin" / "pip"), "wheel", "--quiet", "--disable-pip-version-check",
-             "--wheel-dir", str(tmp / "wheels"), *reqs],
+             "--use-pep517", "--wheel-dir", str(tmp / "wheels"), *reqs],
         ):  # fmt: skip
             done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
             assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
