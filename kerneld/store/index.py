@@ -385,6 +385,10 @@ class Index:
     def set_meta(self, conn: sqlite3.Connection, key: str, value: str) -> None:
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
 
+    @staticmethod
+    def delete_meta(conn: sqlite3.Connection, key: str) -> None:
+        conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+
     def next_generation(self, conn: sqlite3.Connection) -> int:
         row = conn.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
         gen = (int(row["value"]) if row else 0) + 1
@@ -737,12 +741,37 @@ class Index:
     def pins(self) -> list[PinRow]:
         return [PinRow(r[0], r[1], r[2], r[3]) for r in self._all("SELECT * FROM pins ORDER BY 1")]
 
+    @staticmethod
+    def put_pin(conn: sqlite3.Connection, repo: str, revision: str, variant: str) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO pins VALUES (?,?,?,?)", (repo, revision, variant, time.time())
+        )
+
+    @staticmethod
+    def delete_pin(conn: sqlite3.Connection, repo: str, revision: str, variant: str) -> bool:
+        cur = conn.execute(
+            "DELETE FROM pins WHERE repo = ? AND revision = ? AND variant = ?",
+            (repo, revision, variant),
+        )
+        return cur.rowcount > 0
+
     def denies(self, repo: str | None = None) -> list[DenyRow]:
         if repo is None:
             rows = self._all("SELECT * FROM denies ORDER BY repo, revision")
         else:
             rows = self._all("SELECT * FROM denies WHERE repo = ? ORDER BY revision", (repo,))
         return [DenyRow(r[0], r[1], r[2], r[3]) for r in rows]
+
+    @staticmethod
+    def put_deny(conn: sqlite3.Connection, repo: str, revision: str, reason: str) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO denies VALUES (?,?,?,?)", (repo, revision, reason, time.time())
+        )
+
+    @staticmethod
+    def delete_deny(conn: sqlite3.Connection, repo: str, revision: str) -> bool:
+        cur = conn.execute("DELETE FROM denies WHERE repo = ? AND revision = ?", (repo, revision))
+        return cur.rowcount > 0
 
     # leases
 
@@ -752,6 +781,48 @@ class Index:
     def get_lease(self, lease_id: str) -> LeaseRow | None:
         r = self._one("SELECT * FROM leases WHERE id = ?", (lease_id,))
         return None if r is None else LeaseRow(r[0], r[1], r[2], r[3], r[4])
+
+    @staticmethod
+    def put_lease(conn: sqlite3.Connection, lease: LeaseRow) -> None:
+        conn.execute(
+            "INSERT INTO leases VALUES (?,?,?,?,?)",
+            (lease.id, lease.tree, lease.holder, lease.created_at, lease.expires_at),
+        )
+
+    @staticmethod
+    def put_leases_on_live_trees(
+        conn: sqlite3.Connection, rows: Sequence[tuple[str, str, float, float, str]]
+    ) -> int:
+        """Insert ``(id, holder, created_at, expires_at, tree)`` rows in one statement each
+        (``executemany``: a large batch costs little Python time), skipping trees that are not
+        live; returns how many were recorded."""
+        before = conn.total_changes
+        conn.executemany(
+            "INSERT OR REPLACE INTO leases (id, tree, holder, created_at, expires_at) "
+            "SELECT ?1, digest, ?2, ?3, ?4 FROM trees WHERE digest = ?5 AND state = 'live'",
+            rows,
+        )
+        return conn.total_changes - before
+
+    @staticmethod
+    def extend_lease(conn: sqlite3.Connection, lease_id: str, expires_at: float) -> None:
+        conn.execute("UPDATE leases SET expires_at = ? WHERE id = ?", (expires_at, lease_id))
+
+    @staticmethod
+    def delete_lease(conn: sqlite3.Connection, lease_id: str) -> bool:
+        return conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
+
+    @staticmethod
+    def delete_expired_leases(conn: sqlite3.Connection, now: float) -> int:
+        return int(conn.execute("DELETE FROM leases WHERE expires_at <= ?", (now,)).rowcount)
+
+    @staticmethod
+    def touch_trees(conn: sqlite3.Connection, touches: Sequence[tuple[str, float]]) -> None:
+        """Record resolve times ``(tree, unix time)`` (LRU), never moving one backwards."""
+        conn.executemany(
+            "UPDATE trees SET last_resolved = ? WHERE digest = ? AND last_resolved < ?",
+            [(at, tree, at) for tree, at in touches],
+        )
 
     @staticmethod
     def trim_leases(
@@ -809,6 +880,11 @@ class Index:
                 "ORDER BY expires_at LIMIT ?)",
                 (count - limit,),
             )
+
+    @staticmethod
+    def delete_negative_of(conn: sqlite3.Connection, repo: str) -> None:
+        """Forget `repo`'s failed lookups (something of it was just published)."""
+        conn.execute("DELETE FROM negative WHERE repo = ?", (repo,))
 
     def negative_count(self) -> int:
         row = self._one("SELECT COUNT(*) FROM negative")

@@ -835,7 +835,7 @@ class Store:
                 tree=hexd,
                 upstream_ids=[(p, oid) for p, oid in upstream_ids if oid],
             )
-            conn.execute("DELETE FROM negative WHERE repo = ?", (repo,))
+            self.index.delete_negative_of(conn, repo)
         faults.point("tree.live")
         self._publish_index([repo])
         size = sum(e.size for e in entries)
@@ -1034,20 +1034,13 @@ class Store:
         if variant != ALL:
             validate_variant(variant, repo=repo)
         with self._lock, self.index.tx() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO pins VALUES (?,?,?,?)",
-                (repo, revision, variant, time.time()),
-            )
+            self.index.put_pin(conn, repo, revision, variant)
         log.info("pinned %s@%s/%s", repo, revision, variant)
 
     def unpin(self, repo: str, revision: str = ALL, variant: str = ALL) -> bool:
         self._writable()
         with self._lock, self.index.tx() as conn:
-            cur = conn.execute(
-                "DELETE FROM pins WHERE repo = ? AND revision = ? AND variant = ?",
-                (repo, revision, variant),
-            )
-            removed = cur.rowcount > 0
+            removed = self.index.delete_pin(conn, repo, revision, variant)
         log.info("unpinned %s@%s/%s (%s)", repo, revision, variant, removed)
         return removed
 
@@ -1062,10 +1055,7 @@ class Store:
             validate_ref(revision, repo=repo)
         with self._lock:
             with self.index.tx() as conn:
-                conn.execute(
-                    "INSERT OR REPLACE INTO denies VALUES (?,?,?,?)",
-                    (repo, revision, reason, time.time()),
-                )
+                self.index.put_deny(conn, repo, revision, reason)
             self._publish_index([repo], denies=True)
         log.info("denied %s@%s: %s", repo, revision, reason)
 
@@ -1073,10 +1063,7 @@ class Store:
         self._writable()
         with self._lock:
             with self.index.tx() as conn:
-                cur = conn.execute(
-                    "DELETE FROM denies WHERE repo = ? AND revision = ?", (repo, revision)
-                )
-                removed = cur.rowcount > 0
+                removed = self.index.delete_deny(conn, repo, revision)
             self._publish_index([repo], denies=True)
         log.info("allowed %s@%s (%s)", repo, revision, removed)
         return removed
@@ -1108,12 +1095,10 @@ class Store:
             row = self.index.get_tree(hexd)
             if row is None or row.state != "live":
                 raise TreeNotFoundError(f"no live tree sha256:{hexd} to lease")
-            lease = Lease(uuid.uuid4().hex, f"sha256:{hexd}", time.time() + ttl_s, holder)
+            now = time.time()
+            lease = Lease(uuid.uuid4().hex, f"sha256:{hexd}", now + ttl_s, holder)
             with self.index.tx() as conn:
-                conn.execute(
-                    "INSERT INTO leases VALUES (?,?,?,?,?)",
-                    (lease.id, hexd, holder, time.time(), lease.expires_at),
-                )
+                self.index.put_lease(conn, LeaseRow(lease.id, hexd, holder, now, lease.expires_at))
         return lease
 
     def record_leases(
@@ -1133,7 +1118,7 @@ class Store:
         bound the table in the same transaction (``Index.trim_leases``)."""
         self._writable()
         now = time.time()
-        touches = [(at, _hex(tree), at) for tree, at in resolved]
+        touches = [(_hex(tree), at) for tree, at in resolved]
         rows = [
             (lease.id, lease.holder, now, lease.expires_at, _hex(lease.tree))
             for lease in leases
@@ -1143,17 +1128,8 @@ class Store:
             return 0
         with self._lock, self.index.tx() as conn:
             if touches:
-                conn.executemany(
-                    "UPDATE trees SET last_resolved = ? WHERE digest = ? AND last_resolved < ?",
-                    touches,
-                )
-            before = conn.total_changes
-            conn.executemany(
-                "INSERT OR REPLACE INTO leases (id, tree, holder, created_at, expires_at) "
-                "SELECT ?1, digest, ?2, ?3, ?4 FROM trees WHERE digest = ?5 AND state = 'live'",
-                rows,
-            )
-            recorded = conn.total_changes - before
+                self.index.touch_trees(conn, touches)
+            recorded = self.index.put_leases_on_live_trees(conn, rows)
             if rows and (per_holder or total):
                 holders = {lease.holder for lease in leases}
                 self.index.trim_leases(conn, holders, now, per_holder=per_holder, total=total)
@@ -1167,15 +1143,13 @@ class Store:
             if row is None or row.expires_at <= now:
                 raise LeaseNotFoundError(f"lease {lease_id} is unknown or expired; resolve again")
             with self.index.tx() as conn:
-                conn.execute(
-                    "UPDATE leases SET expires_at = ? WHERE id = ?", (now + ttl_s, lease_id)
-                )
+                self.index.extend_lease(conn, lease_id, now + ttl_s)
             return Lease(row.id, f"sha256:{row.tree}", now + ttl_s, row.holder)
 
     def release_lease(self, lease_id: str) -> bool:
         self._writable()
         with self._lock, self.index.tx() as conn:
-            return conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,)).rowcount > 0
+            return self.index.delete_lease(conn, lease_id)
 
     def leases(self) -> list[LeaseRow]:
         return self.index.leases()
@@ -1197,9 +1171,7 @@ class Store:
             expired = 0
             if not dry_run:
                 with self.index.tx() as conn:
-                    expired = conn.execute(
-                        "DELETE FROM leases WHERE expires_at <= ?", (now,)
-                    ).rowcount
+                    expired = self.index.delete_expired_leases(conn, now)
             trees = self.index.trees("live", manifests=False)
             blobs = self.index.blobs("live")
             tree_files: dict[str, list[str]] = {}
@@ -1398,8 +1370,7 @@ class Store:
         sizes: dict[str, int] = {}
         with self.index.tx() as conn:
             for sha in blobs:
-                rows = conn.execute("SELECT tree FROM tree_files WHERE blob = ?", (sha,))
-                for (tree,) in rows.fetchall():
+                for tree in self.index.trees_of_blob(sha):
                     if tree not in trees:
                         trees.add(tree)
                         why.setdefault(tree, []).append(
@@ -1722,7 +1693,7 @@ class Store:
         self._writable()
         with self._lock, self.index.tx() as conn:
             if value is None:
-                conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+                self.index.delete_meta(conn, key)
             else:
                 self.index.set_meta(conn, key, value)
 
