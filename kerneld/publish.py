@@ -776,17 +776,16 @@ def publish_to_store(
     """Ingest and publish the checked `variants` of `repo_id@commit` into `store` (opened
     read-write: its daemon is stopped), then point `refs` at it (forward only unless
     `force_refs`). The store verifies every byte again on ingest and re-checks metadata.json."""
-    report = PublishReport(repo_id, commit, str(store.layout.root), "store", list(variants), [])
-    where = f"the store {store.layout.root}"
+    report = PublishReport(repo_id, commit, str(store.root), "store", list(variants), [])
+    where = f"the store {store.root}"
     try:
         store.check_denied(repo_id, commit, commit)
     except StoreError as exc:
         raise PublishError(str(exc), hint=f"`kerneldctl allow {repo_id}` lifts a deny") from None
     for v in variants:
-        row = store.index.get_variant(repo_id, commit, v.name)
-        tree = store.index.get_tree(row.tree) if row is not None else None
-        if row is not None and tree is not None and tree.state == "live":
-            if f"sha256:{row.tree}" != v.tree_digest:
+        tree = store.published_tree(repo_id, commit, v.name)
+        if tree is not None:
+            if f"sha256:{tree.digest}" != v.tree_digest:
                 raise _immutable(repo_id, commit, v.name, where)
             report.unchanged.append(v.name)
     for ref in refs:

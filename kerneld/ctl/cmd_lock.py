@@ -316,8 +316,7 @@ def _verify_old(ctx: Ctx) -> int:
                             )
                         )
                         continue
-                    row = store.index.get_variant(entry.repo_id, entry.sha, variant)
-                    tree = store.index.get_tree(row.tree) if row is not None else None
+                    tree = store.published_tree(entry.repo_id, entry.sha, variant)
                     from kerneld.store.manifest import parse_manifest
 
                     paths = {e.path for e in parse_manifest(tree.manifest)} if tree else set()

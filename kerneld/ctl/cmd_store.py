@@ -37,12 +37,10 @@ def cmd_status(ctx: Ctx) -> int:
             usage = store.usage()
             now_refs = [
                 {"repo_id": r.repo, "ref": r.ref, "commit": r.commit, "fetched_at": r.fetched_at}
-                for repo in store.index.repos()
-                for r in store.index.refs_of(repo)
+                for repo in store.repos()
+                for r in store.refs_of(repo)
             ]
             import time
-
-            from kerneld.store.locks import owner_is_running
 
             try:
                 entries, held = store.quarantine_usage()
@@ -50,8 +48,8 @@ def cmd_status(ctx: Ctx) -> int:
                 entries = held = None
             doc: dict[str, Any] = {
                 "source": "store",
-                "store_root": str(store.layout.root),
-                "daemon_running": owner_is_running(store.layout.owner_lock),
+                "store_root": str(store.root),
+                "daemon_running": store.owner_is_running(),
                 "trees": usage.trees,
                 "blobs": usage.blobs,
                 "store_bytes": usage.bytes_used,
@@ -337,7 +335,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
             trees = {
                 v.tree
-                for v in store.index.variants_of(spec.repo_id, commit)
+                for v in store.variants_of(spec.repo_id, commit)
                 if not variant or v.variant == variant
             }
             doc: dict[str, Any] = {
@@ -394,7 +392,7 @@ def _list_denies(ctx: Ctx) -> int:
                     "revision": "" if r.revision == "*" else r.revision,
                     "reason": r.reason,
                 }
-                for r in store.index.denies()
+                for r in store.denies()
             ]
     else:
         from kerneld_client._proto import kerneld_pb2
@@ -431,9 +429,9 @@ def _deny(ctx: Ctx, allow: bool) -> int:
                 if allow:
                     changed = store.allow(repo, revision or ALL)
                 else:
-                    before = {(d.repo, d.revision, d.reason) for d in store.index.denies(repo)}
+                    before = {(d.repo, d.revision, d.reason) for d in store.denies(repo)}
                     store.deny(repo, revision or ALL, reason)
-                    after = {(d.repo, d.revision, d.reason) for d in store.index.denies(repo)}
+                    after = {(d.repo, d.revision, d.reason) for d in store.denies(repo)}
                     changed = before != after
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
@@ -768,7 +766,7 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
     if spec is not None and spec.ref is not None:
         found: str | None = store.resolve_revision(repo, spec.ref)
         return found
-    refs: dict[str, str] = {r.ref: r.commit for r in store.index.refs_of(repo)}
+    refs: dict[str, str] = {r.ref: r.commit for r in store.refs_of(repo)}
     versions = sorted(
         (int(m.group(1)), c) for r, c in refs.items() if (m := re.fullmatch(r"v(\d+)", r))
     )
@@ -776,7 +774,7 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
         return versions[-1][1]
     if "main" in refs:
         return refs["main"]
-    rows = store.index.variants_of(repo)
+    rows = store.variants_of(repo)
     if not rows:
         return None
     latest: str = max(rows, key=lambda v: v.published_at).commit
@@ -793,7 +791,7 @@ def cmd_env(ctx: Ctx) -> int:
     entries: list[dict[str, Any]] = []
     skipped: list[str] = []
     with open_store(ctx, writable=False) as store:
-        repos = list(wanted) if wanted else store.index.repos()
+        repos = list(wanted) if wanted else store.repos()
         for repo in repos:
             commit = _pick_commit(store, repo, wanted.get(repo))
             names = store.variants(repo, commit) if commit else []

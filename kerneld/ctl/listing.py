@@ -60,23 +60,22 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
     from kerneld.store.gc import pinned_trees
     from kerneld.store.index import ALL
 
-    index = store.index
     now = time.time()
-    all_variants = [v for r in index.repos() for v in index.variants_of(r)]
-    all_refs = [r for repo in index.repos() for r in index.refs_of(repo)]
-    pins = index.pins()
+    all_variants = [v for r in store.repos() for v in store.variants_of(r)]
+    all_refs = [r for repo in store.repos() for r in store.refs_of(repo)]
+    pins = store.pins()
     pinned = pinned_trees(pins, all_refs, all_variants)
     leases: dict[str, int] = {}
-    for lease in index.leases():
+    for lease in store.leases():
         if lease.expires_at > now:
             leases[lease.tree] = leases.get(lease.tree, 0) + 1
     wanted = set(repos or [])
     out: list[dict[str, Any]] = []
-    for repo in index.repos():
+    for repo in store.repos():
         if wanted and repo not in wanted:
             continue
-        refs = index.refs_of(repo)
-        denies = index.denies(repo)
+        refs = store.refs_of(repo)
+        denies = store.denies(repo)
         by_commit: dict[str, dict[str, Any]] = {}
 
         def revision(commit: str, by_commit: dict[str, dict[str, Any]] = by_commit) -> Any:
@@ -85,21 +84,21 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
                 {"commit": commit, "refs": [], "variants": [], "pinned": False, "denied": False},
             )
 
-        for v in index.variants_of(repo):
-            tree = index.get_tree(v.tree)
+        for v in store.variants_of(repo):
+            tree = store.tree(v.tree)
             if tree is None or tree.state != "live":
                 continue
             revision(v.commit)["variants"].append(
                 {
                     "variant": v.variant,
                     "tree_digest": f"sha256:{v.tree}",
-                    "path": str(store.layout.tree_path(v.tree)),
+                    "path": str(store.tree_path(v.tree)),
                     "size_bytes": tree.size,
                     "files": tree.files,
                     "last_resolved": _iso(tree.last_resolved),
                     "pinned": v.tree in pinned,
                     "active_leases": leases.get(v.tree, 0),
-                    "provenance": _provenance(index.get_provenance(v.tree)),
+                    "provenance": _provenance(store.provenance_of(v.tree)),
                 }
             )
         for r in refs:

@@ -190,9 +190,8 @@ class ExportReport:
 
 
 def _tree_files(store: Store, repo: str, commit: str, variant: str) -> tuple[str, list[_File]]:
-    row = store.index.get_variant(repo, commit, variant)
-    tree = store.index.get_tree(row.tree) if row is not None else None
-    if row is None or tree is None or tree.state != "live":
+    tree = store.published_tree(repo, commit, variant)
+    if tree is None:
         raise ExportError(f"{repo}@{commit} [{variant}]: vanished from the store during export")
     ids = store.upstream_ids(repo, commit, variant)
     files = [_File(e, ids.get(e.path)) for e in parse_manifest(tree.manifest)]
@@ -215,11 +214,11 @@ def _plan(
     for spec in specs:
         repo = spec.repo_id
         if spec.commit is None and spec.ref is None:
-            commits = sorted({v.commit for v in store.index.variants_of(repo)})
+            commits = sorted({v.commit for v in store.variants_of(repo)})
             if not commits:
                 problems.append(f"{repo}: nothing of it is in the store (prefetch it first)")
                 continue
-            for r in store.index.refs_of(repo):
+            for r in store.refs_of(repo):
                 if r.commit in commits:
                     refs.setdefault(repo, {})[r.ref] = r.commit
         else:
@@ -459,7 +458,7 @@ def merged_signatures(
 
 def _open_store_blob(store: Store, f: ManifestEntry) -> IO[bytes]:
     try:
-        return store.layout.blob_path(f.sha256).open("rb")
+        return store.open_blob(f.sha256)
     except FileNotFoundError:
         raise ExportError(
             f"blob {f.sha256} ({f.path}) vanished from the store during export"

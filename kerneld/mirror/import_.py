@@ -24,7 +24,6 @@ an interrupted one resumes (partially ingested blobs continue where they stopped
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import lzma
 import os
@@ -65,12 +64,6 @@ from kerneld.store import (
     Store,
     StoreError,
     TreeFile,
-)
-from kerneld.store.manifest import (
-    METADATA_FILE,
-    ManifestEntry,
-    check_metadata_digest,
-    parse_metadata,
 )
 from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
 from kerneld.upstream.base import check_repo_id
@@ -223,7 +216,7 @@ def _check_space(store: Store, kernels: list[_Kernel]) -> None:
             for f in files:
                 assert f.sha256 is not None
                 need[f.sha256] = f.size
-    missing = sum(size for sha, size in need.items() if store.index.get_blob(sha) is None)
+    missing = sum(size for sha, size in need.items() if not store.has_blob(sha))
     usage = store.usage()
     room = usage.free_bytes - usage.min_free_bytes - usage.bytes_reserved
     if usage.cap_bytes is not None:
@@ -266,26 +259,13 @@ def _ingest_blob(
 
 def _check_variant_metadata(store: Store, manifest: Manifest, variant: str) -> str | None:
     """The metadata.json checks publish_tree will make, made before anything is published."""
-    files = manifest.variants[variant]
-    by_path = {
-        f.path: ManifestEntry(f.path, 0o444, f.size, str(f.sha256)) for f in files if f.sha256
-    }
-    meta = by_path.get(METADATA_FILE)
-    if meta is None:
-        return f"variant {variant} has no metadata.json"
-    ctx = {"repo": manifest.repo_id, "commit": manifest.commit, "variant": variant}
+    files = [
+        TreeFile(path=f.path, sha256=str(f.sha256), size=f.size)
+        for f in manifest.variants[variant]
+        if f.sha256
+    ]
     try:
-        raw = store.layout.blob_path(meta.sha256).read_bytes()
-        doc, _meta = parse_metadata(raw, **ctx)
-
-        def hash_file(algorithm: str, path: str) -> bytes:
-            h = hashlib.new(algorithm)
-            with open(store.layout.blob_path(by_path[path].sha256), "rb") as fh:
-                while chunk := fh.read(CHUNK):
-                    h.update(chunk)
-            return h.digest()
-
-        check_metadata_digest(doc, by_path, hash_file, require=store.require_metadata_digest, **ctx)
+        store.check_metadata(manifest.repo_id, manifest.commit, variant, files)
     except StoreError as exc:
         return str(exc)
     except OSError as exc:

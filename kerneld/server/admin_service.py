@@ -214,8 +214,7 @@ class AdminService(pb_grpc.AdminServicer):
     def _list(self, only: list[str]) -> pb.ListResponse:
         store = self.core.store
         self.core.leases.flush()
-        index = store.index
-        repos = sorted(set(only) & set(index.repos())) if only else index.repos()
+        repos = sorted(set(only) & set(store.repos())) if only else store.repos()
         pins = store.pins()
         now = time.time()
         leases: dict[str, int] = {}
@@ -224,21 +223,21 @@ class AdminService(pb_grpc.AdminServicer):
                 leases[lease.tree] = leases.get(lease.tree, 0) + 1
         out = pb.ListResponse()
         for repo in repos:
-            refs = index.refs_of(repo)
-            rows = index.variants_of(repo)
+            refs = store.refs_of(repo)
+            rows = store.variants_of(repo)
             pinned = pinned_trees(pins, refs, rows)
-            denies = index.denies(repo)
+            denies = store.denies(repo)
             denied_revs = {d.revision for d in denies}
             refs_at: dict[str, list[str]] = {}
             for r in refs:
                 refs_at.setdefault(r.commit, []).append(r.ref)
             by_commit: dict[str, list[pb.VariantEntry]] = {c: [] for c in refs_at}
             for row in rows:
-                tree = index.get_tree(row.tree)
+                tree = store.tree(row.tree)
                 entry = pb.VariantEntry(
                     variant=row.variant,
                     tree_digest=f"sha256:{row.tree}",
-                    path=str(store.layout.tree_path(row.tree)),
+                    path=str(store.tree_path(row.tree)),
                     pinned=row.tree in pinned,
                     active_leases=leases.get(row.tree, 0),
                 )
@@ -246,7 +245,7 @@ class AdminService(pb_grpc.AdminServicer):
                     entry.size_bytes = tree.size
                     entry.files = tree.files
                     entry.last_resolved.CopyFrom(convert.ts(tree.last_resolved))
-                record = index.get_provenance(row.tree)
+                record = store.provenance_of(row.tree)
                 if record is not None:
                     entry.provenance.CopyFrom(
                         pb.Provenance(
@@ -295,7 +294,7 @@ class AdminService(pb_grpc.AdminServicer):
         return commit
 
     def _tree_count(self, repo: str, commit: str, variant: str) -> int:
-        rows = self.core.store.index.variants_of(repo, commit)
+        rows = self.core.store.variants_of(repo, commit)
         return len({r.tree for r in rows if variant in (ALL, r.variant)})
 
     def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
@@ -347,7 +346,7 @@ class AdminService(pb_grpc.AdminServicer):
                 raise ValueError("repo_id is required")
             revision = request.revision or ALL
             store = self.core.store
-            before = {(d[1], d[2]) for d in store.denies(request.repo_id)}
+            before = {(d.revision, d.reason) for d in store.denies(request.repo_id)}
             store.deny(request.repo_id, revision, request.reason)
             changed = (revision, request.reason) not in before
         except Exception as exc:
@@ -376,7 +375,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ListDeniesRequest, context: grpc.ServicerContext
     ) -> pb.ListDeniesResponse:
         try:
-            rows = self.core.store.index.denies()
+            rows = self.core.store.denies()
         except Exception as exc:
             self._fail("ListDenies", context, exc)
         return pb.ListDeniesResponse(
@@ -549,13 +548,13 @@ class AdminService(pb_grpc.AdminServicer):
                 status=status,
                 active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
                 pins=len(store.pins()),
-                denies=len(store.index.denies()),
+                denies=len(store.denies()),
                 quarantine_entries=entries,
                 quarantine_bytes=held,
                 quarantine_max_bytes=store.quarantine_max_bytes,
             )
-            for repo in store.index.repos():
-                for ref in store.index.refs_of(repo):
+            for repo in store.repos():
+                for ref in store.refs_of(repo):
                     out.refs.append(
                         pb.RefState(
                             repo_id=repo,

@@ -266,7 +266,7 @@ class Daemon:
             self.metrics.watch_quarantine(
                 lambda: (*store.quarantine_usage(), store.quarantine_max_bytes)
             )
-            apply_store_access(store.layout.root, self.config.user_socket)
+            apply_store_access(store.root, self.config.user_socket)
             self._metrics_server = MetricsServer(
                 self.metrics,
                 socket_path=self.config.metrics_socket,
@@ -286,8 +286,8 @@ class Daemon:
             # The advert first: a client that sees SERVING finds the index right away.
             write_advert(
                 Advert(
-                    store_root=store.layout.root,
-                    index_dir=store.layout.client_index,
+                    store_root=store.root,
+                    index_dir=store.client_index_dir,
                     user_socket=self.config.user_socket.path,
                     admin_socket=self.config.admin_socket.path,
                     pid=os.getpid(),
@@ -299,7 +299,7 @@ class Daemon:
             usage = store.usage()
             summary = (
                 f"serving {usage.trees} trees ({usage.bytes_used} bytes) from "
-                f"{store.layout.root} on {self.config.user_socket.path}"
+                f"{store.root} on {self.config.user_socket.path}"
             )
             log.info("ready in %.3fs: %s", time.monotonic() - started, summary)
             self.notifier.ready(summary)

@@ -283,7 +283,7 @@ class Core:
         store = self._store
         if store is None:
             return True  # still starting; systemd's start timeout covers that phase
-        store.index.get_meta("owner_uid")
+        store.get_meta("owner_uid")
         return True
 
     # ---- in-flight work (drained on SIGTERM) ---------------------------------------------

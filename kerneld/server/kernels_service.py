@@ -80,7 +80,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         status.trees = usage.trees
         status.blobs = usage.blobs
         status.store_bytes = usage.bytes_used
-        status.index_path = str(core.store.layout.client_index)
+        status.index_path = str(core.store.client_index_dir)
     for up in core.upstreams:
         item = pb.UpstreamStatus(
             name=_shown(up.name),

@@ -106,11 +106,8 @@ def store_summary(store: Store, socket: Path) -> str:
     """What the daemon serves, from cheap index queries (runs every few seconds)."""
     usage = store.usage()
     trees, used = usage.trees, usage.bytes_used
-    line = f"serving {trees} trees ({used} bytes) from {store.layout.root} on {socket}"
-    try:
-        held = len(os.listdir(store.layout.quarantine))
-    except OSError:
-        held = 0
+    line = f"serving {trees} trees ({used} bytes) from {store.root} on {socket}"
+    held = store.quarantine_count()
     if held:
         line += f"; {held} quarantined (kerneldctl verify)"
     return line

@@ -122,7 +122,7 @@ class RefRefresher:
         # A ref recorded after this pass is due a TTL after it was: looking again within a TTL
         # finds it in time (nothing needs to wake the refresher when a ref is set).
         next_at = now + min(IDLE_S, ttl)
-        for row in self.store.index.all_refs():
+        for row in self.store.all_refs():
             if not self.store.variants(row.repo, row.commit):
                 continue  # nothing of it is served: no job uses this ref from the store
             at = max(row.fetched_at + ttl, self._retry_at.get((row.repo, row.ref), 0.0))

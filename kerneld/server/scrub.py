@@ -225,6 +225,6 @@ class Scrubber:
         """A deny of the commit or of any ref that points at it stops the re-fetch."""
         store = self.core.store
         store.check_denied(repo, commit, commit)
-        for ref in store.index.refs_of(repo):
+        for ref in store.refs_of(repo):
             if ref.commit == commit:
                 store.check_denied(repo, ref.ref, commit)

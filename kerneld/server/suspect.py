@@ -237,7 +237,7 @@ class SuspectDesk:
             memo = self._memo.get(hexd)
         if memo is None or self.clock() - memo.at >= RECHECK_AFTER_S:
             return None
-        row = store.index.get_tree(hexd)
+        row = store.tree(hexd)
         live = row is not None and row.state == "live"
         if live and (row is None or memo.created_at != row.created_at):
             return None  # published (again) since: a tree nobody has checked yet
@@ -249,10 +249,10 @@ class SuspectDesk:
         self, store: Store, hexd: str, caller: Caller, reason: str
     ) -> tuple[Finding, float | None]:
         """Re-hash the tree; on confirmed damage take it out of service and start the heal."""
-        row = store.index.get_tree(hexd)
+        row = store.tree(hexd)
         if row is None or row.state != "live":
             return self._unknown(store, hexd), None
-        variants = tuple((v.repo, v.commit, v.variant) for v in store.index.variants_of_tree(hexd))
+        variants = tuple((v.repo, v.commit, v.variant) for v in store.variants_of_tree(hexd))
         # The scrubber logs and counts each confirmed problem, as for damage a pass finds.
         report = check_tree_now(store, hexd, on_damage=self.core.scrubber.record_damage)
         if report.trees_checked == 0:  # collected between the lookup and the check

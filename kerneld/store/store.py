@@ -53,9 +53,20 @@ from .errors import (
     UnsupportedFileTypeError,
 )
 from .holds import Holds
-from .index import ALL, Index, LeaseRow, NegativeRow, PinRow, ProvenanceRecord, RefRow
+from .index import (
+    ALL,
+    DenyRow,
+    Index,
+    LeaseRow,
+    NegativeRow,
+    PinRow,
+    ProvenanceRecord,
+    RefRow,
+    TreeRow,
+    VariantRow,
+)
 from .layout import DIR_MODE_PRIVATE, DIR_MODE_PUBLIC, Layout, check_root, fsync_dir, user_name
-from .locks import OwnerLock, Probe, create_tree_lock, is_held
+from .locks import OwnerLock, Probe, create_tree_lock, is_held, owner_is_running
 from .manifest import (
     METADATA_FILE,
     ManifestEntry,
@@ -419,6 +430,10 @@ class Store:
                 self.index.claim_blob(row.sha256, time.time())
             return BlobInfo(row.sha256, row.size, row.git_sha1, created=False)
 
+    def open_blob(self, sha256: str) -> BinaryIO:
+        """A live blob's bytes (FileNotFoundError: not in the store, or collected meanwhile)."""
+        return self.layout.blob_path(sha256).open("rb")
+
     def open_writer(self, expected: Expected, **ctx: str | None) -> BlobWriter:
         """A resumable writer for one file; ``writer.offset`` says where to continue.
 
@@ -676,6 +691,18 @@ class Store:
                     remove_tree(staging)
         finally:
             self._unreserve(reserved)
+
+    def check_metadata(
+        self, repo: str, commit: str, variant: str, files: Iterable[TreeFile]
+    ) -> VariantMetadata:
+        """The metadata.json checks `publish_tree` makes (present, parsable, its digest
+        matching the files), on blobs already ingested, before anything is published: a mirror
+        import refuses a kernel whole rather than publish some of its variants."""
+        by_path = {f.path: ManifestEntry(f.path, 0o444, f.size or 0, f.sha256) for f in files}
+        meta, _ = self._check_metadata(
+            by_path, {"repo": repo, "commit": commit, "variant": variant}
+        )
+        return meta
 
     def _check_metadata(
         self, by_path: dict[str, ManifestEntry], ctx: dict[str, str | None]
@@ -947,6 +974,52 @@ class Store:
         """Every ref of `repo` this store has recorded (what it can answer without upstreams)."""
         return self.index.refs_of(repo)
 
+    # ---- reading what the store holds (the daemon's listings, the CLI, mirrors) ----
+    # Callers outside the store use these, never ``store.index`` or ``store.layout``: the SQL
+    # and the on-disk layout stay the store's to change.
+
+    @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
+    def client_index_dir(self) -> Path:
+        """Where the published client index lives (``index/v1``), for the status RPC."""
+        return self.layout.client_index
+
+    def tree_path(self, digest: str) -> Path:
+        """The folder of a tree (``sha256:<hex>`` or hex), whether or not it is live."""
+        return self.layout.tree_path(_hex(digest))
+
+    def owner_is_running(self) -> bool:
+        """Does a live process hold the store's owner lock (a daemon, or a CLI writing)?"""
+        return owner_is_running(self.layout.owner_lock)
+
+    def repos(self) -> list[str]:
+        """Every repo with a variant, a ref or a deny in the store."""
+        return self.index.repos()
+
+    def all_refs(self) -> list[RefRow]:
+        return self.index.all_refs()
+
+    def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]:
+        """The published variants of `repo` (of one commit), live trees or not."""
+        return self.index.variants_of(repo, commit)
+
+    def variants_of_tree(self, digest: str) -> list[VariantRow]:
+        """Every (repo, commit, variant) that publishes this tree."""
+        return self.index.variants_of_tree(_hex(digest))
+
+    def tree(self, digest: str) -> TreeRow | None:
+        """A tree's row (any state; None: unknown)."""
+        return self.index.get_tree(_hex(digest))
+
+    def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None:
+        """The live tree `repo`@`commit` publishes as `variant` (None: not in the store)."""
+        row = self.index.get_variant(repo, commit, variant)
+        tree = None if row is None else self.index.get_tree(row.tree)
+        return tree if tree is not None and tree.state == "live" else None
+
     def variants(self, repo: str, commit: str) -> list[str]:
         """Published variant names of a commit."""
         return [v.variant for v in self.index.variants_of(repo, commit)]
@@ -1068,8 +1141,8 @@ class Store:
         log.info("allowed %s@%s (%s)", repo, revision, removed)
         return removed
 
-    def denies(self, repo: str | None = None) -> list[tuple[str, str, str]]:
-        return [(d.repo, d.revision, d.reason) for d in self.index.denies(repo)]
+    def denies(self, repo: str | None = None) -> list[DenyRow]:
+        return self.index.denies(repo)
 
     def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None:
         """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied.
@@ -1553,6 +1626,13 @@ class Store:
         remove_tree(q.path)
         log.warning("quarantine: %s restored (%d variant(s))", q.name, len(published))
         return published
+
+    def quarantine_count(self) -> int:
+        """Entries in the quarantine, without reading them (the status line, every few s)."""
+        try:
+            return len(os.listdir(self.layout.quarantine))
+        except OSError:
+            return 0
 
     def quarantine_usage(self) -> tuple[int, int]:
         """(entries, bytes they hold) of the quarantine: what status and metrics show."""
