@@ -21,9 +21,9 @@ from typing import Generic, TypeVar
 from kerneld.store import (
     BlobInfo,
     Expected,
+    FetchTarget,
     IntegrityError,
     SizeMismatchError,
-    Store,
     TreeFile,
     TreeInfo,
 )
@@ -116,7 +116,7 @@ class Fetcher:
 
     def __init__(
         self,
-        store: Store,
+        store: FetchTarget,
         upstreams: Sequence[Upstream],
         *,
         attempts_per_file: int = 3,

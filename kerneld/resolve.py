@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
-from kerneld.store import Hold, MetadataError, Resolved, ResourceExhaustedError, Store
+from kerneld.store import Hold, MetadataError, Resolved, ResolveTarget, ResourceExhaustedError
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
     RepoNotFound,
@@ -124,7 +124,7 @@ class Resolver:
 
     def __init__(
         self,
-        store: Store,
+        store: ResolveTarget,
         upstreams: Sequence[Upstream],
         *,
         ref_ttl_s: float = 300.0,

@@ -50,7 +50,7 @@ from kerneld.mirror.layout import (
     refs_path,
 )
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
-from kerneld.store import Store
+from kerneld.store import BlobProvider, Store
 from kerneld.store.layout import FILE_MODE_EXEC
 from kerneld.store.manifest import ManifestEntry, parse_manifest
 from kerneld.upstream.base import RemoteFile, check_repo_id, is_commit
@@ -456,7 +456,7 @@ def merged_signatures(
     return signature_file({**old_sigs, **fresh})
 
 
-def _open_store_blob(store: Store, f: ManifestEntry) -> IO[bytes]:
+def _open_store_blob(store: BlobProvider, f: ManifestEntry) -> IO[bytes]:
     try:
         return store.open_blob(f.sha256)
     except FileNotFoundError:

@@ -13,15 +13,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import NoReturn
 
 import grpc
 
-from kerneld.config import ConfigError
 from kerneld.prefetch import PrefetchUpdate, parse_torch_versions
 from kerneld.resolve import KernelSpec
 from kerneld.server import convert
 from kerneld.server.core import Core
-from kerneld.server.errors import Unimplemented, abort, classify
+from kerneld.server.errors import Unimplemented, abort, classify, rpc_handler
 from kerneld.server.kernels_service import daemon_status
 from kerneld.store.gc import pinned_trees
 from kerneld.store.index import ALL
@@ -148,7 +148,10 @@ class AdminService(pb_grpc.AdminServicer):
         self.reload = reload
         self._gc_lock = threading.Lock()
 
-    def _fail(self, method: str, context: grpc.ServicerContext, exc: BaseException) -> None:
+    def fail(
+        self, method: str, request: object, context: grpc.ServicerContext, exc: Exception
+    ) -> NoReturn:
+        """Every handler's error path (`rpc_handler`): count, one log line, abort."""
         failure = classify(exc)
         self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
         log.info("admin: %s failed: %s", method, failure.detail.message)
@@ -156,19 +159,17 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- prefetch -------------------------------------------------------------------------
 
+    @rpc_handler
     def Prefetch(
         self, request: pb.PrefetchRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.PrefetchEvent]:
-        try:
-            specs = [convert.spec_from_ref(k) for k in request.kernels]
-            specs = specs or self.core.configured_specs()
-            if not specs:
-                raise ValueError("no kernels given, and none configured in [prefetch] kernels")
-            torch = sorted(parse_torch_versions(request.torch_versions))
-            platforms = [facts_from_proto(p) for p in request.platforms]
-            self.core.prefetcher  # noqa: B018 - raises NotReady while starting
-        except Exception as exc:
-            self._fail("Prefetch", context, exc)
+        specs = [convert.spec_from_ref(k) for k in request.kernels]
+        specs = specs or self.core.configured_specs()
+        if not specs:
+            raise ValueError("no kernels given, and none configured in [prefetch] kernels")
+        torch = sorted(parse_torch_versions(request.torch_versions))
+        platforms = [facts_from_proto(p) for p in request.platforms]
+        self.core.prefetcher  # noqa: B018 - raises NotReady while starting
         variants = list(request.variants)
         log.info(
             "admin: prefetch kernels=%s variants=%s torch=%s platforms=%d",
@@ -204,12 +205,9 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- listing --------------------------------------------------------------------------
 
+    @rpc_handler
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
-        try:
-            return self._list(list(request.repo_ids))
-        except Exception as exc:
-            self._fail("List", context, exc)
-            raise
+        return self._list(list(request.repo_ids))
 
     def _list(self, only: list[str]) -> pb.ListResponse:
         store = self.core.store
@@ -297,15 +295,13 @@ class AdminService(pb_grpc.AdminServicer):
         rows = self.core.store.variants_of(repo, commit)
         return len({r.tree for r in rows if variant in (ALL, r.variant)})
 
+    @rpc_handler
     def Pin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
-        try:
-            spec = convert.spec_from_ref(request.kernel)
-            commit = self._pin_commit(spec, network=True)
-            variant = request.variant or ALL
-            self.core.store.pin(spec.repo_id, commit, variant)
-            trees = self._tree_count(spec.repo_id, commit, variant)
-        except Exception as exc:
-            self._fail("Pin", context, exc)
+        spec = convert.spec_from_ref(request.kernel)
+        commit = self._pin_commit(spec, network=True)
+        variant = request.variant or ALL
+        self.core.store.pin(spec.repo_id, commit, variant)
+        trees = self._tree_count(spec.repo_id, commit, variant)
         log.info(
             "admin: pin repo=%s ref=%s commit=%s variant=%s trees=%d reason=%s",
             spec.repo_id,
@@ -317,17 +313,15 @@ class AdminService(pb_grpc.AdminServicer):
         )
         return pb.PinResponse(commit=commit, trees=trees)
 
+    @rpc_handler
     def Unpin(self, request: pb.PinRequest, context: grpc.ServicerContext) -> pb.PinResponse:
-        try:
-            spec = convert.spec_from_ref(request.kernel)
-            commit = self._pin_commit(spec, network=False)
-            variant = request.variant or ALL
-            removed = False
-            for revision in dict.fromkeys((commit, spec.ref)):
-                removed = self.core.store.unpin(spec.repo_id, revision, variant) or removed
-            trees = self._tree_count(spec.repo_id, commit, variant) if removed else 0
-        except Exception as exc:
-            self._fail("Unpin", context, exc)
+        spec = convert.spec_from_ref(request.kernel)
+        commit = self._pin_commit(spec, network=False)
+        variant = request.variant or ALL
+        removed = False
+        for revision in dict.fromkeys((commit, spec.ref)):
+            removed = self.core.store.unpin(spec.repo_id, revision, variant) or removed
+        trees = self._tree_count(spec.repo_id, commit, variant) if removed else 0
         log.info(
             "admin: unpin repo=%s ref=%s commit=%s variant=%s removed=%s",
             spec.repo_id,
@@ -340,17 +334,15 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- denies ---------------------------------------------------------------------------
 
+    @rpc_handler
     def Deny(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
-        try:
-            if not request.repo_id:
-                raise ValueError("repo_id is required")
-            revision = request.revision or ALL
-            store = self.core.store
-            before = {(d.revision, d.reason) for d in store.denies(request.repo_id)}
-            store.deny(request.repo_id, revision, request.reason)
-            changed = (revision, request.reason) not in before
-        except Exception as exc:
-            self._fail("Deny", context, exc)
+        if not request.repo_id:
+            raise ValueError("repo_id is required")
+        revision = request.revision or ALL
+        store = self.core.store
+        before = {(d.revision, d.reason) for d in store.denies(request.repo_id)}
+        store.deny(request.repo_id, revision, request.reason)
+        changed = (revision, request.reason) not in before
         log.info(
             "admin: deny repo=%s revision=%s changed=%s reason=%s",
             request.repo_id,
@@ -360,24 +352,20 @@ class AdminService(pb_grpc.AdminServicer):
         )
         return pb.DenyResponse(changed=changed)
 
+    @rpc_handler
     def Allow(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
-        try:
-            if not request.repo_id:
-                raise ValueError("repo_id is required")
-            revision = request.revision or ALL
-            changed = self.core.store.allow(request.repo_id, revision)
-        except Exception as exc:
-            self._fail("Allow", context, exc)
+        if not request.repo_id:
+            raise ValueError("repo_id is required")
+        revision = request.revision or ALL
+        changed = self.core.store.allow(request.repo_id, revision)
         log.info("admin: allow repo=%s revision=%s changed=%s", request.repo_id, revision, changed)
         return pb.DenyResponse(changed=changed)
 
+    @rpc_handler
     def ListDenies(
         self, request: pb.ListDeniesRequest, context: grpc.ServicerContext
     ) -> pb.ListDeniesResponse:
-        try:
-            rows = self.core.store.denies()
-        except Exception as exc:
-            self._fail("ListDenies", context, exc)
+        rows = self.core.store.denies()
         return pb.ListDeniesResponse(
             denies=[
                 pb.DenyEntry(
@@ -392,23 +380,19 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- GC and verification --------------------------------------------------------------
 
+    @rpc_handler
     def GarbageCollect(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.GcResponse:
-        try:
-            store = self.core.store
-            self.core.leases.flush()
-            with self._gc_lock:
-                policy = store.policy
-                if request.target_free_bytes:
-                    free = store.usage().free_bytes
-                    store.policy = replace(
-                        policy, free_target_bytes=free + request.target_free_bytes
-                    )
-                try:
-                    report = store.gc(dry_run=request.dry_run)
-                finally:
-                    store.policy = policy
-        except Exception as exc:
-            self._fail("GarbageCollect", context, exc)
+        store = self.core.store
+        self.core.leases.flush()
+        with self._gc_lock:
+            policy = store.policy
+            if request.target_free_bytes:
+                free = store.usage().free_bytes
+                store.policy = replace(policy, free_target_bytes=free + request.target_free_bytes)
+            try:
+                report = store.gc(dry_run=request.dry_run)
+            finally:
+                store.policy = policy
         out = pb.GcResponse(
             freed_bytes=report.bytes_freed,
             orphan_blobs_removed=len(report.blobs_deleted),
@@ -442,17 +426,15 @@ class AdminService(pb_grpc.AdminServicer):
         )
         return out
 
+    @rpc_handler
     def Verify(
         self, request: pb.VerifyRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.VerifyEvent]:
-        try:
-            store = self.core.store
-            wanted = {d.removeprefix("sha256:") for d in request.tree_digests}
-            if wanted and request.repair:
-                raise ValueError("repair applies to the whole store; give no tree_digests")
-            report = store.verify(repair=request.repair)
-        except Exception as exc:
-            self._fail("Verify", context, exc)
+        store = self.core.store
+        wanted = {d.removeprefix("sha256:") for d in request.tree_digests}
+        if wanted and request.repair:
+            raise ValueError("repair applies to the whole store; give no tree_digests")
+        report = store.verify(repair=request.repair)
         shown = 0
         for problem in report.problems:
             if wanted and not any(w in problem.id or w in problem.path for w in wanted):
@@ -495,91 +477,81 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- mirrors --------------------------------------------------------------------------
 
+    @rpc_handler
     def MirrorExport(
         self, request: pb.MirrorExportRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.MirrorEvent]:
         from kerneld.server import mirror_rpc
 
-        try:
-            work = mirror_rpc.export_work(self.core, request)
-        except Exception as exc:
-            self._fail("MirrorExport", context, exc)
+        work = mirror_rpc.export_work(self.core, request)
         for event in _stream(context, work, max_pending=mirror_rpc.MAX_PENDING_EVENTS):
             assert isinstance(event, pb.MirrorEvent)
             yield event
 
+    @rpc_handler
     def MirrorImport(
         self, request: pb.MirrorImportRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.MirrorEvent]:
         from kerneld.server import mirror_rpc
 
-        try:
-            work = mirror_rpc.import_work(self.core, request)
-        except Exception as exc:
-            self._fail("MirrorImport", context, exc)
+        work = mirror_rpc.import_work(self.core, request)
         for event in _stream(context, work):
             assert isinstance(event, pb.MirrorEvent)
             yield event
 
     # ---- config and status ----------------------------------------------------------------
 
+    @rpc_handler
     def ReloadConfig(
         self, request: pb.ReloadConfigRequest, context: grpc.ServicerContext
     ) -> pb.ReloadConfigResponse:
-        try:
-            changed, detail = self.reload()
-        except ConfigError as exc:
-            self._fail("ReloadConfig", context, exc)
-        except Exception as exc:
-            self._fail("ReloadConfig", context, exc)
+        changed, detail = self.reload()
         return pb.ReloadConfigResponse(changed=changed, detail=detail)
 
+    @rpc_handler
     def GetAdminStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.AdminStatus:
-        try:
-            status = daemon_status(self.core)
-            store = self.core.store
-            self.core.leases.flush()
-            cfg = self.core.config
-            now = time.time()
-            entries, held = store.quarantine_usage()
-            out = pb.AdminStatus(
-                status=status,
-                active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
-                pins=len(store.pins()),
-                denies=len(store.denies()),
-                quarantine_entries=entries,
-                quarantine_bytes=held,
-                quarantine_max_bytes=store.quarantine_max_bytes,
-            )
-            for repo in store.repos():
-                for ref in store.refs_of(repo):
-                    out.refs.append(
-                        pb.RefState(
-                            repo_id=repo,
-                            ref=ref.ref,
-                            commit=ref.commit,
-                            fetched_at=convert.ts(ref.fetched_at),
-                            stale=now - ref.fetched_at >= cfg.ref_ttl_s
-                            and self.core.resolver.failing(repo, ref.ref),
-                        )
-                    )
-            for rec in list(self.core.fetches)[::-1]:
-                out.recent_fetches.append(
-                    pb.FetchRecord(
-                        repo_id=rec.repo,
-                        commit=rec.commit,
-                        variant=rec.variant,
-                        upstream=rec.upstream,
-                        bytes=rec.bytes,
-                        seconds=rec.seconds,
-                        at=convert.ts(rec.at),
-                        error=rec.error,
+        status = daemon_status(self.core)
+        store = self.core.store
+        self.core.leases.flush()
+        cfg = self.core.config
+        now = time.time()
+        entries, held = store.quarantine_usage()
+        out = pb.AdminStatus(
+            status=status,
+            active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
+            pins=len(store.pins()),
+            denies=len(store.denies()),
+            quarantine_entries=entries,
+            quarantine_bytes=held,
+            quarantine_max_bytes=store.quarantine_max_bytes,
+        )
+        for repo in store.repos():
+            for ref in store.refs_of(repo):
+                out.refs.append(
+                    pb.RefState(
+                        repo_id=repo,
+                        ref=ref.ref,
+                        commit=ref.commit,
+                        fetched_at=convert.ts(ref.fetched_at),
+                        stale=now - ref.fetched_at >= cfg.ref_ttl_s
+                        and self.core.resolver.failing(repo, ref.ref),
                     )
                 )
-        except Exception as exc:
-            self._fail("GetAdminStatus", context, exc)
+        for rec in list(self.core.fetches)[::-1]:
+            out.recent_fetches.append(
+                pb.FetchRecord(
+                    repo_id=rec.repo,
+                    commit=rec.commit,
+                    variant=rec.variant,
+                    upstream=rec.upstream,
+                    bytes=rec.bytes,
+                    seconds=rec.seconds,
+                    at=convert.ts(rec.at),
+                    error=rec.error,
+                )
+            )
         return out
 
 

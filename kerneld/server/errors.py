@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import inspect
 import logging
 import sqlite3
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -272,6 +275,61 @@ def abort(context: grpc.ServicerContext, exc: BaseException, **ctx: str) -> NoRe
     context.set_trailing_metadata(((TRAILER, failure.detail.SerializeToString()),))
     context.abort(failure.status, failure.detail.message)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+class FailingServicer(Protocol):
+    def fail(
+        self, method: str, request: Any, context: grpc.ServicerContext, exc: Exception
+    ) -> NoReturn:
+        """Count and log a failed call of `method`, then `abort` it (never returns)."""
+        ...
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+def _aborted(context: grpc.ServicerContext) -> bool:
+    """Did the call already abort (grpc's `abort` raises a bare Exception, which must pass)?"""
+    code = getattr(context, "code", None)
+    return callable(code) and code() is not None
+
+
+def rpc_handler(handler: Handler) -> Handler:
+    """The one error path of a servicer method: any exception the call raises (for a stream,
+    before its first message) goes to the servicer's `fail`, which counts it, logs it and
+    aborts with `classify`'s status. A handler raises typed errors and never aborts itself."""
+    name = handler.__name__
+
+    if inspect.isgeneratorfunction(handler):
+
+        @functools.wraps(handler)
+        def stream(
+            self: FailingServicer, request: Any, context: grpc.ServicerContext
+        ) -> Iterator[Any]:
+            messages = handler(self, request, context)
+            try:
+                first = next(messages)  # the set-up: what can still fail as a whole call
+            except StopIteration:
+                return
+            except Exception as exc:
+                if _aborted(context):
+                    raise
+                self.fail(name, request, context, exc)
+            yield first
+            yield from messages
+
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(handler)
+    def unary(self: FailingServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return handler(self, request, context)
+        except Exception as exc:
+            if _aborted(context):
+                raise
+            self.fail(name, request, context, exc)
+
+    return unary  # type: ignore[return-value]
 
 
 def detail_from_trailers(metadata: object) -> pb.ErrorDetail | None:

@@ -19,14 +19,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
 from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
 from kerneld.server.core import Core, Served
-from kerneld.server.errors import abort, classify
+from kerneld.server.errors import abort, classify, rpc_handler
 from kerneld.store import InvalidInputError, client_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure
@@ -47,6 +47,9 @@ BOUNDED_WORKERS = 8
 NO_DEADLINE_S = 10 * 86400.0
 #: GetStatus shows at most this much of an upstream's last error.
 MAX_STATUS_ERROR = 1024
+#: Handlers whose failures are logged where they are handled (the suspect desk writes one line
+#: per report): `fail` only counts them.
+_LOGGED_ELSEWHERE = frozenset({"ReportSuspect"})
 
 
 def _selector(kernel: pb.KernelRef) -> str:
@@ -218,6 +221,19 @@ class KernelsService(pb_grpc.KernelsServicer):
         convert.set_leases(out, served.resolution, served.leases)
         return out
 
+    def fail(
+        self, method: str, request: Any, context: grpc.ServicerContext, exc: Exception
+    ) -> NoReturn:
+        """Every handler's error path (`rpc_handler`): count and log (`_failed`; ReportSuspect's
+        desk logs its own line per report, so it is only counted), then abort."""
+        kernel = getattr(request, "kernel", None)
+        if method in _LOGGED_ELSEWHERE:
+            code = classify(exc).detail.code
+            self.core.metrics.errors.labels(method, pb.ErrorCode.Name(code)).inc()
+        else:
+            self._failed(method, exc, kernel, fetching=getattr(request, "allow_fetch", True))
+        abort(context, exc, repo=convert.clip(kernel.repo_id) if kernel is not None else "")
+
     def _failed(
         self,
         method: str,
@@ -245,20 +261,17 @@ class KernelsService(pb_grpc.KernelsServicer):
         )
         return failure.detail
 
+    @rpc_handler
     def Resolve(
         self, request: pb.ResolveRequest, context: grpc.ServicerContext
     ) -> pb.ResolveResponse:
         started = time.monotonic()
         by = self._answer_by(context) if request.allow_fetch else None
-        try:
-            warm = self._remembered(request) if by is not None else None
-            served = warm or self._finish(
-                self._start(lambda: self._served(request), by), by, started, request.kernel
-            )
-            kernel = self._to_proto(served)
-        except Exception as exc:
-            self._failed("Resolve", exc, request.kernel, fetching=request.allow_fetch)
-            abort(context, exc, repo=convert.clip(request.kernel.repo_id))
+        warm = self._remembered(request) if by is not None else None
+        served = warm or self._finish(
+            self._start(lambda: self._served(request), by), by, started, request.kernel
+        )
+        kernel = self._to_proto(served)
         return pb.ResolveResponse(kernel=kernel)
 
     def _one(
@@ -272,18 +285,17 @@ class KernelsService(pb_grpc.KernelsServicer):
                 error=self._failed("ResolveMany", exc, request.kernel, fetching=request.allow_fetch)
             )
 
+    @rpc_handler
     def ResolveMany(
         self, request: pb.ResolveManyRequest, context: grpc.ServicerContext
     ) -> pb.ResolveManyResponse:
         started = time.monotonic()
         limit = self.core.config.max_resolve_many
         if len(request.requests) > limit:  # each entry costs CPU, a lease and ~1 KB of answer
-            exc = InvalidInputError(
+            raise InvalidInputError(
                 f"ResolveMany asked for {len(request.requests)} kernels; at most {limit} per "
                 "call ([server] max_resolve_many): split the request"
             )
-            self._failed("ResolveMany", exc)
-            abort(context, exc)
         requests = list(request.requests)
         fetching = any(r.allow_fetch for r in requests)
         by = self._answer_by(context) if fetching else None
@@ -300,30 +312,27 @@ class KernelsService(pb_grpc.KernelsServicer):
             results=[self._one(r, f, by, started) for r, f in zip(requests, futures, strict=True)]
         )
 
+    @rpc_handler
     def ListVariants(
         self, request: pb.ListVariantsRequest, context: grpc.ServicerContext
     ) -> pb.ListVariantsResponse:
         started = time.monotonic()
         by = self._answer_by(context) if request.allow_fetch else None
-        try:
-            convert.check_list_variants(request)
-            spec = convert.spec_from_ref(request.kernel)
-            facts = self.facts.get(request.platform, request.HasField("platform"))
-            commit, stale, decisions = self._finish(
-                self._start(
-                    lambda: self.core.list_variants(
-                        spec, facts, allow_fetch=request.allow_fetch, caller=identity.current()
-                    ),
-                    by,
+        convert.check_list_variants(request)
+        spec = convert.spec_from_ref(request.kernel)
+        facts = self.facts.get(request.platform, request.HasField("platform"))
+        commit, stale, decisions = self._finish(
+            self._start(
+                lambda: self.core.list_variants(
+                    spec, facts, allow_fetch=request.allow_fetch, caller=identity.current()
                 ),
                 by,
-                started,
-                request.kernel,
-            )
-            cached = self.core.cached_variants(spec.repo_id, commit)
-        except Exception as exc:
-            self._failed("ListVariants", exc, request.kernel, fetching=request.allow_fetch)
-            abort(context, exc, repo=convert.clip(request.kernel.repo_id))
+            ),
+            by,
+            started,
+            request.kernel,
+        )
+        cached = self.core.cached_variants(spec.repo_id, commit)
         return pb.ListVariantsResponse(
             repo_id=spec.repo_id,
             commit=commit,
@@ -331,46 +340,31 @@ class KernelsService(pb_grpc.KernelsServicer):
             variants=convert.decisions_to_proto(decisions, cached),
         )
 
+    @rpc_handler
     def RenewLease(self, request: pb.RenewLeaseRequest, context: grpc.ServicerContext) -> pb.Lease:
-        try:
-            convert.check_lease_id(request.lease_id)
-            lease = self.core.renew_lease(request.lease_id, request.lease_seconds)
-        except Exception as exc:
-            self._failed("RenewLease", exc)
-            abort(context, exc)
+        convert.check_lease_id(request.lease_id)
+        lease = self.core.renew_lease(request.lease_id, request.lease_seconds)
         return pb.Lease(id=lease.id, expires_at=convert.ts(lease.expires_at))
 
+    @rpc_handler
     def ReleaseLease(
         self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseLeaseResponse:
-        try:
-            convert.check_lease_id(request.lease_id)
-            self.core.release_lease(request.lease_id)
-        except Exception as exc:
-            self._failed("ReleaseLease", exc)
-            abort(context, exc)
+        convert.check_lease_id(request.lease_id)
+        self.core.release_lease(request.lease_id)
         return pb.ReleaseLeaseResponse()
 
+    @rpc_handler
     def ReportSuspect(
         self, request: pb.ReportSuspectRequest, context: grpc.ServicerContext
     ) -> pb.ReportSuspectResponse:
         """A caller's word that a tree is damaged, checked by the daemon itself (suspect.py);
         the desk writes the one log line per report, so a failure is only counted here."""
-        try:
-            finding = self.suspects.handle(identity.current(), request)
-        except Exception as exc:
-            failure = classify(exc)
-            self.core.metrics.errors.labels(
-                "ReportSuspect", pb.ErrorCode.Name(failure.detail.code)
-            ).inc()
-            abort(context, exc)
+        finding = self.suspects.handle(identity.current(), request)
         return suspect.to_proto(finding)
 
+    @rpc_handler
     def GetStatus(
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.DaemonStatus:
-        try:
-            return daemon_status(self.core)
-        except Exception as exc:
-            self._failed("GetStatus", exc)
-            abort(context, exc)
+        return daemon_status(self.core)

@@ -33,6 +33,7 @@ from .errors import (
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
 from .index import ProvenanceRecord
+from .interfaces import BlobProvider, FetchTarget, Ingester, Policy, ResolveTarget, TreePublisher
 from .locks import TreeGone, hold_tree_lock
 from .manifest import TreeFile, VariantMetadata, tree_digest
 from .store import Lease, ProvenanceCheck, PublishedFile, Resolved, Store, TreeInfo, Usage
@@ -41,16 +42,19 @@ from .verify import Problem, VerifyReport
 __all__ = [
     "BlobInfo",
     "BlobMissingError",
+    "BlobProvider",
     "BlobWriter",
     "DeniedError",
     "DigestMismatchError",
     "DuplicatePathError",
     "Expected",
+    "FetchTarget",
     "GcPolicy",
     "GcReport",
     "Hold",
     "IndexHit",
     "IngestInProgressError",
+    "Ingester",
     "IntegrityError",
     "InvalidInputError",
     "InvalidPathError",
@@ -59,12 +63,14 @@ __all__ = [
     "MetadataDigestError",
     "MetadataError",
     "PathConflictError",
+    "Policy",
     "Problem",
     "ProvenanceCheck",
     "ProvenanceError",
     "ProvenanceRecord",
     "PublishedFile",
     "ReadOnlyStoreError",
+    "ResolveTarget",
     "Resolved",
     "ResourceExhaustedError",
     "SchemaError",
@@ -78,6 +84,7 @@ __all__ = [
     "TreeGone",
     "TreeInfo",
     "TreeNotFoundError",
+    "TreePublisher",
     "UnsupportedFileTypeError",
     "Usage",
     "VariantMetadata",

@@ -1,0 +1,125 @@
+"""What the store's consumers need of it, each as a few methods (containerd's content store is
+`Provider + Ingester + Manager`, and each consumer takes the one it uses).
+
+`Store` implements all of them; a consumer names the narrowest one, so reading its signature says
+what it can do to the store (the fetcher writes blobs and publishes trees; it never pins, denies
+or collects), and a test can hand it something smaller than a whole store. mypy checks that
+`Store` keeps satisfying each protocol wherever one is passed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, BinaryIO, Protocol
+
+from .blobs import BlobInfo, BlobWriter, Expected
+from .index import NegativeRow, RefRow
+from .manifest import TreeFile
+from .store import Resolved, TreeInfo
+
+
+class BlobProvider(Protocol):
+    """Reads blobs (mirror export)."""
+
+    def has_blob(self, sha256: str) -> bool: ...
+
+    def open_blob(self, sha256: str) -> BinaryIO: ...
+
+
+class Ingester(Protocol):
+    """Writes blobs, each committed against the digest it was announced with (the fetcher,
+    mirror import)."""
+
+    def find_blob(
+        self, *, sha256: str | None = None, git_sha1: str | None = None
+    ) -> BlobInfo | None: ...
+
+    def open_writer(self, expected: Expected, **ctx: str | None) -> BlobWriter: ...
+
+    def ingest(
+        self,
+        source: bytes | Iterable[bytes] | BinaryIO,
+        *,
+        size: int,
+        sha256: str | None = None,
+        git_sha1: str | None = None,
+        **ctx: str | None,
+    ) -> BlobInfo: ...
+
+    def ingest_file(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        sha256: str | None = None,
+        git_sha1: str | None = None,
+        size: int | None = None,
+        **ctx: str | None,
+    ) -> BlobInfo: ...
+
+
+class TreePublisher(Protocol):
+    """Turns ingested blobs into a published variant tree, and finds one."""
+
+    def publish_tree(
+        self, repo: str, commit: str, variant: str, files: Iterable[TreeFile]
+    ) -> TreeInfo: ...
+
+    def lookup(
+        self,
+        repo: str,
+        revision: str,
+        variant: str,
+        *,
+        lease_ttl_s: float | None = None,
+        holder: str = "",
+    ) -> Resolved | None: ...
+
+
+class FetchTarget(Ingester, TreePublisher, Protocol):
+    """What a download needs: blobs in, a tree out (kerneld.fetch.Fetcher)."""
+
+
+class Policy(Protocol):
+    """What the store remembers about names rather than bytes: refs, the upstream's variant
+    lists, failed lookups (the negative cache) and denies (kerneld.resolve.Resolver)."""
+
+    def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None: ...
+
+    def get_ref(self, repo: str, ref: str) -> RefRow | None: ...
+
+    def set_ref(
+        self,
+        repo: str,
+        ref: str,
+        commit: str,
+        *,
+        fetched_at: float | None = None,
+        versions: Iterable[int] | None = None,
+    ) -> None: ...
+
+    def get_negative(self, repo: str, revision: str, variant: str = ...) -> NegativeRow | None: ...
+
+    def put_negative(
+        self, repo: str, revision: str, variant: str, reason: str, ttl_s: float
+    ) -> None: ...
+
+    def upstream_variants(self, repo: str, commit: str) -> list[str] | None: ...
+
+    def set_upstream_variants(self, repo: str, commit: str, names: Iterable[str]) -> None: ...
+
+    def variants(self, repo: str, commit: str) -> list[str]: ...
+
+
+class ResolveTarget(Policy, FetchTarget, Protocol):
+    """What resolution needs: the names, and a tree for them, fetched if need be."""
+
+
+if TYPE_CHECKING:
+    from .store import Store
+
+    def _store_implements_every_protocol(
+        store: Store,
+    ) -> tuple[BlobProvider, Ingester, TreePublisher, FetchTarget, Policy, ResolveTarget]:
+        """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
+        return store, store, store, store, store, store
