@@ -7,8 +7,7 @@ their `--json` output do not depend on whether the daemon was asked.
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,80 +48,58 @@ def _rep(field: Any) -> bool:
     return bool(field.is_repeated)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _iso(ts: float) -> str | None:
+    """A time as the daemon's answer has it, to the microsecond: a protobuf Timestamp holds
+    whole nanoseconds (the daemon truncates) and its datetime drops what is below a
+    microsecond. (`datetime.fromtimestamp` rounds instead, one microsecond off at times.)"""
     if not ts:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+    return (_EPOCH + timedelta(microseconds=int(ts * 1e9) // 1000)).isoformat()
 
 
 def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, Any]]:
     """What `Admin.List` answers, computed from a store (read-only is enough)."""
-    from kerneld.store.gc import pinned_trees
-    from kerneld.store.index import ALL
+    from kerneld.store.inventory import inventory
 
-    now = time.time()
-    all_variants = [v for r in store.repos() for v in store.variants_of(r)]
-    all_refs = [r for repo in store.repos() for r in store.refs_of(repo)]
-    pins = store.pins()
-    pinned = pinned_trees(pins, all_refs, all_variants)
-    leases: dict[str, int] = {}
-    for lease in store.leases():
-        if lease.expires_at > now:
-            leases[lease.tree] = leases.get(lease.tree, 0) + 1
-    wanted = set(repos or [])
-    out: list[dict[str, Any]] = []
-    for repo in store.repos():
-        if wanted and repo not in wanted:
-            continue
-        refs = store.refs_of(repo)
-        denies = store.denies(repo)
-        by_commit: dict[str, dict[str, Any]] = {}
-
-        def revision(commit: str, by_commit: dict[str, dict[str, Any]] = by_commit) -> Any:
-            return by_commit.setdefault(
-                commit,
-                {"commit": commit, "refs": [], "variants": [], "pinned": False, "denied": False},
-            )
-
-        for v in store.variants_of(repo):
-            tree = store.tree(v.tree)
-            if tree is None or tree.state != "live":
-                continue
-            revision(v.commit)["variants"].append(
+    return [
+        {
+            "repo_id": k.repo_id,
+            "revisions": [
                 {
-                    "variant": v.variant,
-                    "tree_digest": f"sha256:{v.tree}",
-                    "path": str(store.tree_path(v.tree)),
-                    "size_bytes": tree.size,
-                    "files": tree.files,
-                    "last_resolved": _iso(tree.last_resolved),
-                    "pinned": v.tree in pinned,
-                    "active_leases": leases.get(v.tree, 0),
-                    "provenance": _provenance(store.provenance_of(v.tree)),
+                    "commit": r.commit,
+                    "refs": r.refs,
+                    "variants": [
+                        {
+                            **{f: getattr(v, f) for f in _VARIANT_FIELDS},
+                            "last_resolved": _iso(v.last_resolved),
+                            "provenance": _provenance(v.provenance),
+                        }
+                        for v in r.variants
+                    ],
+                    "pinned": r.pinned,
+                    "denied": r.denied,
                 }
-            )
-        for r in refs:
-            revision(r.commit)["refs"].append(r.ref)
-        ref_commit = {r.ref: r.commit for r in refs}
-        for p in pins:
-            if p.repo == repo and p.revision != ALL and p.variant == ALL:
-                commit = ref_commit.get(p.revision, p.revision)
-                if commit in by_commit:
-                    by_commit[commit]["pinned"] = True
-        for d in denies:
-            if d.revision != ALL:
-                commit = ref_commit.get(d.revision, d.revision)
-                if commit in by_commit:
-                    by_commit[commit]["denied"] = True
-        out.append(
-            {
-                "repo_id": repo,
-                "revisions": sorted(by_commit.values(), key=lambda r: r["commit"]),
-                "pinned": any(p.repo == repo and p.revision == ALL for p in pins),
-                "denied": any(d.revision == ALL for d in denies),
-            }
-        )
-    return out
+                for r in k.revisions
+            ],
+            "pinned": k.pinned,
+            "denied": k.denied,
+        }
+        for k in inventory(store, repos)
+    ]
+
+
+_VARIANT_FIELDS = (
+    "variant",
+    "tree_digest",
+    "path",
+    "size_bytes",
+    "files",
+    "pinned",
+    "active_leases",
+)
 
 
 def _provenance(record: Any) -> dict[str, Any] | None:

@@ -23,8 +23,8 @@ from kerneld.server import convert
 from kerneld.server.core import Core
 from kerneld.server.errors import Unimplemented, abort, classify, rpc_handler
 from kerneld.server.kernels_service import daemon_status
-from kerneld.store.gc import pinned_trees
 from kerneld.store.index import ALL
+from kerneld.store.inventory import VariantItem, inventory
 from kerneld.store.verify import Quarantined
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client._convert import facts_from_proto
@@ -91,6 +91,31 @@ def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
 
 class _StreamClosed(Exception):
     """The RPC ended (the caller went away): stops a bounded stream's producer."""
+
+
+def _variant_entry(v: VariantItem) -> pb.VariantEntry:
+    entry = pb.VariantEntry(
+        variant=v.variant,
+        tree_digest=v.tree_digest,
+        path=v.path,
+        size_bytes=v.size_bytes,
+        files=v.files,
+        last_resolved=convert.ts(v.last_resolved),
+        pinned=v.pinned,
+        active_leases=v.active_leases,
+    )
+    record = v.provenance
+    if record is not None:
+        entry.provenance.CopyFrom(
+            pb.Provenance(
+                status=record.status,
+                signer=record.signer,
+                issuer=record.issuer,
+                detail=record.detail,
+                checked_at=convert.ts(record.checked_at),
+            )
+        )
+    return entry
 
 
 def _stream(
@@ -210,68 +235,23 @@ class AdminService(pb_grpc.AdminServicer):
         return self._list(list(request.repo_ids))
 
     def _list(self, only: list[str]) -> pb.ListResponse:
-        store = self.core.store
         self.core.leases.flush()
-        repos = sorted(set(only) & set(store.repos())) if only else store.repos()
-        pins = store.pins()
-        now = time.time()
-        leases: dict[str, int] = {}
-        for lease in store.leases():
-            if lease.expires_at > now:
-                leases[lease.tree] = leases.get(lease.tree, 0) + 1
         out = pb.ListResponse()
-        for repo in repos:
-            refs = store.refs_of(repo)
-            rows = store.variants_of(repo)
-            pinned = pinned_trees(pins, refs, rows)
-            denies = store.denies(repo)
-            denied_revs = {d.revision for d in denies}
-            refs_at: dict[str, list[str]] = {}
-            for r in refs:
-                refs_at.setdefault(r.commit, []).append(r.ref)
-            by_commit: dict[str, list[pb.VariantEntry]] = {c: [] for c in refs_at}
-            for row in rows:
-                tree = store.tree(row.tree)
-                entry = pb.VariantEntry(
-                    variant=row.variant,
-                    tree_digest=f"sha256:{row.tree}",
-                    path=str(store.tree_path(row.tree)),
-                    pinned=row.tree in pinned,
-                    active_leases=leases.get(row.tree, 0),
-                )
-                if tree is not None:
-                    entry.size_bytes = tree.size
-                    entry.files = tree.files
-                    entry.last_resolved.CopyFrom(convert.ts(tree.last_resolved))
-                record = store.provenance_of(row.tree)
-                if record is not None:
-                    entry.provenance.CopyFrom(
-                        pb.Provenance(
-                            status=record.status,
-                            signer=record.signer,
-                            issuer=record.issuer,
-                            detail=record.detail,
-                            checked_at=convert.ts(record.checked_at),
-                        )
-                    )
-                by_commit.setdefault(row.commit, []).append(entry)
-            kernel = pb.KernelEntry(
-                repo_id=repo,
-                pinned=any(p.repo == repo and p.revision == ALL for p in pins),
-                denied=ALL in denied_revs,
+        for kernel in inventory(self.core.store, only or None):
+            entry = pb.KernelEntry(
+                repo_id=kernel.repo_id, pinned=kernel.pinned, denied=kernel.denied
             )
-            for commit in sorted(by_commit):
-                names = sorted(refs_at.get(commit, []))
-                kernel.revisions.append(
+            for rev in kernel.revisions:
+                entry.revisions.append(
                     pb.RevisionEntry(
-                        commit=commit,
-                        refs=names,
-                        variants=sorted(by_commit[commit], key=lambda e: e.variant),
-                        pinned=any(p.repo == repo and p.revision in (commit, *names) for p in pins),
-                        denied=bool(denied_revs & {commit, *names}),
+                        commit=rev.commit,
+                        refs=rev.refs,
+                        variants=[_variant_entry(v) for v in rev.variants],
+                        pinned=rev.pinned,
+                        denied=rev.denied,
                     )
                 )
-            out.kernels.append(kernel)
+            out.kernels.append(entry)
         return out
 
     # ---- pins -----------------------------------------------------------------------------

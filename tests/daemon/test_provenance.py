@@ -157,6 +157,11 @@ def test_require_serves_signed_kernels_and_refuses_the_rest(
         k["repo_id"] for k in listed["kernels"] if any(r["variants"] for r in k["revisions"])
     ]
     assert with_variants == [SIGNED]
+    # The daemon's listing and the offline one (`--store`, the store read directly) are one.
+    d.stop()
+    offline = run_ctl("ls", "--json", "--store", str(d.store_root), home=tmp_path / "ctl")
+    assert offline.rc == 0, offline.stderr
+    assert offline.json() == listed
 
 
 def test_warn_records_and_serves_then_require_withdraws(
