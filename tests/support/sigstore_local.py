@@ -66,6 +66,22 @@ def _utf8(value: str) -> bytes:
     return _der(0x0C, value.encode())
 
 
+def _key_usage(**allowed: bool) -> x509.KeyUsage:
+    """A KeyUsage with only `allowed` set (a CA signs certificates, a leaf signs data)."""
+    names = (
+        "digital_signature",
+        "content_commitment",
+        "key_encipherment",
+        "data_encipherment",
+        "key_agreement",
+        "key_cert_sign",
+        "crl_sign",
+        "encipher_only",
+        "decipher_only",
+    )
+    return x509.KeyUsage(**{name: allowed.get(name, False) for name in names})
+
+
 @dataclass(frozen=True)
 class Signer:
     """Who signs: the certificate's SAN and OIDC issuer, and for CI builds the GitHub claims."""
@@ -110,20 +126,7 @@ class LocalSigstore:
             .not_valid_before(self.now - dt.timedelta(days=1))
             .not_valid_after(self.now + dt.timedelta(days=3650))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
             .add_extension(ski, critical=False)
             .sign(self.ca_key, hashes.SHA256())
         )
@@ -262,20 +265,7 @@ class LocalSigstore:
             .serial_number(x509.random_serial_number())
             .not_valid_before(self.now - dt.timedelta(minutes=1))
             .not_valid_after(self.now + dt.timedelta(minutes=10))
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(digital_signature=True), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False
             )
