@@ -27,12 +27,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kerneld_client import _config
 from kerneld_client._types import KernelRequest
-from kerneld_client.locations import private_dir, private_tmp_dir
+from kerneld_client.locations import private_dir, private_tmp_dir, runtime_dir
 
 #: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
-ENV_COALESCE = "KERNELD_COALESCE"
-_OFF = ("0", "off", "no", "false")
 _FIRST_POLL_S = 0.002
 _MAX_POLL_S = 0.025
 
@@ -40,10 +39,10 @@ _MAX_POLL_S = 0.025
 def _lock_dir() -> Path | None:
     """This user's private lock directory, created if needed; None if none is safe."""
     folder = private_tmp_dir("resolving")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = runtime_dir()
     if folder is None and runtime:
         uid = os.geteuid()
-        base = Path(runtime) / "kerneld"
+        base = runtime / "kerneld"
         # Check each level before creating the next: nothing is made inside someone else's dir.
         if private_dir(base, uid) and private_dir(base / "resolving", uid):
             folder = base / "resolving"
@@ -63,7 +62,7 @@ def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
     Waits at most `deadline_s` for the other process; never raises for lock trouble (it
     yields True: asking is always correct, only slower).
     """
-    if os.environ.get(ENV_COALESCE, "").strip().lower() in _OFF:
+    if not _config.coalescing():
         yield True
         return
     folder = _lock_dir()

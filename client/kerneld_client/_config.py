@@ -18,6 +18,11 @@ them between calls), and the once-per-kernel fallback warning.
                             daemon's advert may belong to besides root and this process's own
                             user (default: the system user `kerneld`, if it exists); anything
                             owned by another user is refused (UntrustedPath)
+    ... and the variables of the ENV_* constants below, each with its `#:` comment.
+
+Socket and store paths are `locations.py`'s (they are where things are, not how to behave);
+the start-up hook reads KERNELD_HOOK_KERNELS itself (`integrations/_autohook.py`: it runs at
+every interpreter start and imports nothing). Yes/no values are one convention, `flag`.
 """
 
 from __future__ import annotations
@@ -33,10 +38,17 @@ from pathlib import Path
 from kerneld_client.locations import user_cache_dir
 
 __all__ = [
+    "ENV_ALLOW_NONDETERMINISTIC",
     "ENV_BACKOFF",
+    "ENV_BYTECODE_CACHE",
+    "ENV_COALESCE",
+    "ENV_DISABLE",
+    "ENV_DISABLE_KERNEL_MAPPING",
     "ENV_FALLBACK",
     "ENV_FETCH_TIMEOUT",
     "ENV_HUB_CACHE",
+    "ENV_LOCAL_KERNELS",
+    "ENV_PLATFORM_JSON",
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
     "ENV_STORE_OWNER",
@@ -45,9 +57,13 @@ __all__ = [
     "FallbackPolicy",
     "KernelFallbackWarning",
     "backoff_s",
+    "coalescing",
     "fallback_policy",
     "fetch_timeout_s",
+    "flag",
     "hub_cache_dir",
+    "is_off",
+    "raw",
     "ref_max_age_s",
     "require",
     "store_owner_uid",
@@ -67,6 +83,20 @@ ENV_REF_MAX_AGE = "KERNELD_REF_MAX_AGE"
 ENV_HUB_CACHE = "KERNELD_HUB_CACHE"
 ENV_VERIFY = "KERNELD_VERIFY"
 ENV_STORE_OWNER = "KERNELD_STORE_OWNER"
+#: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
+ENV_COALESCE = "KERNELD_COALESCE"
+#: A directory for compiled kernel code, or off/0/no/false to disable the cache.
+ENV_BYTECODE_CACHE = "KERNELD_BYTECODE_CACHE"
+#: Comma list of layer names and/or repo ids (`org/name` or `org/name@revision`) to keep on PyTorch.
+ENV_DISABLE = "KERNELD_DISABLE"
+#: Use kernels not declared deterministic even when deterministic algorithms are on.
+ENV_ALLOW_NONDETERMINISTIC = "KERNELD_ALLOW_NONDETERMINISTIC"
+#: `kernels`' switch: every marked layer keeps its original forward.
+ENV_DISABLE_KERNEL_MAPPING = "DISABLE_KERNEL_MAPPING"
+#: `LOCAL_KERNELS=org/a=/path:org/b=/path`, as `kernels` reads it.
+ENV_LOCAL_KERNELS = "LOCAL_KERNELS"
+#: A JSON facts object that replaces platform detection (tests, launchers that know better).
+ENV_PLATFORM_JSON = "KERNELD_PLATFORM_JSON"
 #: The system user of the packaged daemon (systemd `User=kerneld`, sysusers.d).
 DEFAULT_STORE_OWNER = "kerneld"
 
@@ -103,17 +133,39 @@ def fallback_policy(explicit: str | FallbackPolicy | None = None) -> FallbackPol
 
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def raw(name: str) -> str:
+    """A variable's value, stripped ("" when unset)."""
+    return os.environ.get(name, "").strip()
+
+
+def flag(name: str) -> bool:
+    """Is the variable set to a true value (1, true, yes, on; any case)?"""
+    return raw(name).lower() in _TRUE
+
+
+def is_off(value: str) -> bool:
+    """Is `value` one of the false values (0, false, no, off): a feature switched off?"""
+    return value.strip().lower() in _FALSE
 
 
 def require() -> bool:
     """$KERNELD_REQUIRE set to a true value: every fallback is an error."""
-    return os.environ.get(ENV_REQUIRE, "").strip().lower() in _TRUE
+    return flag(ENV_REQUIRE)
 
 
 def verify_trees() -> bool:
     """$KERNELD_VERIFY set to a true value: re-hash a store tree before importing it, for
     processes that must not trust the disk since the daemon last looked at it."""
-    return os.environ.get(ENV_VERIFY, "").strip().lower() in _TRUE
+    return flag(ENV_VERIFY)
+
+
+def coalescing() -> bool:
+    """Processes of one user that miss the same kernel at once wait for one of them to ask
+    the daemon, unless $KERNELD_COALESCE is a false value."""
+    return not is_off(raw(ENV_COALESCE))
 
 
 def _seconds(name: str, default: float | None) -> float | None:

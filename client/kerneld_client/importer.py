@@ -37,6 +37,7 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING
 
+from kerneld_client import _config
 from kerneld_client.errors import KernelLoadError
 
 if TYPE_CHECKING:
@@ -49,9 +50,6 @@ _hook_installed = False
 
 #: Attribute set on every imported kernel module: the variant folder it came from.
 TREE_ATTR = "__kerneld_tree__"
-#: A directory for compiled kernel code, or off/0/no/false to disable the cache.
-ENV_BYTECODE_CACHE = "KERNELD_BYTECODE_CACHE"
-_OFF = ("0", "off", "no", "false")
 
 
 _dir_memo: tuple[str, bool, Path | None] | None = None
@@ -59,15 +57,15 @@ _dir_memo: tuple[str, bool, Path | None] | None = None
 
 def _bytecode_dir(*, writing: bool) -> Path | None:
     global _dir_memo
-    raw = os.environ.get(ENV_BYTECODE_CACHE, "")
+    raw = _config.raw(_config.ENV_BYTECODE_CACHE)  # a directory, or off/0/no/false
     memo = _dir_memo
     if memo is not None and memo[0] == raw and memo[1] == writing:
         return memo[2]
     folder: Path | None
-    if raw.strip().lower() in _OFF:
+    if _config.is_off(raw):
         folder = None
-    elif raw.strip():
-        folder = Path(raw.strip())
+    elif raw:
+        folder = Path(raw)
     elif writing and sys.dont_write_bytecode:
         folder = None
     else:

@@ -270,7 +270,7 @@ def _request(
 
 def _local_overrides() -> dict[str, Path]:
     """`LOCAL_KERNELS=org/a=/path:org/b=/path`, as `kernels` reads it."""
-    raw = os.environ.get("LOCAL_KERNELS")
+    raw = _config.raw(_config.ENV_LOCAL_KERNELS)
     if not raw:
         return {}
     out: dict[str, Path] = {}

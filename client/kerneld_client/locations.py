@@ -71,9 +71,15 @@ def private_tmp_dir(name: str) -> Path | None:
     return folder if private_dir(base, uid) and private_dir(folder, uid) else None
 
 
-def user_run_dir() -> Path:
+def runtime_dir() -> Path | None:
+    """$XDG_RUNTIME_DIR (the user's private runtime directory), None when unset."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "kerneld" if runtime else user_cache_dir() / "run"
+    return Path(runtime) if runtime else None
+
+
+def user_run_dir() -> Path:
+    runtime = runtime_dir()
+    return runtime / "kerneld" if runtime else user_cache_dir() / "run"
 
 
 def user_config_file() -> Path:

@@ -23,7 +23,6 @@ import importlib
 import importlib.util
 import json
 import logging
-import os
 import platform as _stdlib_platform
 import sys
 import sysconfig
@@ -31,6 +30,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from kerneld_client import _config
 from kerneld_client.variants import Backend, BackendType, PlatformFacts, parse_version
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Environment variable holding a JSON facts object that replaces detection.
-ENV_VAR = "KERNELD_PLATFORM_JSON"
+ENV_VAR = _config.ENV_PLATFORM_JSON
 # Distribution names that ship the `tvm_ffi` module.
 _TVM_FFI_DISTRIBUTIONS = ("apache-tvm-ffi", "tvm-ffi", "tvm_ffi")
 
@@ -74,7 +74,7 @@ def platform_facts(backend: str | None = None, *, refresh: bool = False) -> Plat
     if base is None:
         with _lock:
             if _cached is None or refresh:
-                env = os.environ.get(ENV_VAR, "").strip()
+                env = _config.raw(ENV_VAR)
                 _cached = facts_from_json(env) if env else detect_platform_facts()
             base = _cached
     return base.with_backend(backend)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextvars
 import importlib
-import os
 import re
 import sys
 import threading
@@ -333,7 +332,7 @@ def _policy() -> str:
     """`kernels` (unset, `hub`), `torch` or `error` (also KERNELD_REQUIRE=1)."""
     if _config.require():
         return "error"
-    raw = os.environ.get(_config.ENV_FALLBACK, "").strip().lower()
+    raw = _config.raw(_config.ENV_FALLBACK).lower()
     return raw if raw in ("torch", "error") else "kernels"
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Hashable, Iterable
@@ -27,6 +26,7 @@ from dataclasses import dataclass, replace
 from types import MethodType
 from typing import TYPE_CHECKING, Any
 
+from kerneld_client import _config
 from kerneld_client.layers._decorators import CONDITION_ATTR, FUNCS_ATTR, LAYER_NAME_ATTR
 from kerneld_client.layers._device import Device, coerce_device
 from kerneld_client.layers._mapping import MappingMiss, select_repository
@@ -61,12 +61,14 @@ __all__ = [
 
 log = logging.getLogger("kerneld_client.layers")
 
-#: `kernels`' switch: every marked layer keeps its original forward.
-ENV_DISABLE_KERNEL_MAPPING = "DISABLE_KERNEL_MAPPING"
-#: Comma list of layer names and/or repo ids (`org/name` or `org/name@revision`) to keep on PyTorch.
-ENV_DISABLE = "KERNELD_DISABLE"
-#: Use kernels not declared deterministic even when deterministic algorithms are on.
-ENV_ALLOW_NONDETERMINISTIC = "KERNELD_ALLOW_NONDETERMINISTIC"
+# The variables kernelize reads (defined, with every other knob, in _config):
+# DISABLE_KERNEL_MAPPING (`kernels`' switch: every marked layer keeps its original forward),
+# KERNELD_DISABLE (a comma list of layer names and/or `org/name[@revision]` to keep on PyTorch),
+# KERNELD_ALLOW_NONDETERMINISTIC (use kernels not declared deterministic even when
+# deterministic algorithms are on).
+ENV_DISABLE_KERNEL_MAPPING = _config.ENV_DISABLE_KERNEL_MAPPING
+ENV_DISABLE = _config.ENV_DISABLE
+ENV_ALLOW_NONDETERMINISTIC = _config.ENV_ALLOW_NONDETERMINISTIC
 
 #: Members a hub layer may add to `nn.Module` (`deterministic` is kerneld's addition).
 ALLOWED_LAYER_MEMBERS = frozenset({"has_backward", "can_torch_compile", "deterministic"})
@@ -87,10 +89,6 @@ class InvalidKernelLayer(TypeError):
 
 class NondeterministicKernel(RuntimeError):
     """Deterministic algorithms are on and the kernel layer is not declared deterministic."""
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 # ------------------------------------------------------------------------ forward swapping
@@ -260,7 +258,7 @@ class _DisableRule:
 
 def _disable_rules() -> list[_DisableRule]:
     rules = []
-    for raw in os.environ.get(ENV_DISABLE, "").split(","):
+    for raw in _config.raw(ENV_DISABLE).split(","):
         entry = raw.strip()
         if not entry:
             continue
@@ -362,7 +360,7 @@ class _Run:
         self.device = device
         self.backend = "cpu" if device.type == "cpu" else None
         self.policy = policy
-        self.disable_all = _flag(ENV_DISABLE_KERNEL_MAPPING)
+        self.disable_all = _config.flag(ENV_DISABLE_KERNEL_MAPPING)
         self.rules = _disable_rules()
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.warn_only = (
@@ -711,7 +709,7 @@ def kernelize(
     if _config.require():
         policy &= ~KernelizeFallback.CANNOT_LOAD
     if allow_nondeterministic is None:
-        allow_nondeterministic = _flag(ENV_ALLOW_NONDETERMINISTIC)
+        allow_nondeterministic = _config.flag(ENV_ALLOW_NONDETERMINISTIC)
     run = _Run(
         mode=chosen,
         device=_device_arg(model, device),
