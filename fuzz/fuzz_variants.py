@@ -11,6 +11,7 @@ from _harness import Target, run
 
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
+    from kerneld_client._convert import facts_to_proto
     from kerneld_client.variants import PlatformFacts
     from tests.fuzz import invariants as inv
 
@@ -44,7 +45,7 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
             ]
         ),
         "json": b"\1" + json.dumps(facts.to_dict() | {"backend": "cu130"}).encode(),
-        "proto": b"\2" + facts.to_proto().SerializeToString(),
+        "proto": b"\2" + facts_to_proto(facts).SerializeToString(),
         "arch": b"\3" + b"\x039.0" + b"8.0,9.0a,10.0f,7.5+PTX",
     }
     return target, seeds

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kerneld_client._convert import facts_from_proto, facts_to_proto
 from kerneld_client.variants import (
     UNRECOGNISED,
     Abi,
@@ -543,18 +544,18 @@ def test_ranking_is_a_total_order(names: list[str], f: PlatformFacts, rnd: rando
 @settings(max_examples=300, deadline=None)
 def test_facts_dict_and_proto_round_trip(f: PlatformFacts) -> None:
     assert PlatformFacts.from_dict(f.to_dict()) == f
-    message = f.to_proto()
+    message = facts_to_proto(f)
     assert message.HasField("cxx11_abi") == (f.cxx11_abi is not None)
-    assert PlatformFacts.from_proto(message) == f
+    assert facts_from_proto(message) == f
     from kerneld_client._proto import kerneld_pb2
 
     wire = kerneld_pb2.PlatformFacts.FromString(message.SerializeToString())
-    assert PlatformFacts.from_proto(wire) == f
+    assert facts_from_proto(wire) == f
 
 
 def test_proto_fields() -> None:
     f = replace(F_CU130, device_capabilities=("9.0",), tvm_ffi_version=(0, 1)).with_backend("cuda")
-    m = f.to_proto()
+    m = facts_to_proto(f)
     assert (m.torch_version, m.cxx11_abi, m.cpu, m.os) == ("2.13", True, "x86_64", "linux")
     assert (m.backend.type, m.backend.version, m.backend.explicit) == ("cuda", "13.0", True)
     assert (m.python_version, m.tvm_ffi_version, list(m.device_capabilities)) == (
@@ -598,7 +599,7 @@ def test_from_dict_rejects_nonsense() -> None:
 def test_empty_wire_facts_mean_noarch_only() -> None:
     from kerneld_client._proto import kerneld_pb2
 
-    f = PlatformFacts.from_proto(kerneld_pb2.PlatformFacts())
+    f = facts_from_proto(kerneld_pb2.PlatformFacts())
     assert (f.cpu, f.os, f.torch_version, f.backend) == ("", "", None, CPU)
     names = ["torch213-cpu-x86_64-linux", "torch-cpu", "torch-universal", "torch-cuda"]
     assert accepted(names, f) == ["torch-cpu", "torch-universal"]

@@ -446,11 +446,12 @@ def resolve(
     """Resolve through the daemon (see the module docstring for the two steps)."""
     _ready(socket_path, req)
     _import_grpc()
+    from kerneld_client._convert import facts_to_proto
     from kerneld_client._proto import kerneld_pb2
 
     base = kerneld_pb2.ResolveRequest(
         kernel=_kernel_ref(req),
-        platform=facts.to_proto(),
+        platform=facts_to_proto(facts),
         client=_client_id(),
         trust_remote_code=trust_remote_code,
     )
@@ -501,11 +502,12 @@ def list_variants(
     """(commit, every variant with its verdict) through the daemon, listing upstream if needed."""
     _ready(socket_path, req)
     _import_grpc()
+    from kerneld_client._convert import facts_to_proto
     from kerneld_client._proto import kerneld_pb2
 
     def ask(fetch: bool, timeout: float) -> tuple[str, tuple[Decision, ...]]:
         request = kerneld_pb2.ListVariantsRequest(
-            kernel=_kernel_ref(req), platform=facts.to_proto(), allow_fetch=fetch
+            kernel=_kernel_ref(req), platform=facts_to_proto(facts), allow_fetch=fetch
         )
         response = _guarded(
             req,

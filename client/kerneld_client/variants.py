@@ -16,10 +16,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kerneld_client._proto import kerneld_pb2
+from typing import Any
 
 __all__ = [
     "UNRECOGNISED",
@@ -514,19 +511,6 @@ class PlatformFacts:
             return cls(**kwargs)
         except (TypeError, AttributeError) as exc:
             raise ValueError(f"bad platform facts: {exc}") from exc
-
-    def to_proto(self) -> kerneld_pb2.PlatformFacts:
-        """The wire form; imports protobuf only when called."""
-        from kerneld_client._convert import facts_to_proto
-
-        return facts_to_proto(self)
-
-    @classmethod
-    def from_proto(cls, message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
-        """From the wire form; ValueError on facts that make no sense."""
-        from kerneld_client._convert import facts_from_proto
-
-        return facts_from_proto(message)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
-from kerneld.store import DeniedError, Hold
+from kerneld.config import Config
+from kerneld.fetch import FetchResult
+from kerneld.resolve import Resolver
+from kerneld.server.metrics import Metrics
+from kerneld.store import DeniedError, Hold, Store
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
 from kerneld.store.scrub import scrub_pass as run_pass
-
-if TYPE_CHECKING:
-    from kerneld.server.core import Core
 
 log = logging.getLogger("kerneld.scrub")
 
@@ -32,10 +34,39 @@ log = logging.getLogger("kerneld.scrub")
 MAX_SLEEP_S = 3600.0
 
 
+class ScrubHost(Protocol):
+    """What the scrub needs of the daemon (kerneld.server.core.Core implements it): its
+    settings, store and metrics, the resolver's fetcher for re-fetches, and the in-flight work
+    count that a shutdown drains."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    def work(self) -> AbstractContextManager[None]: ...
+
+    def record_fetch(
+        self,
+        repo: str,
+        commit: str,
+        variant: str,
+        result: FetchResult | None,
+        error: BaseException | None,
+    ) -> None: ...
+
+
 class Scrubber:
     """The scrub thread of one daemon; `wake()` after a config change, `stop()` at shutdown."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: ScrubHost) -> None:
         self.core = core
         self._stop = threading.Event()
         self._wake = threading.Event()

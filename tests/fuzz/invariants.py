@@ -365,6 +365,7 @@ def check_facts_proto(data: bytes, names: Sequence[str] = ()) -> None:
 
 
 def check_facts_object(facts: Any, names: Sequence[str] = ()) -> None:
+    from kerneld_client._convert import facts_from_proto, facts_to_proto
     from kerneld_client.variants import PlatformFacts, device_compatible
 
     what = f"facts {facts!r}"
@@ -373,7 +374,7 @@ def check_facts_object(facts: Any, names: Sequence[str] = ()) -> None:
     json.dumps(d)
     expect(PlatformFacts.from_dict(d) == facts, f"{what}: to_dict/from_dict do not round-trip")
     expect(
-        PlatformFacts.from_proto(facts.to_proto()) == facts,
+        facts_from_proto(facts_to_proto(facts)) == facts,
         f"{what}: protobuf form does not round-trip",
     )
     typed(facts.describe, (), what)
