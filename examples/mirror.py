@@ -1,4 +1,4 @@
-"""Publish the example kernels as a kerneld mirror directory (the layout of kerneld.mirror.layout).
+"""Publish the example kernels as a kerneld mirror directory (kerneld.mirror.documents's layout).
 
 The mirror carries the same commits as the example git repos (branches main, v1, v2 and the tags),
 so a daemon fed from it and one fed from a Hub serving those repos agree on every commit id.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from examples.kernels.build import BuiltExamples, build_examples, make_hub
-from kerneld.mirror.layout import INFO, Manifest, MirrorWriter
+from kerneld.mirror.documents import INFO, Manifest, MirrorWriter
 from kerneld.upstream.base import RemoteFile
 
 

@@ -1,4 +1,4 @@
-"""atheris target: mirror documents: manifests, refs and mirror-info (`kerneld.mirror.layout`)."""
+"""atheris target: the mirror documents (manifests, refs, mirror-info: kerneld.mirror.documents)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from _harness import Target, run
 
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
-    from kerneld.mirror.layout import refs_json
+    from kerneld.mirror.documents import refs_json
     from tests.fuzz import builders
     from tests.fuzz import invariants as inv
 
@@ -28,4 +28,4 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 
 
 if __name__ == "__main__":
-    run("mirror_manifest", ["kerneld.mirror.layout"], make)
+    run("mirror_manifest", ["kerneld.mirror.documents"], make)

@@ -9,7 +9,7 @@ Bytecode (`__pycache__`, `.pyc`) is left out, as every upstream leaves it out.
 
 It is then written either
 
-- into a mirror directory (or `.tar`) in the layout of `kerneld.mirror.layout`, merged with what
+- into a mirror directory (or `.tar`) in the layout of `kerneld.mirror.documents`, merged with what
   is there exactly as `kerneldctl mirror export` merges (blobs first, then the manifest, then the
   refs; signed with the same keys), so a daemon's `mirror-dir` upstream serves it and
   `kerneldctl mirror import` takes it; or
@@ -38,16 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kerneld.mirror.export import (
-    DirTarget,
-    ExportError,
-    is_tar_destination,
-    pack_tar,
-    unpack_existing,
-    write_signed,
-)
-from kerneld.mirror.keys import SigningKey, sig_path
-from kerneld.mirror.layout import (
+from kerneld.mirror.documents import (
     INFO,
     Manifest,
     MirrorFormatError,
@@ -60,6 +51,15 @@ from kerneld.mirror.layout import (
     refs_json,
     refs_path,
 )
+from kerneld.mirror.export import (
+    DirTarget,
+    ExportError,
+    is_tar_destination,
+    pack_tar,
+    unpack_existing,
+    write_signed,
+)
+from kerneld.mirror.keys import SigningKey, sig_path
 from kerneld.store import MetadataDigestError, MetadataError, Store, StoreError, TreeFile
 from kerneld.store.layout import FILE_MODE_EXEC
 from kerneld.store.manifest import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.mirror.layout import Manifest, MirrorWriter, blob_path, manifest_path
+from kerneld.mirror.documents import Manifest, MirrorWriter, blob_path, manifest_path
 from kerneld.upstream.base import RemoteFile
 from kerneld.upstream.errors import (
     EntryNotFound,

@@ -16,9 +16,9 @@ from kerneld.ctl.common import (
     offline,
     open_store,
 )
-from kerneld.ctl.progress import MirrorView
 from kerneld.ctl.rpc import Admin
 from kerneld.ctl.specs import parse_spec
+from kerneld.ctl.views import MirrorView
 
 if TYPE_CHECKING:
     from kerneld.mirror.keys import SigningKey

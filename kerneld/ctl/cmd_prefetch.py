@@ -12,9 +12,9 @@ import re
 from typing import Any
 
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
-from kerneld.ctl.progress import PrefetchView, Step, step_from_proto
 from kerneld.ctl.rpc import Admin
 from kerneld.ctl.specs import Spec, gather
+from kerneld.ctl.views import PrefetchView, Step, step_from_proto
 
 
 def parse_torch(values: list[str] | None) -> list[str]:

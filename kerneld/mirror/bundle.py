@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Protocol, cast
 
-from kerneld.mirror.layout import INFO
+from kerneld.mirror.documents import INFO
 
 #: Refs, manifests, signatures and mirror-info are small.
 MAX_DOC_BYTES = 16 << 20

@@ -28,14 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kerneld.mirror.bundle import BundleError, open_bundle
-from kerneld.mirror.keys import (
-    SignatureError,
-    SigningKey,
-    parse_signature_file,
-    sig_path,
-    signature_file,
-)
-from kerneld.mirror.layout import (
+from kerneld.mirror.documents import (
     INFO,
     Manifest,
     MirrorFormatError,
@@ -48,6 +41,13 @@ from kerneld.mirror.layout import (
     parse_refs_exported_at,
     refs_json,
     refs_path,
+)
+from kerneld.mirror.keys import (
+    SignatureError,
+    SigningKey,
+    parse_signature_file,
+    sig_path,
+    signature_file,
 )
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.store import BlobProvider, Store

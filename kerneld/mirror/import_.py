@@ -44,8 +44,7 @@ from kerneld.mirror.bundle import (
     DirBundle,
     open_bundle,
 )
-from kerneld.mirror.keys import SignatureError, sig_path, trusted_key_set, verify_signature
-from kerneld.mirror.layout import (
+from kerneld.mirror.documents import (
     INFO,
     Manifest,
     MirrorFormatError,
@@ -54,6 +53,7 @@ from kerneld.mirror.layout import (
     parse_refs,
     parse_refs_exported_at,
 )
+from kerneld.mirror.keys import SignatureError, sig_path, trusted_key_set, verify_signature
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.store import (
     BlobMissingError,

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from kerneld.mirror.documents import INFO, Manifest, MirrorFormatError, MirrorWriter, refs_path
 from kerneld.mirror.export import (
     ExportError,
     check_mirror_dir,
@@ -40,7 +41,6 @@ from kerneld.mirror.export import (
     unpack_existing,
 )
 from kerneld.mirror.keys import SIG_SUFFIX, SigningKey, sig_path
-from kerneld.mirror.layout import INFO, Manifest, MirrorFormatError, MirrorWriter, refs_path
 
 #: A destination document larger than this is not sent to the daemon (it is not a manifest).
 _MAX_EXISTING_DOC = 16 << 20

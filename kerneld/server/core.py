@@ -34,7 +34,7 @@ from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
 from kerneld.server.refresh import RefRefresher
-from kerneld.server.scrub import Scrubber
+from kerneld.server.scrubber import Scrubber
 from kerneld.server.trust import FILE_NAME as TRUST_FILE
 from kerneld.server.trust import NoHubUpstream, PublisherTrust, UntrustedPublisher
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams

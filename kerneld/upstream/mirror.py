@@ -1,4 +1,4 @@
-"""Mirror upstreams: the static layout of `kerneld.mirror.layout`, from a directory or over HTTP.
+"""Mirror upstreams: the static layout of `kerneld.mirror.documents`, from a directory or over HTTP.
 
 A cluster puts one mirror between its daemons and the Hub; the directory reader serves local disks
 and NFS, the HTTP reader any web server, object store or CDN. Both read the same files.
@@ -24,8 +24,7 @@ from pathlib import Path
 from threading import Lock
 from typing import TYPE_CHECKING
 
-from kerneld.mirror.keys import SignatureError, sig_path, verify_signature
-from kerneld.mirror.layout import (
+from kerneld.mirror.documents import (
     INFO,
     Manifest,
     MirrorFormatError,
@@ -35,6 +34,7 @@ from kerneld.mirror.layout import (
     parse_refs,
     refs_path,
 )
+from kerneld.mirror.keys import SignatureError, sig_path, verify_signature
 from kerneld.upstream.base import Refs, RemoteFile, check_repo_id, is_commit
 from kerneld.upstream.errors import (
     EntryNotFound,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from kerneld.mirror.documents import blob_path
 from kerneld.mirror.export import ExportError
 from kerneld.mirror.keys import generate_key
-from kerneld.mirror.layout import blob_path
 from kerneld.mirror.receive import ExportReceiver
 from tests.fixtures_daemon import ACT, C1
 from tests.security.support import as_user, needs_root

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kerneld.mirror.bundle import HAS_DATA_FILTER, MAX_DOC_BYTES
+from kerneld.mirror.documents import Manifest, blob_path, manifest_path
 from kerneld.mirror.export import ExportError, ExportSpec, export_mirror, specs_from_wire
 from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
 from kerneld.mirror.keys import (
@@ -30,7 +31,6 @@ from kerneld.mirror.keys import (
     parse_public_key,
     verify_signature,
 )
-from kerneld.mirror.layout import Manifest, blob_path, manifest_path
 from kerneld.store import Store
 from tests.support.ctl import publish, sha256, tree_bytes, variant_files
 

@@ -13,8 +13,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from kerneld.mirror.documents import Manifest, MirrorWriter, manifest_path, parse_refs, refs_path
 from kerneld.mirror.keys import generate_key, parse_public_key, sig_path, verify_signature
-from kerneld.mirror.layout import Manifest, MirrorWriter, manifest_path, parse_refs, refs_path
 from kerneld.store import Store
 from tests.client.support import client_env, run_client, tree_snapshot
 from tests.support.ctl import KERNELDCTL, Result, ctl_env, run_ctl

@@ -62,8 +62,8 @@ def mirror_files(
     sign: Signer | None = None,
 ) -> dict[str, bytes]:
     """rel -> bytes of a mirror with one kernel revision (`manifest` overrides its manifest)."""
+    from kerneld.mirror.documents import INFO, blob_path, manifest_path, refs_json, refs_path
     from kerneld.mirror.keys import sig_path
-    from kerneld.mirror.layout import INFO, blob_path, manifest_path, refs_json, refs_path
 
     manifest_rel = manifest_path(inv.REPO, inv.COMMIT)
     refs_rel = refs_path(inv.REPO)

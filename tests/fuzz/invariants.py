@@ -507,13 +507,13 @@ class StoreHarness:
             expect(all(isinstance(d, KernelSpec) for d in deps or []), "bad dependency specs")
 
 
-# ---- mirror documents (kerneld.mirror.layout) ------------------------------------------------
+# ---- mirror documents (kerneld.mirror.documents) ------------------------------------------------
 
 
 def check_mirror_documents(data: bytes, repo_id: str = REPO, commit: str = COMMIT) -> None:
     """Manifests, refs and mirror-info: MirrorFormatError only; accepted manifests are safe to
     hand to the store and round-trip."""
-    from kerneld.mirror.layout import (
+    from kerneld.mirror.documents import (
         Manifest,
         MirrorFormatError,
         parse_info,

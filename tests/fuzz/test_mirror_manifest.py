@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kerneld.mirror.layout import MirrorWriter
+from kerneld.mirror.documents import MirrorWriter
 from tests.fuzz import invariants as inv
 from tests.fuzz.strategies import HOSTILE_PATHS, bytes_of, fuzz_settings, json_document
 
@@ -106,7 +106,7 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @example(b"[" * 100_000, b"{}")
 def test_mirror_upstream(mirror: Path, manifest: bytes, refs_doc: bytes) -> None:
     """MirrorDirUpstream reading fuzzed manifests and refs from a real mirror directory."""
-    from kerneld.mirror.layout import manifest_path, refs_path
+    from kerneld.mirror.documents import manifest_path, refs_path
     from kerneld.upstream.errors import UpstreamError
     from kerneld.upstream.mirror import MirrorDirUpstream
 

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from kerneld.mirror.layout import Manifest, MirrorWriter
+from kerneld.mirror.documents import Manifest, MirrorWriter
 from kerneld.upstream.base import RemoteFile
 
 
