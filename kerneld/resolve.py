@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
-from kerneld.store import Hold, MetadataError, Resolved, ResolveTarget, ResourceExhaustedError
+from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
     RepoNotFound,
@@ -71,7 +71,10 @@ class ResolveError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-class NoCompatibleVariant(ResolveError):
+class NoVariantFits(ResolveError):
+    """No variant of the commit fits the platform (each decision says why); the client raises
+    its `NoCompatibleVariant`, `kernels`' name, for it."""
+
     def __init__(self, decisions: Sequence[Decision], *, repo_id: str, revision: str) -> None:
         self.decisions = list(decisions)
         detail = "; ".join(f"{d.variant}: {d.reason}" for d in self.decisions) or "no variants"
@@ -94,7 +97,7 @@ class Resolution:
     commit: str
     stale: bool
     variant: str
-    hit: Resolved
+    hit: LookupHit
     decisions: list[Decision]
     fetched: FetchResult | None = None
     dependencies: list[Resolution] = field(default_factory=list)
@@ -367,12 +370,12 @@ class Resolver:
         if variant is not None:
             chosen = [d for d in decisions if d.variant == variant]
             if not chosen:
-                raise NoCompatibleVariant(decisions, repo_id=spec.repo_id, revision=commit)
+                raise NoVariantFits(decisions, repo_id=spec.repo_id, revision=commit)
             candidates = chosen
         else:
             candidates = [d for d in decisions if d.accepted]
         if not candidates:
-            raise NoCompatibleVariant(decisions, repo_id=spec.repo_id, revision=commit)
+            raise NoVariantFits(decisions, repo_id=spec.repo_id, revision=commit)
         best = candidates[0].variant
         if hold is not None:
             hold.add(spec.repo_id, commit, best)
@@ -427,7 +430,7 @@ class Resolver:
         ]
         return Resolution(spec, commit, stale, best, hit, decisions, fetched, deps)
 
-    def dependencies_of(self, hit: Resolved) -> list[KernelSpec]:
+    def dependencies_of(self, hit: LookupHit) -> list[KernelSpec]:
         """`kernel-depends` of a published tree's metadata.json.
 
         A malformed list is a MetadataError (the build is broken): serving the kernel without a

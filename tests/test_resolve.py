@@ -13,7 +13,7 @@ from kerneld.resolve import (
     DependencyCycle,
     FetchNotAllowed,
     KernelSpec,
-    NoCompatibleVariant,
+    NoVariantFits,
     Resolver,
 )
 from kerneld.store import DeniedError, IntegrityError, Store
@@ -274,7 +274,7 @@ def test_mirror_picks_best_variant(store, mirror) -> None:
 
 
 def test_no_compatible_variant_lists_reasons(store, mirror) -> None:
-    with pytest.raises(NoCompatibleVariant) as info:
+    with pytest.raises(NoVariantFits) as info:
         Resolver(store, [MirrorDirUpstream(mirror, policy=FAST)]).resolve(
             KernelSpec(ACT, version=2), CPU
         )

@@ -18,7 +18,7 @@ from kerneld.ctl.common import (
     EXIT_VERIFY_NOT_RUN,
     CtlError,
     Ctx,
-    DaemonUnavailable,
+    DaemonNotReachable,
     PermissionDenied,
     human_bytes,
     offline,
@@ -147,7 +147,7 @@ def _daemon_status(ctx: Ctx) -> dict[str, Any]:
         try:
             with UserChannel(ctx) as user:
                 status = user.unary(user.kernels().GetStatus, kerneld_pb2.GetStatusRequest())
-        except DaemonUnavailable:
+        except DaemonNotReachable:
             raise denied from None
         reason = f"need the admin socket ({denied.message}; {denied.hint})"
         if not ctx.json:

@@ -53,7 +53,7 @@ class CtlError(Exception):
         super().__init__(message)
 
 
-class DaemonUnavailable(CtlError):
+class DaemonNotReachable(CtlError):
     def __init__(self, message: str, *, hint: str = "") -> None:
         super().__init__(message, code=EXIT_UNAVAILABLE, hint=hint)
 

@@ -18,7 +18,7 @@ from kerneld.ctl.common import (
     EXIT_FAILURE,
     CtlError,
     Ctx,
-    DaemonUnavailable,
+    DaemonNotReachable,
     PermissionDenied,
 )
 
@@ -105,14 +105,14 @@ def _offline_hint(path: Path) -> str:
 
 
 def probe(path: Path, *, admin: bool = True) -> None:
-    """Raise DaemonUnavailable (not running) or PermissionDenied (not allowed) with a precise
+    """Raise DaemonNotReachable (not running) or PermissionDenied (not allowed) with a precise
     reason if nothing usable listens at `path`."""
     kind = "admin socket" if admin else "socket"
     hint = _ADMIN_HINT if admin else _USER_HINT
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise DaemonUnavailable(
+        raise DaemonNotReachable(
             f"kerneld is not running (no {kind} at {path})", hint=_offline_hint(path)
         ) from None
     except PermissionError:
@@ -120,7 +120,7 @@ def probe(path: Path, *, admin: bool = True) -> None:
     import stat
 
     if not stat.S_ISSOCK(st.st_mode):
-        raise DaemonUnavailable(f"{path} is not a socket", hint="check --admin-socket")
+        raise DaemonNotReachable(f"{path} is not a socket", hint="check --admin-socket")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(2.0)
     try:
@@ -129,10 +129,10 @@ def probe(path: Path, *, admin: bool = True) -> None:
         raise PermissionDenied(f"permission denied on the {kind} {path}", hint=hint) from None
     except OSError as exc:
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            raise DaemonUnavailable(
+            raise DaemonNotReachable(
                 f"kerneld is not running (stale {kind} {path})", hint=_offline_hint(path)
             ) from None
-        raise DaemonUnavailable(f"cannot connect to {path}: {exc.strerror or exc}") from None
+        raise DaemonNotReachable(f"cannot connect to {path}: {exc.strerror or exc}") from None
     finally:
         sock.close()
 
@@ -274,11 +274,11 @@ def translate(exc: grpc.RpcError, path: Path) -> CtlError:
     if code == grpc.StatusCode.UNAVAILABLE:
         if "ermission denied" in (details or ""):
             return PermissionDenied(f"permission denied on {path}", hint=_ADMIN_HINT)
-        return DaemonUnavailable(
+        return DaemonNotReachable(
             f"kerneld is unavailable at {path}: {details}", hint=_offline_hint(path)
         )
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return DaemonUnavailable(f"kerneld did not answer in time ({details})")
+        return DaemonNotReachable(f"kerneld did not answer in time ({details})")
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return CtlError(f"this kerneld does not support that request yet ({details})")
     name = code.name if code is not None else "error"

@@ -24,7 +24,7 @@ from kerneld.provenance import provenance_check
 from kerneld.resolve import (
     FetchNotAllowed,
     KernelSpec,
-    NoCompatibleVariant,
+    NoVariantFits,
     Resolution,
     Resolver,
 )
@@ -472,7 +472,7 @@ class Core:
         if caller is None or not allow:
             return run(allow), True
         local: Resolution | None = None
-        with contextlib.suppress(FetchNotAllowed, NoCompatibleVariant):
+        with contextlib.suppress(FetchNotAllowed, NoVariantFits):
             local = run(False)
         if local is not None and self._complete(local, variant):
             return local, True
@@ -786,7 +786,7 @@ def _outcome(exc: BaseException) -> str:
     not exist (not_found, no_variant), or something failed (error, the one to alert on)."""
     if isinstance(exc, RepoNotFound | RevisionNotFound | EntryNotFound):
         return "not_found"
-    if isinstance(exc, NoCompatibleVariant):
+    if isinstance(exc, NoVariantFits):
         return "no_variant"
     if isinstance(exc, DeniedError):
         return "denied"

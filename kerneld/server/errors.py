@@ -8,7 +8,7 @@ without parsing messages. The mapping (gRPC status, ErrorCode):
     UntrustedPublisher      PERMISSION_DENIED    UNTRUSTED_PUBLISHER ([trust] policy)
     PublisherUnverified     UNAVAILABLE          UPSTREAM_UNAVAILABLE (the Hub, asked about
                                                  trust, did not answer)
-    NoCompatibleVariant     FAILED_PRECONDITION  NO_COMPATIBLE_VARIANT (+ every variant's reason)
+    NoVariantFits     FAILED_PRECONDITION  NO_COMPATIBLE_VARIANT (+ every variant's reason)
     RepoNotFound            NOT_FOUND            KERNEL_NOT_FOUND
     EntryNotFound           NOT_FOUND            KERNEL_NOT_FOUND
     TreeNotFoundError       NOT_FOUND            KERNEL_NOT_FOUND
@@ -52,7 +52,7 @@ from kerneld.config import ConfigError
 from kerneld.resolve import (
     DependencyCycle,
     FetchNotAllowed,
-    NoCompatibleVariant,
+    NoVariantFits,
     ResolveError,
 )
 from kerneld.server.logs import redact
@@ -120,7 +120,7 @@ _TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType
     (DeniedError, grpc.StatusCode.PERMISSION_DENIED, Code.KERNEL_DENIED),
     (FetchNotAllowed, grpc.StatusCode.PERMISSION_DENIED, Code.FETCH_NOT_ALLOWED),
     (UntrustedPublisher, grpc.StatusCode.PERMISSION_DENIED, Code.UNTRUSTED_PUBLISHER),
-    (NoCompatibleVariant, grpc.StatusCode.FAILED_PRECONDITION, Code.NO_COMPATIBLE_VARIANT),
+    (NoVariantFits, grpc.StatusCode.FAILED_PRECONDITION, Code.NO_COMPATIBLE_VARIANT),
     (DependencyCycle, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
     (RepoNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
     (EntryNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
@@ -156,7 +156,7 @@ def _hint(exc: BaseException, repo: str) -> str:
             if repo
             else ""
         )
-    if isinstance(exc, NoCompatibleVariant):
+    if isinstance(exc, NoVariantFits):
         return "no build of this kernel fits this platform; fall back to plain PyTorch"
     if isinstance(exc, UpstreamUnavailable):
         return "every upstream is unreachable and the kernel is not cached on this host"
@@ -264,7 +264,7 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
         variant=e_variant,
         hint=hint,
     )
-    if isinstance(exc, NoCompatibleVariant):
+    if isinstance(exc, NoVariantFits):
         detail.variants.extend(decision_to_proto(d) for d in exc.decisions)
     return Failure(status, detail)
 

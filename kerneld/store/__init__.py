@@ -36,7 +36,7 @@ from .index import ProvenanceRecord
 from .interfaces import BlobProvider, FetchTarget, Ingester, Policy, ResolveTarget, TreePublisher
 from .locks import TreeGone, hold_tree_lock
 from .manifest import TreeFile, VariantMetadata, tree_digest
-from .store import Lease, ProvenanceCheck, PublishedFile, Resolved, Store, TreeInfo, Usage
+from .store import Lease, LookupHit, ProvenanceCheck, PublishedFile, Store, TreeInfo, Usage
 from .verify import Problem, VerifyReport
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "InvalidPathError",
     "Lease",
     "LeaseNotFoundError",
+    "LookupHit",
     "MetadataDigestError",
     "MetadataError",
     "PathConflictError",
@@ -71,7 +72,6 @@ __all__ = [
     "PublishedFile",
     "ReadOnlyStoreError",
     "ResolveTarget",
-    "Resolved",
     "ResourceExhaustedError",
     "SchemaError",
     "SizeMismatchError",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 from .blobs import BlobInfo, BlobWriter, Expected
 from .index import NegativeRow, RefRow
 from .manifest import TreeFile
-from .store import Resolved, TreeInfo
+from .store import LookupHit, TreeInfo
 
 
 class BlobProvider(Protocol):
@@ -73,7 +73,7 @@ class TreePublisher(Protocol):
         *,
         lease_ttl_s: float | None = None,
         holder: str = "",
-    ) -> Resolved | None: ...
+    ) -> LookupHit | None: ...
 
 
 class FetchTarget(Ingester, TreePublisher, Protocol):

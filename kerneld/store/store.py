@@ -145,7 +145,9 @@ class TreeInfo:
 
 
 @dataclass(frozen=True)
-class Resolved:
+class LookupHit:
+    """A published tree `Store.lookup` found for (repo, revision, variant)."""
+
     repo: str
     commit: str
     variant: str
@@ -909,7 +911,7 @@ class Store:
         *,
         lease_ttl_s: float | None = None,
         holder: str = "",
-    ) -> Resolved | None:
+    ) -> LookupHit | None:
         """Map (repo, ref-or-commit, variant) to a published tree; None if not in the store.
 
         Raises :class:`DeniedError` for denied repos/revisions. Records the resolve time (LRU)
@@ -940,7 +942,7 @@ class Store:
             lease = None
             if lease_ttl_s is not None:
                 lease = self.acquire_lease(tree.digest, lease_ttl_s, holder=holder)
-            return Resolved(
+            return LookupHit(
                 repo=repo,
                 commit=commit,
                 variant=variant,

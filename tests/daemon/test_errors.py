@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from kerneld.config import ConfigError
-from kerneld.resolve import DependencyCycle, FetchNotAllowed, NoCompatibleVariant
+from kerneld.resolve import DependencyCycle, FetchNotAllowed, NoVariantFits
 from kerneld.server.errors import NotReady, Unimplemented, classify
 from kerneld.store import (
     DeniedError,
@@ -35,7 +35,7 @@ CASES = [
     (DeniedError("bad", repo="o/n", commit="c" * 40), S.PERMISSION_DENIED, E.KERNEL_DENIED),
     (FetchNotAllowed("no", repo_id="o/n", revision="v1"), S.PERMISSION_DENIED, E.FETCH_NOT_ALLOWED),
     (
-        NoCompatibleVariant(decide(["torch-cuda"], CPU), repo_id="o/n", revision="c" * 40),
+        NoVariantFits(decide(["torch-cuda"], CPU), repo_id="o/n", revision="c" * 40),
         S.FAILED_PRECONDITION,
         E.NO_COMPATIBLE_VARIANT,
     ),
@@ -70,7 +70,7 @@ def test_error_table(exc: BaseException, status: grpc.StatusCode, code: int) -> 
 
 def test_context_and_variants_travel_in_the_detail() -> None:
     decisions = decide(["torch-cuda", "torch213-cxx11-cu128-x86_64-linux"], CPU)
-    detail = classify(NoCompatibleVariant(decisions, repo_id="o/n", revision="c" * 40)).detail
+    detail = classify(NoVariantFits(decisions, repo_id="o/n", revision="c" * 40)).detail
     assert (detail.repo_id, detail.revision) == ("o/n", "c" * 40)
     assert [(v.variant, v.accepted) for v in detail.variants] == [
         (d.variant, False) for d in decisions
