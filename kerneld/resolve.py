@@ -23,6 +23,7 @@ from kerneld.upstream.errors import (
     UpstreamUnavailable,
     every_upstream,
 )
+from kerneld_client._metadata import kernel_depends
 from kerneld_client.variants import Decision, PlatformFacts, decide
 
 log = logging.getLogger("kerneld.resolve")
@@ -442,41 +443,15 @@ class Resolver:
             meta = json.loads((hit.path / "metadata.json").read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             return []
-        raw = meta.get("kernel-depends") if isinstance(meta, dict) else None
-        if raw is None:
-            return []
-        ctx = {"repo": hit.repo, "commit": hit.commit, "variant": hit.variant}
-        if not isinstance(raw, list):
+        try:  # a bad entry, or a repo id no spec can name
+            return [
+                KernelSpec(d.repo_id, version=d.version, revision=d.revision)
+                for d in kernel_depends(meta)
+            ]
+        except ValueError as exc:
             raise MetadataError(
-                f"metadata.json: 'kernel-depends' must be a list, got {type(raw).__name__}; "
-                "the kernel's build is malformed, ask its author to fix it",
-                **ctx,
-            )
-        specs: list[KernelSpec] = []
-        for dep in raw:
-            try:
-                specs.append(_dependency_spec(dep))
-            except ValueError as exc:
-                shown = repr(dep)
-                raise MetadataError(
-                    f"metadata.json: bad 'kernel-depends' entry "
-                    f"{shown if len(shown) <= 80 else shown[:77] + '...'}: {exc}; the kernel's "
-                    "build is malformed, ask its author to fix it",
-                    **ctx,
-                ) from None
-        return specs
-
-
-def _dependency_spec(dep: object) -> KernelSpec:
-    """One `kernel-depends` entry: {"repo-id", "version": N} or {"repo-id", "revision"}
-    (a version wins over a revision); ValueError says what is wrong."""
-    if not isinstance(dep, dict) or not isinstance(dep.get("repo-id"), str):
-        raise ValueError("expected an object with a string 'repo-id'")
-    version, revision = dep.get("version"), dep.get("revision")
-    if version is not None:
-        if isinstance(version, bool) or not isinstance(version, int):
-            raise ValueError(f"'version' must be an integer, got {version!r}")
-        return KernelSpec(dep["repo-id"], version=version)
-    if revision is not None and not (isinstance(revision, str) and revision):
-        raise ValueError(f"'revision' must be a non-empty string, got {revision!r}")
-    return KernelSpec(dep["repo-id"], revision=revision)
+                f"metadata.json: {exc}; the kernel's build is malformed, ask its author to fix it",
+                repo=hit.repo,
+                commit=hit.commit,
+                variant=hit.variant,
+            ) from None

@@ -327,24 +327,30 @@ def _check_device(
         )
 
 
-def _dependency_requests(metadata: Mapping[str, Any], opts: _Options) -> list[KernelRequest]:
-    out: list[KernelRequest] = []
-    for dep in metadata.get("kernel-depends") or []:
-        if not isinstance(dep, dict) or not isinstance(dep.get("repo-id"), str):
-            continue
-        repo = dep["repo-id"]
-        if repo in opts.locks:
-            out.append(KernelRequest(repo, locked_commit=opts.locks[repo]))
-            continue
-        version, revision = dep.get("version"), dep.get("revision")
-        out.append(
-            KernelRequest(
-                repo,
-                version=version if isinstance(version, int) else None,
-                revision=revision if isinstance(revision, str) and version is None else None,
-            )
-        )
-    return out
+def _dependency_requests(
+    metadata: Mapping[str, Any], opts: _Options, req: KernelRequest
+) -> list[KernelRequest]:
+    """What the kernel's `kernel-depends` ask for (a lock file's pin wins); a malformed list
+    refuses the kernel, as the daemon refuses to serve it, instead of failing inside it later."""
+    if metadata.get("kernel-depends") is None:
+        return []
+    from kerneld_client._metadata import kernel_depends
+
+    try:
+        depends = kernel_depends(metadata)
+    except ValueError as exc:
+        raise KernelLoadError(
+            f"metadata.json: {exc}",
+            repo_id=req.repo_id,
+            revision=req.ref,
+            hint="the kernel's build is malformed: ask its author to fix its kernel-depends",
+        ) from None
+    return [
+        KernelRequest(d.repo_id, locked_commit=opts.locks[d.repo_id])
+        if d.repo_id in opts.locks
+        else KernelRequest(d.repo_id, version=d.version, revision=d.revision)
+        for d in depends
+    ]
 
 
 def _import_tree(
@@ -369,7 +375,7 @@ def _import_tree(
         opts.before_import(real, variant)
     if deps is None:
         deps = {}
-        for dep_req in _dependency_requests(metadata, opts):
+        for dep_req in _dependency_requests(metadata, opts, req):
             deps[dep_req.repo_id] = _load(dep_req, facts, opts, stack).module
     with _deps.providing(deps):
         # Store and hub-cache trees are immutable: their compiled code may be cached.
@@ -863,7 +869,7 @@ def _load_from_hub(
         _verify_before_import(real, None, req, tree.variant)
     # Dependencies: from kerneld when it can, else from the Hub as well.
     deps: dict[str, ModuleType] = {}
-    for dep_req in _dependency_requests(importer.read_metadata(real), opts):
+    for dep_req in _dependency_requests(importer.read_metadata(real), opts, req):
         try:
             deps[dep_req.repo_id] = _load(dep_req, facts, opts, (req.repo_id,)).module
         except KernelError:

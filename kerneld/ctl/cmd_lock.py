@@ -30,6 +30,7 @@ from kerneld.ctl.common import (
     open_store,
 )
 from kerneld.ctl.listing import proto_to_dict, store_listing
+from kerneld_client._metadata import kernel_depends
 from kerneld_client.lockfile import (
     LOCKFILE_NAME,
     Dependency,
@@ -53,24 +54,11 @@ class Source(Protocol):
 
 
 def parse_depends(doc: Any, where: str) -> list[Dependency]:
-    """`kernel-depends` of a metadata.json document."""
-    raw = doc.get("kernel-depends") if isinstance(doc, dict) else None
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise CtlError(f"{where}: 'kernel-depends' must be a list")
-    out = []
-    for item in raw:
-        if not isinstance(item, dict) or not isinstance(item.get("repo-id"), str):
-            raise CtlError(f"{where}: bad kernel-depends entry {item!r}")
-        version, revision = item.get("version"), item.get("revision")
-        if isinstance(version, int) and not isinstance(version, bool) and revision is None:
-            out.append(Dependency(item["repo-id"], version=version))
-        elif isinstance(revision, str) and revision and version is None:
-            out.append(Dependency(item["repo-id"], revision=revision))
-        else:
-            raise CtlError(f"{where}: kernel-depends entry needs one of version/revision: {item!r}")
-    return out
+    """`kernel-depends` of a metadata.json document (kerneld_client._metadata's rules)."""
+    try:
+        return kernel_depends(doc)
+    except ValueError as exc:
+        raise CtlError(f"{where}: {exc}") from None
 
 
 class HubSource:

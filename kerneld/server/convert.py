@@ -14,6 +14,7 @@ from kerneld.resolve import KernelSpec, Resolution
 from kerneld.store import Lease
 from kerneld.upstream.base import is_commit
 from kerneld_client._convert import decision_to_proto, facts_from_proto
+from kerneld_client._metadata import kernel_depends
 from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client.variants import Decision, PlatformFacts
 
@@ -231,18 +232,17 @@ def metadata_to_proto(path: Path) -> pb.KernelMetadata:
     depends = doc.get("python-depends")
     if isinstance(depends, list):
         meta.python_depends.extend(d for d in depends if isinstance(d, str))
-    depends_on = doc.get("kernel-depends")
-    for dep in depends_on if isinstance(depends_on, list) else []:
-        if isinstance(dep, dict) and isinstance(dep.get("repo-id"), str):
-            ref = pb.KernelRef(repo_id=dep["repo-id"])
-            version = dep.get("version")
-            if isinstance(version, int) and not isinstance(version, bool):
-                if not 0 <= version < 2**32:
-                    continue  # not a version a KernelRef can carry (nor resolve serves)
-                ref.version = version
-            elif isinstance(dep.get("revision"), str):
-                ref.revision = dep["revision"]
-            meta.kernel_depends.append(ref)
+    try:
+        depends_on = kernel_depends(doc)
+    except ValueError:
+        depends_on = []  # resolution refuses such a build (MetadataError); nothing to show
+    for dep in depends_on:
+        ref = pb.KernelRef(repo_id=dep.repo_id)
+        if dep.version is not None:
+            ref.version = dep.version
+        else:
+            ref.revision = str(dep.revision)
+        meta.kernel_depends.append(ref)
     meta.deterministic = doc.get("deterministic") is True
     return meta
 

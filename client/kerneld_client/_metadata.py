@@ -1,0 +1,52 @@
+"""`metadata.json`'s `kernel-depends`, read one way by every reader: the daemon's resolver (which
+refuses a build whose list is malformed), `kerneldctl lock`, the metadata an RPC answer carries,
+and the client loading a kernel's dependencies. Before, each read it with its own strictness: the
+client skipped a bad entry and then failed inside the kernel, the CLI refused an entry naming both
+a version and a revision that the daemon served.
+
+An entry is `{"repo-id": "org/name", "version": N}` (the branch `vN`) or
+`{"repo-id": "org/name", "revision": "..."}`; with both, the version wins (kernel-builder writes
+one). A version is a whole number a `KernelRef` can carry (0 to 2**32-1). Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kerneld_client.lockfile import Dependency
+
+__all__ = ["KERNEL_DEPENDS", "kernel_depends"]
+
+KERNEL_DEPENDS = "kernel-depends"
+_MAX_VERSION = 2**32 - 1
+
+
+def kernel_depends(doc: Mapping[str, Any] | Any) -> list[Dependency]:
+    """The dependencies `doc` (a parsed metadata.json) declares, in its order. ValueError names
+    what is wrong; callers add whose metadata it was and what to do."""
+    raw = doc.get(KERNEL_DEPENDS) if isinstance(doc, Mapping) else None
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError(f"'{KERNEL_DEPENDS}' must be a list, got {type(raw).__name__}")
+    return [_entry(item) for item in raw]
+
+
+def _entry(item: object) -> Dependency:
+    shown = repr(item)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    if not isinstance(item, Mapping) or not isinstance(item.get("repo-id"), str):
+        raise ValueError(f"bad '{KERNEL_DEPENDS}' entry {shown}: expected a string 'repo-id'")
+    version, revision = item.get("version"), item.get("revision")
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"bad '{KERNEL_DEPENDS}' entry {shown}: 'version' is not an integer")
+        if not 0 <= version <= _MAX_VERSION:
+            raise ValueError(f"bad '{KERNEL_DEPENDS}' entry {shown}: 'version' is out of range")
+        return Dependency(item["repo-id"], version=version)
+    if isinstance(revision, str) and revision:
+        return Dependency(item["repo-id"], revision=revision)
+    raise ValueError(
+        f"bad '{KERNEL_DEPENDS}' entry {shown}: it needs a 'version' or a non-empty 'revision'"
+    )
