@@ -199,6 +199,10 @@ class _Publish:
     """The ingest check's answer, to record with the tree (None: no check installed)."""
 
 
+#: Why a tree without a provenance record is refused while signatures are required.
+_UNCHECKED = ("unchecked", "its signature was never checked")
+
+
 def _hex(digest: str) -> str:
     """Accept ``sha256:<hex>`` or bare hex for a tree digest."""
     value = digest.removeprefix("sha256:")
@@ -779,20 +783,23 @@ class Store:
             if self._require_signed != before and not self.read_only:
                 self._publish_index(self.index.repos(), skip_unchanged=True)
 
-    def _provenance_of_live(
-        self, hexd: str, repo: str, commit: str, variant: str
-    ) -> ProvenanceRecord:
-        """A live tree's record; one that entered the store while no check was installed (or
-        under an older kerneld) is checked now, once, from its published files (caller holds
-        the lock and has installed a check)."""
-        assert self.provenance is not None
-        record = self.index.get_provenance(hexd)
-        if record is not None or self.read_only:
-            return record or ProvenanceRecord("unchecked", detail="never checked")
-        tree = self.layout.tree_path(hexd)
+    def _check_unrecorded(self, repo: str, revision: str, variant: str) -> None:
+        """While signatures are required: check a live tree that has no record yet (it entered
+        the store while no check was installed, or under an older kerneld), once, from its
+        published files. Runs before `lookup` takes the store lock, since the first check
+        imports sigstore and may refresh its trust root over the network."""
+        check = self.provenance
+        commit = self.resolve_revision(repo, revision)
+        row = None if commit is None else self.index.get_variant(repo, commit, variant)
+        tree = None if row is None else self.index.get_tree(row.tree)
+        if check is None or self.read_only or tree is None or tree.state != "live":
+            return
+        if self.index.get_provenance(tree.digest) is not None:
+            return
+        folder = self.layout.tree_path(tree.digest)
 
         def read(path: str) -> bytes | None:
-            file = tree / path
+            file = folder / path
             return file.read_bytes() if file.is_file() else None
 
         # Its metadata digest, if it has one, was checked against the files when it was published.
@@ -802,11 +809,10 @@ class Store:
             meta = {}
         checked = isinstance(meta, dict) and meta.get("digest") is not None
         ctx = {"repo": repo, "commit": commit, "variant": variant}
-        record = self.provenance.check(read, digest_checked=checked, **ctx)
+        record = check.check(read, digest_checked=checked, **ctx)
         with self.index.tx() as conn:
-            self.index.put_provenance(conn, hexd, record)
+            self.index.put_provenance(conn, tree.digest, record)
         self._publish_index([repo])
-        return record
 
     def provenance_of(self, digest: str) -> ProvenanceRecord | None:
         """The ingest check's record for a tree (``sha256:<hex>`` or hex); None: not checked."""
@@ -919,6 +925,8 @@ class Store:
         """
         validate_repo(repo)
         validate_ref(revision, repo=repo)
+        if self._require_signed:
+            self._check_unrecorded(repo, revision, variant)  # not under the lock: sigstore
         with self._lock:
             commit = self.resolve_revision(repo, revision)
             self._check_denied(repo, revision, commit, {"repo": repo, "commit": commit})
@@ -930,12 +938,11 @@ class Store:
             tree = self.index.get_tree(row.tree)
             if tree is None or tree.state != "live":
                 return None
-            if self.provenance is not None:
-                record = self._provenance_of_live(tree.digest, repo, commit, variant)
-                if self.provenance.required and not record.verified:
-                    raise ProvenanceError(
-                        record.status, record.detail, repo=repo, commit=commit, variant=variant
-                    )
+            if self._require_signed:
+                record = self.index.get_provenance(tree.digest)
+                if record is None or not record.verified:
+                    status, detail = (record.status, record.detail) if record else _UNCHECKED
+                    raise ProvenanceError(status, detail, repo=repo, commit=commit, variant=variant)
             now = time.time()
             if not self.read_only:
                 self.index.touch_tree(tree.digest, now)

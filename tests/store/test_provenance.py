@@ -201,3 +201,18 @@ def test_the_bundle_is_the_one_kernels_verifies(sigstore, trusted_root, tmp_path
     finally:
         kverify.Verifier.production = original  # type: ignore[method-assign]
     assert result == kverify.VerificationResult.Success(), result
+
+
+def test_a_tree_from_before_the_check_is_checked_on_its_first_lookup(store, sigstore, trusted_root):
+    """Published while no check was installed: no record. Once signatures are required, its
+    first lookup checks it (and records the answer); unsigned is refused, signed is served."""
+    signed = publish(store, files=_signed(sigstore, seed="signed"))
+    unsigned = publish(store, commit="c" * 40, files=variant_files(seed="plain"))
+    assert store.provenance_of(signed.digest) is None
+    store.set_provenance(_check(trusted_root, "require"))
+    hit = store.lookup(REPO, signed.commit, "torch-cpu")
+    assert hit is not None and hit.digest == signed.digest
+    assert store.provenance_of(signed.digest).status == "verified"  # type: ignore[union-attr]
+    with pytest.raises(ProvenanceError, match="no sigstore signature"):
+        store.lookup(REPO, unsigned.commit, "torch-cpu")
+    assert store.provenance_of(unsigned.digest).status == "unsigned"  # type: ignore[union-attr]
