@@ -132,10 +132,12 @@ class LoadedKernel:
     def provenance(self) -> _index.Provenance | None:
         """Who signed this tree, as kerneld checked it when the tree entered the store
         (`[provenance]`); None: nothing recorded (a local or hub-fallback kernel, or a daemon
-        that checks no signatures). Read from the published index when asked, so loading
-        costs nothing more."""
+        that checks no signatures). Taken from the index entry a warm load used, else read
+        from the published index when asked, so loading costs nothing more."""
         if self.source not in ("index", "daemon"):
             return None
+        if self.digest in _provenance_seen:  # the warm load read it already
+            return _provenance_seen[self.digest]
         root = _store_root()
         if root is None:
             return None
@@ -203,6 +205,8 @@ def loaded_kernels() -> list[LoadedKernel]:
 
 
 _versions_seen: dict[str, tuple[int, ...] | None] = {}  # repo -> versions, from index reads
+#: tree digest -> who signed it, as the published index entry a warm load used said.
+_provenance_seen: dict[str, _index.Provenance | None] = {}
 
 
 def note_newer_version(req: KernelRequest, logger_name: str) -> None:
@@ -676,6 +680,7 @@ def _load_pick(
     opts: _Options,
     stack: tuple[str, ...],
 ) -> LoadedKernel:
+    _provenance_seen[pick.entry.digest] = pick.entry.provenance
     return _load_store_tree(
         root,
         Path(pick.entry.tree),
