@@ -24,8 +24,8 @@ from kerneld_client import (
     _rpc,
     get_kernel,
     has_kernel,
-    loader,
 )
+from kerneld_client.loading import call
 from kerneld_client.platform import platform_facts
 from tests.client.support import ACTIVATION, RELU2, client_env, run_client
 
@@ -53,7 +53,7 @@ def client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 
 def _reset() -> None:
     _rpc.reset_backoff()
-    loader._memo.clear()
+    call._memo.clear()
     _config._warned.clear()
 
 

@@ -59,7 +59,7 @@ def test_every_reader_uses_the_one_rule() -> None:
         "kerneld/resolve.py",
         "kerneld/ctl/cmd_lock.py",
         "kerneld/server/convert.py",
-        "client/kerneld_client/loader.py",
+        "client/kerneld_client/loading/materialize.py",
     ]
     for rel in readers:
         text = (root / rel).read_text(encoding="utf-8")

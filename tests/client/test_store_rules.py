@@ -28,8 +28,8 @@ from kerneld_client import (
     get_kernel_dep,
     has_kernel,
     loaded_kernels,
-    loader,
 )
+from kerneld_client.loading import call
 from kerneld_client.platform import platform_facts, set_platform_facts
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from tests.client.support import (
@@ -66,7 +66,7 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
 
 def _reset() -> None:
     _rpc.reset_backoff()
-    loader._memo.clear()
+    call._memo.clear()
     _config._warned.clear()
 
 

@@ -24,10 +24,11 @@ import grpc
 import pytest
 
 from kerneld.store import Store
-from kerneld_client import CorruptTree, UntrustedPath, _config, _rpc, _trust, get_kernel, loader
+from kerneld_client import CorruptTree, UntrustedPath, _config, _rpc, _trust, get_kernel
 from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
 from kerneld_client._verify import verify_tree
+from kerneld_client.loading import call
 from kerneld_client.platform import set_platform_facts
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from tests.client.support import publish_synthetic, synthetic_metadata
@@ -216,7 +217,7 @@ def _short_socket_path(tmp_path: Path) -> Path:
 
 def _reset() -> None:
     _rpc.reset_backoff()
-    loader._memo.clear()
+    call._memo.clear()
     _config._warned.clear()
 
 

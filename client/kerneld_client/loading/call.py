@@ -1,0 +1,78 @@
+"""One loading call as the caller sees it: the memo, one flight per kernel, then the
+fallback policy on failure.
+
+A repeated call with the same request and options returns the memoised module. Concurrent
+calls for the same kernel share one load (`SingleFlight`); calls for different kernels do not
+wait for each other. The fallback policy is applied per caller, after the shared load, since
+each caller may pass its own `fallback=` object and policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerneld_client import _config
+from kerneld_client._config import FallbackPolicy
+from kerneld_client._types import KernelRequest
+from kerneld_client.errors import KernelError
+from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
+from kerneld_client.loading.loaded import LoadedKernel
+from kerneld_client.loading.pipeline import load
+from kerneld_client.loading.singleflight import SingleFlight
+from kerneld_client.platform import platform_facts
+
+#: (request, backend, options) -> what the first successful load of it gave.
+_memo: dict[tuple[object, ...], LoadedKernel] = {}
+_flights: SingleFlight[LoadedKernel | KernelError] = SingleFlight()
+
+
+def run(
+    request: KernelRequest,
+    *,
+    backend: str | None,
+    options: LoadOptions,
+    fallback: object,
+    policy: str | FallbackPolicy | None,
+    hub_allowed: bool,
+    trust_remote_code: bool | list[str] = False,
+    user_agent: str | dict[str, str] | None = None,
+) -> Any:
+    """The kernel's module, or what the fallback policy makes of the failure."""
+    chosen = _config.fallback_policy(policy)  # ValueError for a bad name: a usage error
+    facts = platform_facts(backend)  # ValueError for a bad backend, as in `kernels`
+    key = (request, backend, *options.memo_key())
+    memo = _memo.get(key)
+    if memo is not None:
+        return memo.module
+    outcome = _flights.do(key, lambda: _load_once(key, request, LoadContext(facts, options)))
+    if isinstance(outcome, LoadedKernel):
+        return outcome.module
+    from kerneld_client.loading.fallback import fall_back
+
+    return fall_back(
+        outcome,
+        request,
+        LoadContext(facts, options),
+        fallback=fallback,
+        policy=chosen,
+        hub_allowed=hub_allowed,
+        trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
+        remember=lambda loaded: _memo.setdefault(key, loaded),
+    )
+
+
+def _load_once(
+    key: tuple[object, ...], request: KernelRequest, ctx: LoadContext
+) -> LoadedKernel | KernelError:
+    """The load, or its failure as a typed error (returned: each caller applies its own
+    fallback to it)."""
+    memo = _memo.get(key)  # a flight that just ended may have answered it
+    if memo is not None:
+        return memo
+    try:
+        loaded = load(request, ctx)
+    except Exception as exc:
+        return as_kernel_error(exc, request)
+    _memo[key] = loaded
+    return loaded

@@ -1,0 +1,238 @@
+"""One way from a candidate folder to an imported kernel, whatever source found it.
+
+The steps, in order: the tree's lock (store trees: held for the life of the process, so GC
+keeps it), trust checks (inside its root, owner, modes, no symlink out), with `KERNELD_VERIFY=1`
+a re-hash against its digest, the device check of `metadata.json`'s `backend.archs`, the
+caller's own check (`before_import`), the dependencies, and the import under the metadata id.
+Nothing of the tree runs before every check has passed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kerneld_client import _config, _deps, _index, _trust, importer, locations
+from kerneld_client._types import KernelRequest
+from kerneld_client.errors import (
+    CorruptTree,
+    KernelLoadError,
+    NoCompatibleVariant,
+    UntrustedPath,
+    VariantReason,
+)
+from kerneld_client.loading import loaded as registry
+from kerneld_client.loading.context import LoadContext
+from kerneld_client.loading.loaded import LoadedKernel
+from kerneld_client.loading.sources import Candidate, TreeVanished
+from kerneld_client.variants import device_compatible
+
+if TYPE_CHECKING:
+    from kerneld_client.loading.sources import DependencyLoader
+
+
+def materialize(
+    candidate: Candidate, ctx: LoadContext, dependencies: DependencyLoader
+) -> LoadedKernel:
+    """Load the candidate (once per process). Raises TreeVanished when a store tree went away
+    before it was locked, and the typed KernelError of the first check that fails."""
+    if candidate.lock is not None:
+        return _store_tree(candidate, candidate.lock, ctx, dependencies)
+    if candidate.root is None:  # the caller's own folder: nothing to trust or verify
+        return registry.registered(str(candidate.path)) or _finish(
+            candidate.path, candidate, ctx, dependencies
+        )
+    real = _trust.check_tree(candidate.root, candidate.path)
+    existing = registry.registered(str(real))
+    if existing is not None:
+        return existing
+    if _config.verify_trees():
+        _verify(real, candidate)
+    return _finish(real, candidate, ctx, dependencies)
+
+
+def _store_tree(
+    candidate: Candidate, lock: Path, ctx: LoadContext, dependencies: DependencyLoader
+) -> LoadedKernel:
+    """A tree of the host's store, which may be collected under us until it is locked."""
+    root = candidate.root
+    assert root is not None  # a store candidate always names its store
+    tree = candidate.path
+    abs_tree = tree if tree.is_absolute() else Path(root.real) / tree
+    real_guess = os.path.realpath(abs_tree)
+    existing = registry.registered(real_guess)
+    if existing is not None:
+        return existing
+    if not real_guess.startswith(root.real.rstrip("/") + "/"):
+        # Before anything else (even the lock): a path that is not in our store is refused.
+        raise UntrustedPath(
+            f"{tree} is outside the store root {root.path}", repo_id=candidate.request.repo_id
+        )
+    try:
+        taken = registry.hold(real_guess, lock, abs_tree)
+    except (_index.TreeGone, BlockingIOError, FileNotFoundError) as exc:
+        raise TreeVanished(f"tree {candidate.digest} is being removed: {exc!r}") from exc
+    try:
+        real = _trust.check_tree(root, tree)
+        if _config.verify_trees():
+            try:
+                _verify(real, candidate)
+            except CorruptTree as exc:
+                _report_corrupt(exc, candidate)
+                raise
+        return _finish(real, candidate, ctx, dependencies)
+    except BaseException:
+        if taken:
+            registry.release(real_guess)
+        raise
+
+
+def _finish(
+    real: Path, candidate: Candidate, ctx: LoadContext, dependencies: DependencyLoader
+) -> LoadedKernel:
+    """The checks on what the tree declares, its dependencies, then the one import."""
+    request = candidate.request
+    metadata = importer.read_metadata(real)
+    if ctx.options.check_arch:
+        _check_device(metadata, candidate, ctx)
+    if ctx.options.before_import is not None:
+        ctx.options.before_import(real, candidate.variant)
+    deps = dependencies(metadata)
+    with registry.importing(str(real)):
+        existing = registry.registered(str(real))
+        if existing is not None:
+            return existing
+        with _deps.providing(deps):
+            # Store and hub-cache trees are immutable: their compiled code may be cached.
+            module = importer.import_variant(
+                real,
+                cache_bytecode=candidate.source in ("index", "daemon", "hub"),
+                own_folder=candidate.source == "local",
+            )
+        return registry.register(
+            str(real),
+            LoadedKernel(
+                repo_id=request.repo_id,
+                ref=request.ref,
+                commit=candidate.commit,
+                variant=candidate.variant,
+                path=real,
+                digest=candidate.digest,
+                module=module,
+                metadata=metadata,
+                source=candidate.source,
+            ),
+        )
+
+
+def dependency_requests(
+    metadata: Mapping[str, Any], ctx: LoadContext, request: KernelRequest
+) -> list[KernelRequest]:
+    """What the kernel's `kernel-depends` ask for (a lock file's pin wins); a malformed list
+    refuses the kernel, as the daemon refuses to serve it, instead of failing inside it later."""
+    if metadata.get("kernel-depends") is None:
+        return []
+    from kerneld_client._metadata import kernel_depends
+
+    try:
+        depends = kernel_depends(metadata)
+    except ValueError as exc:
+        raise KernelLoadError(
+            f"metadata.json: {exc}",
+            repo_id=request.repo_id,
+            revision=request.ref,
+            hint="the kernel's build is malformed: ask its author to fix its kernel-depends",
+        ) from None
+    return [ctx.dependency_request(d.repo_id, d.version, d.revision) for d in depends]
+
+
+def _check_device(metadata: Mapping[str, Any], candidate: Candidate, ctx: LoadContext) -> None:
+    """Refuse, before import, a build whose `backend.archs` does not cover this device."""
+    backend = metadata.get("backend")
+    if not isinstance(backend, dict):
+        return
+    btype, archs = backend.get("type"), backend.get("archs") or []
+    if not isinstance(btype, str) or not isinstance(archs, list):
+        return
+    ok, why = device_compatible(btype, [str(a) for a in archs], ctx.facts)
+    if not ok:
+        raise NoCompatibleVariant(
+            f"the build cannot run on this device: {why}",
+            reasons=[VariantReason(candidate.variant, False, why)],
+            repo_id=candidate.request.repo_id,
+            revision=candidate.request.ref,
+            hint="pass check_arch=False if the kernel supports more than it declares",
+        )
+
+
+def _verify(real: Path, candidate: Candidate) -> None:
+    """`KERNELD_VERIFY=1`: re-hash the tree (its digest, else metadata.json's) before a single
+    byte of it runs; CorruptTree on any difference, and the fallback policy takes over."""
+    from kerneld_client import _verify
+
+    request, variant = candidate.request, candidate.variant
+    check = _verify.verify_tree(
+        real,
+        candidate.digest or None,
+        repo_id=request.repo_id,
+        revision=request.ref,
+        variant=variant,
+    )
+    if check.tree_checked or check.metadata_checked:
+        _config.log.debug(
+            "verified %s@%s [%s]: %d files, %d bytes in %.2f ms",
+            request.repo_id,
+            request.ref,
+            variant,
+            check.files,
+            check.bytes,
+            check.seconds * 1e3,
+        )
+    else:
+        _config.log.warning(
+            "KERNELD_VERIFY: %s@%s [%s] at %s has no digest to verify against (no tree digest, "
+            "no metadata.json digest); loading it as it is",
+            request.repo_id,
+            request.ref,
+            variant,
+            real,
+        )
+
+
+def _report_corrupt(exc: CorruptTree, candidate: Candidate) -> None:
+    """Tell the daemon about a store tree that failed `KERNELD_VERIFY` (ReportSuspect), so it
+    re-checks the tree itself and, if it agrees, takes it out of service and fetches it again:
+    the next job does not meet the same damage, and nobody waits for the weekly scrub. Best
+    effort: at most KERNELD_TIMEOUT, never raises; the fallback follows either way."""
+    digest, request, variant = candidate.digest, candidate.request, candidate.variant
+    if not digest:
+        return
+    try:
+        from kerneld_client import _rpc
+
+        answer = _rpc.report_suspect(
+            locations.default_socket(),
+            digest,
+            repo_id=request.repo_id,
+            commit=candidate.commit,
+            variant=variant,
+            # what differs, without the tree's path (the daemon knows where its trees are)
+            reason=f"CorruptTree (KERNELD_VERIFY): {exc.message.split(' verification: ')[-1]}",
+        )
+    except Exception as err:  # a report must never change how the load fails
+        _config.log.debug("could not report %s to kerneld: %r", digest, err)
+        return
+    if answer.verdict in ("unavailable", "rate-limited"):
+        _config.log.debug("could not report %s to kerneld: %s", digest, answer.detail)
+        return
+    _config.log.warning(
+        "KERNELD_VERIFY: reported %s@%s [%s] (tree %s) to kerneld; its verdict: %s (%s)",
+        request.repo_id,
+        request.ref,
+        variant,
+        digest,
+        answer.verdict,
+        answer.detail,
+    )
