@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,7 +128,7 @@ def test_a_slow_kernel_does_not_block_another_kernels_load(
         in_import.set()
         assert release.wait(WAIT_S)
 
-    modules: dict[str, object] = {}
+    modules: dict[str, Any] = {}
 
     def load_slow(name: str, options: LoadOptions) -> None:
         modules[name] = call.run(
@@ -158,5 +159,5 @@ def test_a_slow_kernel_does_not_block_another_kernels_load(
     waiter.join(WAIT_S)
     other.join(WAIT_S)
     assert modules["first"] is modules["second"]
-    assert getattr(modules["fast"], "KID") == "_sf_fast_kernel"
+    assert modules["fast"].KID == "_sf_fast_kernel"
     assert [k.repo_id for k in loaded_kernels()].count("org/slow") == 1
