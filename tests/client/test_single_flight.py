@@ -147,9 +147,12 @@ def test_a_slow_kernel_does_not_block_another_kernels_load(
         waiter = threading.Thread(target=load_slow, args=("second", LoadOptions()))
         waiter.start()
         done = threading.Event()
-        other = threading.Thread(
-            target=lambda: (modules.update(fast=get_kernel("org/fast", version=1)), done.set())
-        )
+
+        def load_fast() -> None:
+            modules["fast"] = get_kernel("org/fast", version=1)
+            done.set()
+
+        other = threading.Thread(target=load_fast)
         other.start()
         assert done.wait(WAIT_S), "org/fast waited for org/slow's load"
         assert "second" not in modules  # still waiting for the first flight of org/slow
