@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from kerneld.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.store import (
     BlobInfo,
     Expected,
@@ -84,25 +85,6 @@ class SingleFlight(Generic[K, V]):
 
 
 @dataclass(frozen=True)
-class FetchEvent:
-    """Progress of one fetch, for streamed admin output and logs."""
-
-    kind: str  # "variant-started" | "file-progress" | "file-done" | "variant-done"
-    repo_id: str
-    commit: str
-    variant: str
-    upstream: str = ""
-    path: str = ""
-    bytes_done: int = 0
-    bytes_total: int = 0
-    files_done: int = 0
-    files_total: int = 0
-
-
-ProgressFn = Callable[[FetchEvent], None]
-
-
-@dataclass(frozen=True)
 class FetchResult:
     tree: TreeInfo
     upstream: str
@@ -132,7 +114,7 @@ class Fetcher:
         self._blobs: SingleFlight[tuple[str, str], tuple[BlobInfo, int]] = SingleFlight()
 
     def fetch_variant(
-        self, repo_id: str, commit: str, variant: str, *, progress: ProgressFn | None = None
+        self, repo_id: str, commit: str, variant: str, *, progress: FetchProgressFn | None = None
     ) -> FetchResult:
         result, _ = self._variants.do(
             (repo_id, commit, variant),
@@ -141,7 +123,7 @@ class Fetcher:
         return result
 
     def _fetch_variant(
-        self, repo_id: str, commit: str, variant: str, progress: ProgressFn | None
+        self, repo_id: str, commit: str, variant: str, progress: FetchProgressFn | None
     ) -> FetchResult:
         failures: list[UpstreamError | IntegrityError] = []
         for upstream in self.upstreams:
@@ -204,12 +186,12 @@ class Fetcher:
             )
             if progress:
                 progress(
-                    FetchEvent(
+                    FetchProgress(
                         "variant-done",
                         repo_id,
                         commit,
                         variant,
-                        upstream.name,
+                        upstream=upstream.name,
                         files_done=len(downloaded),
                         files_total=len(downloaded),
                     )
@@ -224,17 +206,17 @@ class Fetcher:
         commit: str,
         variant: str,
         files: list[RemoteFile],
-        progress: ProgressFn | None,
+        progress: FetchProgressFn | None,
     ) -> tuple[list[tuple[RemoteFile, str]], int]:
         total = sum(f.size for f in files)
         if progress:
             progress(
-                FetchEvent(
+                FetchProgress(
                     "variant-started",
                     repo_id,
                     commit,
                     variant,
-                    upstream.name,
+                    upstream=upstream.name,
                     bytes_total=total,
                     files_total=len(files),
                 )
@@ -255,12 +237,12 @@ class Fetcher:
                 tally["files"] += 1
                 if progress:
                     progress(
-                        FetchEvent(
+                        FetchProgress(
                             "file-done",
                             repo_id,
                             commit,
                             variant,
-                            upstream.name,
+                            upstream=upstream.name,
                             path=f.path,
                             bytes_done=tally["bytes"],
                             bytes_total=total,

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kerneld.fetch import FetchEvent, FetchResult
+from kerneld.fetch import FetchResult
+from kerneld.fetch_progress import FetchProgress
 from kerneld.hardware import Hardware
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.store import Hold, Store, TreeNotFoundError
@@ -228,29 +229,6 @@ def plan_variants(
 # ---- running -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PrefetchUpdate:
-    """One step of a prefetch, streamed to `Admin.Prefetch` (kind names follow PrefetchEvent)."""
-
-    kind: str
-    """kernel-started | file-progress | file-done | variant-done | kernel-done | kernel-failed |
-    finished"""
-    repo_id: str = ""
-    commit: str = ""
-    variant: str = ""
-    path: str = ""
-    bytes_done: int = 0
-    bytes_total: int = 0
-    files_done: int = 0
-    files_total: int = 0
-    tree_digest: str = ""
-    already_present: bool = False
-    error: BaseException | None = None
-    kernels_ok: int = 0
-    kernels_failed: int = 0
-    stale: bool = False
-
-
 @dataclass
 class PrefetchSummary:
     kernels_ok: int = 0
@@ -261,7 +239,7 @@ class PrefetchSummary:
     errors: list[tuple[str, BaseException]] = field(default_factory=list)
 
 
-Emit = Callable[[PrefetchUpdate], None]
+Emit = Callable[[FetchProgress], None]
 FetchHook = Callable[[str, str, str, FetchResult | None, BaseException | None], None]
 
 
@@ -329,14 +307,14 @@ class Prefetcher:
                     log.warning(
                         "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
                     )
-                    send(PrefetchUpdate("kernel-failed", spec.repo_id, error=exc))
+                    send(FetchProgress.failed(spec.repo_id, "", "", exc))
                     continue
                 for dep in deps:
                     if dep not in seen:
                         seen.add(dep)
                         queue.append(dep)
         send(
-            PrefetchUpdate(
+            FetchProgress(
                 "finished", kernels_ok=summary.kernels_ok, kernels_failed=summary.kernels_failed
             )
         )
@@ -362,7 +340,7 @@ class Prefetcher:
         self.store.check_denied(repo, spec.ref, commit)
         names = self.resolver.variant_names(repo, commit)
         plan = self._plan(names, variants, torch, platforms)
-        send(PrefetchUpdate("kernel-started", repo, commit, files_total=len(plan), stale=stale))
+        send(FetchProgress("kernel-started", repo, commit, files_total=len(plan), stale=stale))
         failures: list[tuple[str, BaseException]] = []
         deps: list[KernelSpec] = []
         fetched = present = 0
@@ -408,7 +386,7 @@ class Prefetcher:
             else:
                 fetched += 1
             send(
-                PrefetchUpdate(
+                FetchProgress(
                     "variant-done",
                     repo,
                     commit,
@@ -445,10 +423,10 @@ class Prefetcher:
             bad_variant, error = failures[0]
             summary.kernels_failed += 1
             summary.errors.append((f"{spec}/{bad_variant}", error))
-            send(PrefetchUpdate("kernel-failed", repo, commit, bad_variant, error=error))
+            send(FetchProgress.failed(repo, commit, bad_variant, error))
         else:
             summary.kernels_ok += 1
-            send(PrefetchUpdate("kernel-done", repo, commit, files_done=len(plan)))
+            send(FetchProgress("kernel-done", repo, commit, files_done=len(plan)))
         return deps
 
     def _move_ref(self, spec: KernelSpec, commit: str, asked_at: float, *, complete: bool) -> None:
@@ -501,26 +479,14 @@ class Prefetcher:
         return out
 
     def _fetch(self, repo: str, commit: str, variant: str, send: Emit) -> FetchResult:
-        def progress(event: FetchEvent) -> None:
+        def progress(event: FetchProgress) -> None:
             kind = {
                 "variant-started": "file-progress",
                 "file-progress": "file-progress",
                 "file-done": "file-done",
             }.get(event.kind)
-            if kind is not None:
-                send(
-                    PrefetchUpdate(
-                        kind,
-                        repo,
-                        commit,
-                        variant,
-                        path=event.path,
-                        bytes_done=event.bytes_done,
-                        bytes_total=event.bytes_total,
-                        files_done=event.files_done,
-                        files_total=event.files_total,
-                    )
-                )
+            if kind is not None:  # the variant's own start and end are the prefetch's
+                send(replace(event, kind=kind))
 
         try:
             result = self.resolver.fetcher.fetch_variant(repo, commit, variant, progress=progress)

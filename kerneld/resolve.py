@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kerneld.fetch import Fetcher, FetchResult, ProgressFn, SingleFlight
+from kerneld.fetch import Fetcher, FetchResult, SingleFlight
+from kerneld.fetch_progress import FetchProgressFn
 from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
 from kerneld.upstream.errors import (
@@ -349,7 +350,7 @@ class Resolver:
         variant: str | None = None,
         lease_ttl_s: float | None = None,
         holder: str = "",
-        progress: ProgressFn | None = None,
+        progress: FetchProgressFn | None = None,
         hold: Hold | None = None,
         _stack: tuple[str, ...] = (),
     ) -> Resolution:

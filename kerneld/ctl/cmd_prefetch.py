@@ -14,7 +14,7 @@ from typing import Any
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
 from kerneld.ctl.rpc import Admin
 from kerneld.ctl.specs import Spec, gather
-from kerneld.ctl.views import PrefetchView, Step, step_from_proto
+from kerneld.ctl.views import PrefetchView, progress_from_proto
 
 
 def parse_torch(values: list[str] | None) -> list[str]:
@@ -68,13 +68,13 @@ def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], 
     )
     with Admin(ctx) as admin:
         for event in admin.stream(admin.stub.Prefetch, request):
-            view.handle(step_from_proto(event))
+            view.handle(progress_from_proto(event))
 
 
 def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
     from kerneld.config import ConfigError, load_config
     from kerneld.hardware import detect
-    from kerneld.prefetch import ClientPlatforms, Prefetcher, PrefetchUpdate, parse_torch_versions
+    from kerneld.prefetch import ClientPlatforms, Prefetcher, parse_torch_versions
     from kerneld.resolve import KernelSpec, Resolver
 
     upstreams: list[Any]
@@ -93,26 +93,6 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
     if not upstreams:
         raise CtlError("no upstream configured", hint="pass --hub-endpoint URL")
 
-    def emit(update: PrefetchUpdate) -> None:
-        view.handle(
-            Step(
-                kind=update.kind,
-                repo_id=update.repo_id,
-                commit=update.commit,
-                variant=update.variant,
-                path=update.path,
-                bytes_done=update.bytes_done,
-                bytes_total=update.bytes_total,
-                files_done=update.files_done,
-                files_total=update.files_total,
-                tree_digest=update.tree_digest,
-                already_present=update.already_present,
-                error=str(update.error) if update.error is not None else "",
-                kernels_ok=update.kernels_ok,
-                kernels_failed=update.kernels_failed,
-            )
-        )
-
     kernel_specs = [
         KernelSpec(s.repo_id, version=s.version, revision=s.revision, locked_commit=s.locked_commit)
         for s in specs
@@ -126,5 +106,5 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
             kernel_specs,
             variants=variants,
             torch_versions=parse_torch_versions(torch),
-            emit=emit,
+            emit=view.handle,
         )

@@ -8,44 +8,25 @@ final document says everything).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from kerneld.ctl.common import Ctx, human_bytes
+from kerneld.fetch_progress import FetchProgress
 
 
-@dataclass
-class Step:
-    """One prefetch event, whatever its source (the daemon's stream or a local prefetch)."""
-
-    kind: str  # kernel-started | file-progress | file-done | variant-done | kernel-done | ...
-    repo_id: str = ""
-    commit: str = ""
-    variant: str = ""
-    path: str = ""
-    bytes_done: int = 0
-    bytes_total: int = 0
-    files_done: int = 0
-    files_total: int = 0
-    tree_digest: str = ""
-    already_present: bool = False
-    error: str = ""
-    kernels_ok: int = 0
-    kernels_failed: int = 0
-
-
-def step_from_proto(event: Any) -> Step:
+def progress_from_proto(event: Any) -> FetchProgress:
+    """A `kerneld.v1.PrefetchEvent` of the daemon's stream as the event a local prefetch emits."""
     from kerneld.ctl.rpc import detail_message
 
     name = event.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[event.kind].name
     error = ""
     if event.HasField("error") and (event.error.message or event.error.code):
         error = detail_message(event.error)
-    return Step(
-        kind=name.lower().replace("_", "-"),
-        repo_id=event.repo_id,
-        commit=event.commit,
-        variant=event.variant,
+    return FetchProgress(
+        name.lower().replace("_", "-"),
+        event.repo_id,
+        event.commit,
+        event.variant,
         path=event.path,
         bytes_done=event.bytes_done,
         bytes_total=event.bytes_total,
@@ -70,7 +51,7 @@ class PrefetchView:
         self.ctx = ctx
         self.kernels: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
-        self.finished: Step | None = None
+        self.finished: FetchProgress | None = None
         self._progress: Any = None
         self._tasks: dict[tuple[str, str, str], Any] = {}
         if ctx.tty:
@@ -113,7 +94,7 @@ class PrefetchView:
         else:
             self.ctx.say(text)
 
-    def _kernel(self, step: Step) -> dict[str, Any]:
+    def _kernel(self, step: FetchProgress) -> dict[str, Any]:
         key = step.repo_id
         if key not in self.kernels:
             self.kernels[key] = {
@@ -129,7 +110,7 @@ class PrefetchView:
             k["commit"] = step.commit
         return k
 
-    def handle(self, step: Step) -> None:
+    def handle(self, step: FetchProgress) -> None:
         if step.kind == "finished":
             self.finished = step
             return
@@ -164,7 +145,7 @@ class PrefetchView:
             what = f" [{step.variant}]" if step.variant else ""
             self._line(f"FAILED {label}{what}: {k['error']}")
 
-    def _bar(self, step: Step, label: str) -> None:
+    def _bar(self, step: FetchProgress, label: str) -> None:
         if self._progress is None:
             return
         key = (step.repo_id, step.commit, step.variant)

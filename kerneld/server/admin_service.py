@@ -17,7 +17,8 @@ from typing import NoReturn
 
 import grpc
 
-from kerneld.prefetch import PrefetchUpdate, parse_torch_versions
+from kerneld.fetch_progress import FetchProgress
+from kerneld.prefetch import parse_torch_versions
 from kerneld.resolve import KernelSpec
 from kerneld.server import convert
 from kerneld.server.core import Core
@@ -68,7 +69,7 @@ def quarantine_entry(q: Quarantined) -> pb.QuarantineEntry:
     return entry
 
 
-def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
+def prefetch_event(update: FetchProgress) -> pb.PrefetchEvent:
     event = pb.PrefetchEvent(
         kind=_PREFETCH_KINDS[update.kind],
         repo_id=update.repo_id,
@@ -84,8 +85,8 @@ def prefetch_event(update: PrefetchUpdate) -> pb.PrefetchEvent:
         kernels_failed=update.kernels_failed,
         already_present=update.already_present,
     )
-    if update.error is not None:
-        event.error.CopyFrom(classify(update.error, repo=update.repo_id).detail)
+    if update.cause is not None:
+        event.error.CopyFrom(classify(update.cause, repo=update.repo_id).detail)
     return event
 
 
