@@ -24,7 +24,7 @@ from kerneld.upstream.errors import (
     UpstreamUnavailable,
     every_upstream,
 )
-from kerneld_client._metadata import kernel_depends
+from kerneld_client.metadata import kernel_depends
 from kerneld_client.variants import Decision, PlatformFacts, decide
 
 log = logging.getLogger("kerneld.resolve")

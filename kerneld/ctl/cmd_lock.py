@@ -30,7 +30,6 @@ from kerneld.ctl.common import (
     open_store,
 )
 from kerneld.ctl.listing import proto_to_dict, store_listing
-from kerneld_client._metadata import kernel_depends
 from kerneld_client.lockfile import (
     LOCKFILE_NAME,
     Dependency,
@@ -41,6 +40,7 @@ from kerneld_client.lockfile import (
     load_lockfile,
     read_pyproject_dependencies,
 )
+from kerneld_client.metadata import kernel_depends
 
 MAX_METADATA = 1 << 20
 
@@ -54,7 +54,7 @@ class Source(Protocol):
 
 
 def parse_depends(doc: Any, where: str) -> list[Dependency]:
-    """`kernel-depends` of a metadata.json document (kerneld_client._metadata's rules)."""
+    """`kernel-depends` of a metadata.json document (kerneld_client.metadata's rules)."""
     try:
         return kernel_depends(doc)
     except ValueError as exc:

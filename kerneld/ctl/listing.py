@@ -11,6 +11,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from kerneld_client.metadata import backend_of
+
 
 def proto_to_dict(message: Any) -> Any:
     """A protobuf message -> JSON-ready dict: ints stay ints, enums are names, timestamps ISO."""
@@ -122,15 +124,15 @@ def read_metadata(path: str) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict):
         return None
-    backend: dict[str, Any] = doc["backend"] if isinstance(doc.get("backend"), dict) else {}
+    backend_type, archs = backend_of(doc)
     digest: dict[str, Any] = doc["digest"] if isinstance(doc.get("digest"), dict) else {}
     return {
         "id": doc.get("id"),
         "name": doc.get("name"),
         "version": doc.get("version"),
         "license": doc.get("license"),
-        "backend": backend.get("type"),
-        "archs": backend.get("archs") or [],
+        "backend": backend_type,
+        "archs": archs,
         "python_depends": doc.get("python-depends") or [],
         "kernel_depends": doc.get("kernel-depends") or [],
         "digest_algorithm": digest.get("algorithm"),

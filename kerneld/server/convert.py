@@ -14,8 +14,8 @@ from kerneld.resolve import KernelSpec, Resolution
 from kerneld.store import Lease
 from kerneld.upstream.base import is_commit
 from kerneld_client._convert import decision_to_proto, facts_from_proto
-from kerneld_client._metadata import kernel_depends
 from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.metadata import backend_of, kernel_depends
 from kerneld_client.variants import Decision, PlatformFacts
 
 
@@ -222,13 +222,10 @@ def metadata_to_proto(path: Path) -> pb.KernelMetadata:
     version = doc.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and 0 <= version < 2**32:
         meta.version = version
-    backend = doc.get("backend")
-    if isinstance(backend, dict):
-        if isinstance(backend.get("type"), str):
-            meta.backend_type = backend["type"]
-        archs = backend.get("archs")
-        if isinstance(archs, list):
-            meta.backend_archs.extend(a for a in archs if isinstance(a, str))
+    backend_type, archs = backend_of(doc)
+    if backend_type is not None:
+        meta.backend_type = backend_type
+    meta.backend_archs.extend(archs)
     depends = doc.get("python-depends")
     if isinstance(depends, list):
         meta.python_depends.extend(d for d in depends if isinstance(d, str))

@@ -24,6 +24,7 @@ from typing import Any
 # The header and the line format live in the client (KERNELD_VERIFY rebuilds manifests from the
 # files on disk): one definition for both sides.
 from kerneld_client._verify import MANIFEST_HEADER, manifest_line
+from kerneld_client.metadata import backend_of
 
 from .errors import MetadataDigestError, MetadataError
 from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC
@@ -119,15 +120,7 @@ def parse_metadata(raw: bytes, **ctx: str | None) -> tuple[dict[str, Any], Varia
         raise MetadataError("metadata.json is not valid JSON: nested too deeply", **ctx) from None
     if not isinstance(doc, dict):
         raise MetadataError("metadata.json is not a JSON object", **ctx)
-    backend = doc.get("backend")
-    backend_type: str | None = None
-    archs: list[str] = []
-    if isinstance(backend, dict):
-        if isinstance(backend.get("type"), str):
-            backend_type = backend["type"]
-        raw_archs = backend.get("archs")
-        if isinstance(raw_archs, list):
-            archs = [a for a in raw_archs if isinstance(a, str)]
+    backend_type, archs = backend_of(doc)
     name = doc.get("name")
     if name is not None and (not isinstance(name, str) or not KERNEL_NAME.fullmatch(name)):
         # The client imports `<variant>/<name with dashes as underscores>/`: anything but a

@@ -134,7 +134,7 @@ def dependency_requests(
     refuses the kernel, as the daemon refuses to serve it, instead of failing inside it later."""
     if metadata.get("kernel-depends") is None:
         return []
-    from kerneld_client._metadata import kernel_depends
+    from kerneld_client.metadata import kernel_depends
 
     try:
         depends = kernel_depends(metadata)
@@ -150,13 +150,12 @@ def dependency_requests(
 
 def _check_device(metadata: Mapping[str, Any], candidate: Candidate, ctx: LoadContext) -> None:
     """Refuse, before import, a build whose `backend.archs` does not cover this device."""
-    backend = metadata.get("backend")
-    if not isinstance(backend, dict):
+    from kerneld_client.metadata import backend_of
+
+    btype, archs = backend_of(metadata)
+    if btype is None:
         return
-    btype, archs = backend.get("type"), backend.get("archs") or []
-    if not isinstance(btype, str) or not isinstance(archs, list):
-        return
-    ok, why = device_compatible(btype, [str(a) for a in archs], ctx.facts)
+    ok, why = device_compatible(btype, archs, ctx.facts)
     if not ok:
         raise NoCompatibleVariant(
             f"the build cannot run on this device: {why}",

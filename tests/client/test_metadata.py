@@ -1,11 +1,12 @@
-"""`kernel-depends`, read one way by the daemon, kerneldctl and the client (`_metadata`)."""
+"""metadata.json's `kernel-depends` and `backend`, read one way by the daemon, kerneldctl and
+the client (`kerneld_client.metadata`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kerneld_client._metadata import kernel_depends
 from kerneld_client.lockfile import Dependency
+from kerneld_client.metadata import backend_of, kernel_depends
 
 
 def test_entries_by_version_or_revision_in_their_order() -> None:
@@ -65,3 +66,38 @@ def test_every_reader_uses_the_one_rule() -> None:
         text = (root / rel).read_text(encoding="utf-8")
         assert "kernel_depends(" in text, rel
         assert '.get("repo-id")' not in text, f"{rel} parses entries itself"
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ({"backend": {"type": "cuda", "archs": ["8.0", "9.0a"]}}, ("cuda", ["8.0", "9.0a"])),
+        ({"backend": {"type": "cpu"}}, ("cpu", [])),
+        ({"backend": {"type": "cuda", "archs": ["8.0", 9.0, None]}}, ("cuda", ["8.0"])),
+        ({"backend": {"type": "cuda", "archs": "8.0"}}, ("cuda", [])),
+        ({"backend": {"type": 3, "archs": ["8.0"]}}, (None, ["8.0"])),
+        ({"backend": "cuda"}, (None, [])),
+        ({}, (None, [])),
+        ([], (None, [])),
+    ],
+)
+def test_backend_type_and_archs(doc: object, expected: tuple[str | None, list[str]]) -> None:
+    assert backend_of(doc) == expected
+
+
+def test_every_backend_reader_uses_the_one_rule() -> None:
+    """The store's published variant list, the RPC's metadata, `kerneldctl info` and the
+    client's device check all read `backend` through backend_of."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readers = [
+        "kerneld/store/manifest.py",
+        "kerneld/server/convert.py",
+        "kerneld/ctl/listing.py",
+        "client/kerneld_client/loading/materialize.py",
+    ]
+    for rel in readers:
+        text = (root / rel).read_text(encoding="utf-8")
+        assert "backend_of(" in text, rel
+        assert '.get("archs")' not in text, f"{rel} reads archs itself"

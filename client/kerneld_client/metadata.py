@@ -1,4 +1,4 @@
-"""`metadata.json`'s `kernel-depends`, read one way by every reader: the daemon's resolver (which
+"""`metadata.json` read one way by every reader. `kernel-depends`: the daemon's resolver (which
 refuses a build whose list is malformed), `kerneldctl lock`, the metadata an RPC answer carries,
 and the client loading a kernel's dependencies. Before, each read it with its own strictness: the
 client skipped a bad entry and then failed inside the kernel, the CLI refused an entry naming both
@@ -6,17 +6,24 @@ a version and a revision that the daemon served.
 
 An entry is `{"repo-id": "org/name", "version": N}` (the branch `vN`) or
 `{"repo-id": "org/name", "revision": "..."}`; with both, the version wins (kernel-builder writes
-one). A version is a whole number a `KernelRef` can carry (0 to 2**32-1). Stdlib only.
+one). A version is a whole number a `KernelRef` can carry (0 to 2**32-1).
+
+`backend` (`type` and `archs`): the loader's device check, the store's published variant
+list, the RPC's metadata and `kerneldctl info` all take what `backend_of` returns, so a build
+whose `archs` holds a non-string is described the same way everywhere.
+
+Stdlib only, and cheap to import: the warm path reads `backend` on every load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kerneld_client.lockfile import Dependency
+if TYPE_CHECKING:
+    from kerneld_client.lockfile import Dependency
 
-__all__ = ["KERNEL_DEPENDS", "kernel_depends"]
+__all__ = ["KERNEL_DEPENDS", "backend_of", "kernel_depends"]
 
 KERNEL_DEPENDS = "kernel-depends"
 _MAX_VERSION = 2**32 - 1
@@ -34,6 +41,8 @@ def kernel_depends(doc: Mapping[str, Any] | Any) -> list[Dependency]:
 
 
 def _entry(item: object) -> Dependency:
+    from kerneld_client.lockfile import Dependency  # not on the warm path
+
     shown = repr(item)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     if not isinstance(item, Mapping) or not isinstance(item.get("repo-id"), str):
@@ -49,4 +58,18 @@ def _entry(item: object) -> Dependency:
         return Dependency(item["repo-id"], revision=revision)
     raise ValueError(
         f"bad '{KERNEL_DEPENDS}' entry {shown}: it needs a 'version' or a non-empty 'revision'"
+    )
+
+
+def backend_of(doc: Mapping[str, Any] | Any) -> tuple[str | None, list[str]]:
+    """(`backend.type`, `backend.archs`) of a parsed metadata.json: the type when it is a
+    string, and the archs that are strings (none when the list is missing or not a list)."""
+    backend = doc.get("backend") if isinstance(doc, Mapping) else None
+    if not isinstance(backend, Mapping):
+        return None, []
+    btype = backend.get("type")
+    archs = backend.get("archs")
+    return (
+        btype if isinstance(btype, str) else None,
+        [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else [],
     )
