@@ -8,19 +8,20 @@ written by GC and repair before files are deleted. Opening the store finishes or
 Schema changes are migrations keyed by ``PRAGMA user_version`` (``schema``). A database newer
 than this code is refused (no silent downgrade).
 
-This package is the only place with SQL. Its modules follow the tables: ``content`` (blobs,
-trees, provenance), ``names`` (variants, refs, upstream listings), ``policy`` (pins, denies,
-the negative cache), ``leases`` and ``meta``, each a class over the one shared connection
-(``database``); `Index` is their union, the one object the store holds.
+This package is the only place with SQL. Its modules follow the tables: ``content_tables``
+(blobs, trees, provenance), ``name_tables`` (variants, refs, upstream listings),
+``policy_tables`` (pins, denies, the negative cache), ``lease_table`` and ``meta_table``, each a
+class over the one shared connection (``database``); `Index` is their union, the one object the
+store holds.
 """
 
 from __future__ import annotations
 
-from .content import ContentTables
-from .leases import LeaseTable
-from .meta import MetaTable
-from .names import NameTables
-from .policy import MAX_NEGATIVE, PolicyTables
+from .content_tables import ContentTables
+from .lease_table import LeaseTable
+from .meta_table import MetaTable
+from .name_tables import NameTables
+from .policy_tables import MAX_NEGATIVE, PolicyTables
 from .rows import (
     ALL,
     BlobRow,
