@@ -296,8 +296,7 @@ class Store:
     def publish_tree(
         self, repo: str, commit: str, variant: str, files: Iterable[TreeFile]
     ) -> TreeInfo:
-        """Materialise a variant folder from ingested blobs and publish it atomically (see
-        `Publisher.publish_tree`)."""
+        """Materialise a variant folder from ingested blobs and publish it atomically."""
         return self._publisher.publish_tree(repo, commit, variant, files)
 
     def check_metadata(
@@ -521,8 +520,7 @@ class Store:
         repair: bool = False,
         on_invalidated: Callable[[str, str, str], None] | None = None,
     ) -> verify_mod.VerifyReport:
-        """Re-hash every blob and tree; with ``repair`` take whatever is broken out of service
-        into the quarantine (see `Repairer.verify`)."""
+        """Re-hash every blob and tree; ``repair`` quarantines what is broken (`Repairer`)."""
         return self._repairer.verify(repair=repair, on_invalidated=on_invalidated)
 
     def invalidate(
@@ -550,8 +548,7 @@ class Store:
         return self._quarantine.drop(name)
 
     def restore_quarantined(self, name: str) -> list[TreeInfo]:
-        """Put a quarantined tree (or blob) back into service, re-hashed like a mirror import
-        (see `Quarantine.restore`)."""
+        """Put a quarantined tree (or blob) back into service, re-hashed like a mirror import."""
         return self._quarantine.restore(name)
 
     def quarantine_count(self) -> int:
@@ -571,6 +568,7 @@ class Store:
         return self.index.tree_digests("live")
 
     # ---- store-level facts and documents ----
+
     def mark_as_cache(self) -> None:
         """Write `CACHEDIR.TAG` into the root (once): a user-mode store under ~/.cache is a
         cache that backups should skip, everything in it can be fetched again."""
