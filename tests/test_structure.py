@@ -1,11 +1,11 @@
-"""The store's boundary, kept by a test: the SQL is `store/index.py`'s, the store's insides are
-the store's.
+"""The store's boundary, kept by a test: the SQL is the `store/index/` package's, the store's
+insides are the store's.
 
 Code outside `kerneld/store/` talks to a `Store` through its methods, never through
 `store.index` (the SQLite index) or `store.layout` (the on-disk layout): both stay free to change.
-Inside the store, only `index.py` holds SQL. Both rules are checked on the syntax tree, so a
-comment or a string that mentions them does not count, and each check is shown to catch a
-violation.
+Inside the store, only the modules of `index/` hold SQL. Both rules are checked on the syntax
+tree, so a comment or a string that mentions them does not count, and each check is shown to
+catch a violation.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "kerneld"
 STORE = PACKAGE / "store"
 INSIDES = ("index", "layout")
+#: The modules allowed to run SQL: the index package, one module per group of tables.
+SQL_MODULES = STORE / "index"
 
 
 def reach_through(source: str) -> list[str]:
@@ -66,11 +68,13 @@ def test_only_the_index_module_runs_sql() -> None:
     offenders = {
         str(path.relative_to(ROOT)): hits
         for path in _modules(PACKAGE)
-        if path != STORE / "index.py"
+        if path.parent != SQL_MODULES
         for hits in [sql_calls(path.read_text(encoding="utf-8"))]
         if hits
     }
-    assert offenders == {}, "move the statement into kerneld/store/index.py: " + str(offenders)
+    assert offenders == {}, "move the statement into kerneld/store/index/: " + str(offenders)
+    # The exemption names the modules that do run SQL (a stale path would exempt nothing).
+    assert any(sql_calls(path.read_text(encoding="utf-8")) for path in _modules(SQL_MODULES))
 
 
 def test_the_checks_catch_what_they_are_for() -> None:

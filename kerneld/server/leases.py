@@ -24,7 +24,7 @@ import os
 import threading
 import time
 
-from kerneld.store import Lease, Store
+from kerneld.store import Lease, Leases
 
 log = logging.getLogger("kerneld.leases")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("kerneld.leases")
 class LeaseBook:
     def __init__(
         self,
-        store: Store,
+        store: Leases,
         *,
         interval: float = 1.0,
         batch: int = 4096,

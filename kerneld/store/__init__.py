@@ -33,10 +33,24 @@ from .errors import (
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
 from .index import ProvenanceRecord
-from .interfaces import BlobProvider, FetchTarget, Ingester, Policy, ResolveTarget, TreePublisher
+from .interfaces import (
+    BlobProvider,
+    FetchTarget,
+    Ingester,
+    Leases,
+    Maintenance,
+    Policy,
+    ResolveTarget,
+    TreePublisher,
+)
+from .leasing import Lease
 from .locks import TreeGone, hold_tree_lock
+from .lookup import LookupHit, PublishedFile
 from .manifest import TreeFile, VariantMetadata, tree_digest
-from .store import Lease, LookupHit, ProvenanceCheck, PublishedFile, Store, TreeInfo, Usage
+from .publishing import TreeInfo
+from .signatures import ProvenanceCheck
+from .space import Usage
+from .store import Store
 from .verify import Problem, VerifyReport
 
 __all__ = [
@@ -60,7 +74,9 @@ __all__ = [
     "InvalidPathError",
     "Lease",
     "LeaseNotFoundError",
+    "Leases",
     "LookupHit",
+    "Maintenance",
     "MetadataDigestError",
     "MetadataError",
     "PathConflictError",

@@ -8,8 +8,8 @@ Always collected: trees no (repo, commit, variant) points to any more, and blobs
 Under pressure — usage above ``cap_bytes * target_fraction`` or free space below
 ``free_target_bytes`` — the least recently resolved trees go first until the pressure is gone.
 
-The plan is computed from one index snapshot; the Store then marks the victims dead in one short
-transaction and deletes files outside it.
+The plan is computed from one index snapshot; the collector (``collector``) then marks the
+victims dead in one short transaction and deletes files outside it.
 """
 
 from __future__ import annotations

@@ -10,13 +10,17 @@ or collects), and a test can hand it something smaller than a whole store. mypy 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .blobs import BlobInfo, BlobWriter, Expected
-from .index import NegativeRow, RefRow
+from .gc import GcReport
+from .index import LeaseRow, NegativeRow, RefRow
+from .leasing import Lease
+from .lookup import LookupHit
 from .manifest import TreeFile
-from .store import LookupHit, TreeInfo
+from .publishing import TreeInfo
+from .verify import Problem, Quarantined, VerifyReport
 
 
 class BlobProvider(Protocol):
@@ -115,11 +119,82 @@ class ResolveTarget(Policy, FetchTarget, Protocol):
     """What resolution needs: the names, and a tree for them, fetched if need be."""
 
 
+class Leases(Protocol):
+    """Time-bounded GC roots on trees: taken at lookup or ahead of the write, recorded in
+    batches, renewed, released (kerneld.server.leases.LeaseBook)."""
+
+    def acquire_lease(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
+
+    def record_leases(
+        self,
+        leases: Sequence[Lease],
+        *,
+        resolved: Iterable[tuple[str, float]] = (),
+        per_holder: int = 0,
+        total: int = 0,
+    ) -> int: ...
+
+    def renew_lease(self, lease_id: str, ttl_s: float) -> Lease: ...
+
+    def release_lease(self, lease_id: str) -> bool: ...
+
+    def leases(self) -> list[LeaseRow]: ...
+
+    def guard_from_gc(self, trees: Callable[[], Iterable[str]]) -> None: ...
+
+
+class Maintenance(Protocol):
+    """Keeping the store sound: GC, verification, invalidating damage and the quarantine it
+    goes to (``kerneldctl gc``/``verify``, the scrub, suspect reports)."""
+
+    def gc(self, *, dry_run: bool = False) -> GcReport: ...
+
+    def verify(
+        self,
+        *,
+        repair: bool = False,
+        on_invalidated: Callable[[str, str, str], None] | None = None,
+    ) -> VerifyReport: ...
+
+    def invalidate(
+        self,
+        *,
+        trees: Iterable[str] = (),
+        blobs: Iterable[str] = (),
+        problems: Sequence[Problem] = (),
+    ) -> tuple[list[tuple[str, str, str]], set[str], list[Quarantined]]: ...
+
+    def live_tree_digests(self) -> list[str]: ...
+
+    def quarantine(self) -> list[Quarantined]: ...
+
+    def prune_quarantine(self) -> list[Quarantined]: ...
+
+    def drop_quarantined(self, name: str) -> Quarantined: ...
+
+    def restore_quarantined(self, name: str) -> list[TreeInfo]: ...
+
+    def annotate_quarantined(self, name: str, extra: dict[str, Any]) -> Quarantined: ...
+
+    def quarantine_count(self) -> int: ...
+
+    def quarantine_usage(self) -> tuple[int, int]: ...
+
+
 if TYPE_CHECKING:
     from .store import Store
 
     def _store_implements_every_protocol(
         store: Store,
-    ) -> tuple[BlobProvider, Ingester, TreePublisher, FetchTarget, Policy, ResolveTarget]:
+    ) -> tuple[
+        BlobProvider,
+        Ingester,
+        TreePublisher,
+        FetchTarget,
+        Policy,
+        ResolveTarget,
+        Leases,
+        Maintenance,
+    ]:
         """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
-        return store, store, store, store, store, store
+        return store, store, store, store, store, store, store, store

@@ -44,6 +44,7 @@ import pwd
 import shlex
 import stat
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +183,25 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_cachedir_tag(tag: Path) -> None:
+    """Write `CACHEDIR.TAG` (once): a user-mode store under ~/.cache is a cache that backups
+    should skip, everything in it can be fetched again."""
+    if tag.exists():
+        return
+    text = (
+        "Signature: 8a477f597d28d172789f06886806bc55\n"
+        "# This file is a cache directory tag created by kerneld (its kernel store).\n"
+        "# For information about cache directory tags see https://bford.info/cachedir/\n"
+    )
+    tmp = tag.with_name(f".{tag.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, tag)
 
 
 def user_name(uid: int) -> str:

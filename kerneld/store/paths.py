@@ -165,3 +165,9 @@ def validate_hex(value: object, length: int, what: str) -> str:
             f"invalid {what} {value!r}: expected {length} lower-case hex digits"
         )
     return value
+
+
+def tree_hex(digest: str) -> str:
+    """Accept ``sha256:<hex>`` or bare hex for a tree digest; the bare hex."""
+    value = digest.removeprefix("sha256:")
+    return validate_hex(value, 64, "tree digest")

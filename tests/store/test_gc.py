@@ -14,6 +14,7 @@ import pytest
 
 from kerneld.store import ResourceExhaustedError, Store, TreeFile, hold_tree_lock
 from kerneld.store.blobs import Expected
+from kerneld.store.space import Space
 
 from .conftest import COMMIT_A, COMMIT_B, REPO, ingest_variant, publish, sha256, variant_files
 
@@ -242,7 +243,7 @@ def test_enospc_is_typed_and_leaves_nothing_half_done(small_fs, monkeypatch):
         with pytest.raises(ResourceExhaustedError):
             s.ingest(big, size=len(big), sha256=sha256(big))
         # 2) if the disk fills behind our back, the write's ENOSPC becomes the same error
-        monkeypatch.setattr(Store, "_free_bytes", lambda self: 1 << 40)
+        monkeypatch.setattr(Space, "free_bytes", lambda self: 1 << 40)
         with pytest.raises(ResourceExhaustedError):
             s.ingest(big, size=len(big), sha256=sha256(big))
         assert list(s.layout.ingest.iterdir()) == []

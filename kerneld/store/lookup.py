@@ -1,0 +1,133 @@
+"""Finding a published tree: (repo, ref-or-commit, variant) to a live tree the caller may use,
+refused when the repo or revision is denied (or, while signatures are required, the tree is not
+verified), with its resolve time recorded (LRU) and, if asked, a lease taken on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .index import TreeRow
+from .leasing import Lease, LeaseManager
+from .manifest import parse_manifest
+from .names import Names
+from .paths import validate_ref, validate_repo
+from .signatures import Signatures
+from .state import StoreState
+
+
+@dataclass(frozen=True)
+class LookupHit:
+    """A published tree `Store.lookup` found for (repo, revision, variant)."""
+
+    repo: str
+    commit: str
+    variant: str
+    digest: str
+    path: Path
+    lock_path: Path
+    metadata_id: str | None
+    backend: str | None
+    archs: list[str]
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class PublishedFile:
+    """One file of a published variant: its manifest line and the upstream's id for it (an
+    LFS sha256 or a git blob sha1; None for a tree that came without one, a mirror import)."""
+
+    path: str
+    size: int
+    sha256: str
+    mode: int
+    upstream_id: str | None
+
+
+class Lookups:
+    """Answers which live tree a (repo, revision, variant) names, and what it holds."""
+
+    def __init__(
+        self, state: StoreState, names: Names, signatures: Signatures, leases: LeaseManager
+    ) -> None:
+        self._state = state
+        self._names = names
+        self._signatures = signatures
+        self._leases = leases
+
+    def lookup(
+        self,
+        repo: str,
+        revision: str,
+        variant: str,
+        *,
+        lease_ttl_s: float | None = None,
+        holder: str = "",
+    ) -> LookupHit | None:
+        """Map (repo, ref-or-commit, variant) to a published tree; None if not in the store.
+
+        Raises :class:`DeniedError` for denied repos/revisions. Records the resolve time (LRU)
+        and, with ``lease_ttl_s``, takes a lease that keeps the tree from GC until it expires.
+        """
+        validate_repo(repo)
+        validate_ref(revision, repo=repo)
+        state, index, layout = self._state, self._state.index, self._state.layout
+        if state.require_signed:  # not under the lock: the first check imports sigstore
+            self._signatures.check_unrecorded(repo, revision, variant)
+        with state.lock:
+            commit = self._names.resolve_revision(repo, revision)
+            self._names.check_denied(repo, revision, commit)
+            if commit is None:
+                return None
+            row = index.get_variant(repo, commit, variant)
+            if row is None:
+                return None
+            tree = index.get_tree(row.tree)
+            if tree is None or tree.state != "live":
+                return None
+            if state.require_signed:
+                self._signatures.refuse_unverified(
+                    tree.digest, repo=repo, commit=commit, variant=variant
+                )
+            if not state.read_only:
+                index.touch_tree(tree.digest, time.time())
+            lease = None
+            if lease_ttl_s is not None:
+                lease = self._leases.acquire(tree.digest, lease_ttl_s, holder=holder)
+            return LookupHit(
+                repo=repo,
+                commit=commit,
+                variant=variant,
+                digest=f"sha256:{tree.digest}",
+                path=layout.tree_path(tree.digest),
+                lock_path=layout.lock_path(tree.digest),
+                metadata_id=tree.metadata_id,
+                backend=tree.backend,
+                archs=tree.archs,
+                lease=lease,
+            )
+
+    def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None:
+        """The live tree `repo`@`commit` publishes as `variant` (None: not in the store)."""
+        index = self._state.index
+        row = index.get_variant(repo, commit, variant)
+        tree = None if row is None else index.get_tree(row.tree)
+        return tree if tree is not None and tree.state == "live" else None
+
+    def published_files(
+        self, repo: str, commit: str, variant: str
+    ) -> tuple[Path, list[PublishedFile]] | None:
+        """(tree path, files) of a published variant, each file with the id its upstream
+        announced; None when the variant is not here. The Hub API endpoint lists these."""
+        with self._state.lock:
+            tree = self.published_tree(repo, commit, variant)
+            if tree is None:
+                return None
+            ids = self._state.index.upstream_ids(repo, commit, variant)
+        files = [
+            PublishedFile(e.path, e.size, e.sha256, e.mode, ids.get(e.path))
+            for e in parse_manifest(tree.manifest)
+        ]
+        return self._state.layout.tree_path(tree.digest), files

@@ -1,0 +1,55 @@
+"""What the parts of a store share, and nothing else: its directory, its index, the one lock,
+whether it may be changed, and the site's GC policy and signature check.
+
+`Store` is a facade over small parts (ingest, publishing, names, leasing, the collector, the
+quarantine, repair), each holding this state and only the other parts it uses. Every index
+access and every rename into or out of ``blobs/``/``trees/`` happens under ``lock``; hashing,
+downloads, staging builds and file deletion happen outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import ReadOnlyStoreError
+from .gc import GcPolicy
+from .index import Index
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from .signatures import ProvenanceCheck
+
+
+@dataclass(eq=False)
+class StoreState:
+    layout: Layout
+    index: Index
+    read_only: bool
+    policy: GcPolicy
+    """The GC policy; callers replace it (``Store.policy``) for one collection with a target."""
+    check: ProvenanceCheck | None = None
+    """Who signed a variant, checked once per new tree at publish (``Store.provenance``)."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    closed: bool = False
+
+    def writable(self) -> None:
+        """Raise ReadOnlyStoreError unless this store may be changed (read-write and open)."""
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                "the store was opened read-only; open it read-write (as its owner, with the "
+                "daemon stopped) to change it"
+            )
+        if self.closed:
+            raise ReadOnlyStoreError("the store is closed")
+
+    @property
+    def require_signed(self) -> bool:
+        """Are unverified trees refused (and left out of the client index)?"""
+        return self.check is not None and self.check.required
+
+
+def log_context(ctx: dict[str, str | None]) -> str:
+    """The known fields of an error context, as a log line shows them."""
+    return " ".join(f"{k}={v}" for k, v in ctx.items() if v is not None)
