@@ -9,8 +9,9 @@ docs/operations.md.
 
 Nothing here is a hand-kept list, so the reference cannot drift from the code:
 
-- **kerneld.toml keys** are the keys `kerneld.config` accepts (`_KNOWN`); their defaults come
-  from `dump_config(default_config(...))` in system and in user mode (user-mode paths shown with
+- **kerneld.toml keys** are the keys `kerneld.config` accepts (`KNOWN_KEYS`, from the key
+  table in `kerneld/config/schema.py`); their defaults come from
+  `dump_config(default_config(...))` in system and in user mode (user-mode paths shown with
   `~` and `$XDG_RUNTIME_DIR`); their descriptions are the comments above them in
   `systemd/kerneld.toml` (the example file a test already checks covers every key); which
   `KERNELD_*` variable or `kerneld` flag overrides a key is found by trying each one on the real
@@ -438,7 +439,7 @@ def _cell(text: str) -> str:
 
 
 def _toml(value: Any) -> str:
-    from kerneld.config import _toml as toml_literal
+    from kerneld.config import toml_literal
 
     return toml_literal(value)
 
@@ -466,17 +467,17 @@ def _display(section: str, key: str, group: Group, flat: Flat) -> str:
 
 
 def render_keys(found: dict[tuple[str, str], list[str]]) -> list[str]:
-    from kerneld.config import _KNOWN
+    from kerneld.config import KNOWN_KEYS
 
     groups = parse_example(EXAMPLE.read_text(encoding="utf-8"))
     system, user = defaults(system=True), defaults(system=False)
     documented = {(g.section, k) for g in groups for k in g.keys}
     missing = [
         (section, key)
-        for section, keys in _KNOWN.items()
+        for section, keys in KNOWN_KEYS.items()
         for key in sorted(keys)
         # top-level names that are tables are sections, not keys
-        if (section, key) not in documented and not (section == "" and key in _KNOWN)
+        if (section, key) not in documented and not (section == "" and key in KNOWN_KEYS)
     ]
     for section, key in missing:
         groups.append(Group(section, UNDOCUMENTED + " (add it to systemd/kerneld.toml)", [key]))

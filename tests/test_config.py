@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kerneld.config import (
-    _KNOWN,
+    KNOWN_KEYS,
     Config,
     ConfigError,
     PrefetchEntry,
@@ -388,7 +388,7 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
     assert [u.kind for u in full.upstreams] == ["hub", "mirror-http", "mirror-dir"]
     assert full.metrics_socket is not None and full.metrics_listen
     doc = tomllib.loads(_uncommented(text))
-    for section, keys in _KNOWN.items():
+    for section, keys in KNOWN_KEYS.items():
         if section == "upstream":
             present = set().union(*(set(u) for u in doc["upstream"]))
         else:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kerneld.config import _KNOWN
+from kerneld.config import KNOWN_KEYS
 from scripts import gen_reference as gen
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def test_check_fails_on_drift(tmp_path: Path) -> None:
 
 def test_every_config_key_has_a_row() -> None:
     text = CONFIG_DOC.read_text(encoding="utf-8")
-    for section, keys in _KNOWN.items():
+    for section, keys in KNOWN_KEYS.items():
         heading = (
             "### Top level"
             if not section
@@ -60,7 +60,7 @@ def test_every_config_key_has_a_row() -> None:
         )
         assert heading in text, heading
         part = text.split(heading, 1)[1].split("\n### ", 1)[0]
-        for key in keys - (set(_KNOWN) if not section else set()):
+        for key in keys - (set(KNOWN_KEYS) if not section else set()):
             assert f"| `{key}` |" in part, f"{heading}: no row for {key}"
 
 
