@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kerneld.config import KNOWN_KEYS
-from scripts import gen_reference as gen
+from scripts.reference.environment import environment
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gen_reference.py"
@@ -82,7 +82,7 @@ def test_environment_knobs_are_found_in_code(tmp_path: Path) -> None:
     (pkg / "use.py").write_text(
         "import os\n\nfrom pkg.knobs import ENV_FROB\n\nVALUE = os.getenv(ENV_FROB)\n"
     )
-    found = {v.name: v for v in gen.environment((pkg,))}
+    found = {v.name: v for v in environment((pkg,))}
     assert set(found) == {"KERNELD_FROB", "KERNELD_COLOUR", "KERNELD_MYSTERY"}
     assert found["KERNELD_FROB"].description == "Seconds to wait for the frobnicator (default 5)."
     assert found["KERNELD_FROB"].modules == {"pkg.knobs", "pkg.use"}
@@ -91,7 +91,7 @@ def test_environment_knobs_are_found_in_code(tmp_path: Path) -> None:
 
 
 def test_real_knobs_are_all_described() -> None:
-    variables = gen.environment()
+    variables = environment()
     names = {v.name for v in variables}
     assert {"KERNELD_SOCKET", "KERNELD_STORE", "KERNELD_FALLBACK", "KERNELD_REQUIRE"} <= names
     assert all(v.description for v in variables), [v.name for v in variables if not v.description]
