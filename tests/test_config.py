@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from kerneld.config import (
+    KEYS,
     KNOWN_KEYS,
     Config,
     ConfigError,
@@ -209,6 +211,17 @@ def test_dump_round_trips(tmp_path: Path, text: str) -> None:
     again = load_config(path, env={})
     assert isinstance(again, Config)
     assert {**again.__dict__, "source": ""} == {**cfg.__dict__, "source": ""}
+
+
+def test_the_key_table_sets_every_config_field_once() -> None:
+    """A Config field no key sets could not be configured, dumped or documented; two keys for
+    one value would make the dump ambiguous."""
+    set_by = [k.field for k in KEYS]
+    assert len(set_by) == len(set(set_by)), "two keys set the same value"
+    assert {f.partition(".")[0] for f in set_by} == {f.name for f in fields(Config)} - {"source"}
+    for nested in ("user_socket", "admin_socket"):
+        parts = {f.partition(".")[2] for f in set_by if f.startswith(nested + ".")}
+        assert parts == {f.name for f in fields(SocketConfig)}, nested
 
 
 # ---- every invalid value names the file and the key -----------------------------------------
