@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from kerneld.config import (
-    _KNOWN,
+    KEYS,
+    KNOWN_KEYS,
     Config,
     ConfigError,
     PrefetchEntry,
@@ -211,6 +213,17 @@ def test_dump_round_trips(tmp_path: Path, text: str) -> None:
     assert {**again.__dict__, "source": ""} == {**cfg.__dict__, "source": ""}
 
 
+def test_the_key_table_sets_every_config_field_once() -> None:
+    """A Config field no key sets could not be configured, dumped or documented; two keys for
+    one value would make the dump ambiguous."""
+    set_by = [k.field for k in KEYS]
+    assert len(set_by) == len(set(set_by)), "two keys set the same value"
+    assert {f.partition(".")[0] for f in set_by} == {f.name for f in fields(Config)} - {"source"}
+    for nested in ("user_socket", "admin_socket"):
+        parts = {f.partition(".")[2] for f in set_by if f.startswith(nested + ".")}
+        assert parts == {f.name for f in fields(SocketConfig)}, nested
+
+
 # ---- every invalid value names the file and the key -----------------------------------------
 
 INVALID = [
@@ -388,7 +401,7 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
     assert [u.kind for u in full.upstreams] == ["hub", "mirror-http", "mirror-dir"]
     assert full.metrics_socket is not None and full.metrics_listen
     doc = tomllib.loads(_uncommented(text))
-    for section, keys in _KNOWN.items():
+    for section, keys in KNOWN_KEYS.items():
         if section == "upstream":
             present = set().union(*(set(u) for u in doc["upstream"]))
         else:

@@ -22,7 +22,7 @@ import pytest
 
 from kerneld.ctl.main import build_parser as ctl_parser
 from kerneld.server.main import build_parser as daemon_parser
-from scripts.gen_reference import metric_names
+from scripts.reference.metrics import metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted(

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kerneld.config import _KNOWN
-from scripts import gen_reference as gen
+from kerneld.config import KNOWN_KEYS
+from scripts.reference.environment import environment
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gen_reference.py"
@@ -50,7 +50,7 @@ def test_check_fails_on_drift(tmp_path: Path) -> None:
 
 def test_every_config_key_has_a_row() -> None:
     text = CONFIG_DOC.read_text(encoding="utf-8")
-    for section, keys in _KNOWN.items():
+    for section, keys in KNOWN_KEYS.items():
         heading = (
             "### Top level"
             if not section
@@ -60,7 +60,7 @@ def test_every_config_key_has_a_row() -> None:
         )
         assert heading in text, heading
         part = text.split(heading, 1)[1].split("\n### ", 1)[0]
-        for key in keys - (set(_KNOWN) if not section else set()):
+        for key in keys - (set(KNOWN_KEYS) if not section else set()):
             assert f"| `{key}` |" in part, f"{heading}: no row for {key}"
 
 
@@ -82,7 +82,7 @@ def test_environment_knobs_are_found_in_code(tmp_path: Path) -> None:
     (pkg / "use.py").write_text(
         "import os\n\nfrom pkg.knobs import ENV_FROB\n\nVALUE = os.getenv(ENV_FROB)\n"
     )
-    found = {v.name: v for v in gen.environment((pkg,))}
+    found = {v.name: v for v in environment((pkg,))}
     assert set(found) == {"KERNELD_FROB", "KERNELD_COLOUR", "KERNELD_MYSTERY"}
     assert found["KERNELD_FROB"].description == "Seconds to wait for the frobnicator (default 5)."
     assert found["KERNELD_FROB"].modules == {"pkg.knobs", "pkg.use"}
@@ -91,7 +91,7 @@ def test_environment_knobs_are_found_in_code(tmp_path: Path) -> None:
 
 
 def test_real_knobs_are_all_described() -> None:
-    variables = gen.environment()
+    variables = environment()
     names = {v.name for v in variables}
     assert {"KERNELD_SOCKET", "KERNELD_STORE", "KERNELD_FALLBACK", "KERNELD_REQUIRE"} <= names
     assert all(v.description for v in variables), [v.name for v in variables if not v.description]
