@@ -278,7 +278,7 @@ class Fetcher:
         )
         if found is not None:
             return found, 0
-        ctx = {"repo": repo_id, "commit": commit, "variant": variant}
+        ctx = {"repo_id": repo_id, "commit": commit, "variant": variant}
         expected = Expected(f.size, sha256=f.sha256, git_sha1=f.git_sha1)
         last: Exception | None = None
         corrupt_seen = False
@@ -325,7 +325,7 @@ class Fetcher:
 def _check_listing(files: Sequence[RemoteFile], repo_id: str, commit: str, variant: str) -> None:
     """The checks publish_tree makes on names, made before any byte is downloaded: a hostile
     listing (`../x`, duplicates, ...) is refused with nothing written."""
-    ctx = {"repo": repo_id, "commit": commit}
+    ctx = {"repo_id": repo_id, "commit": commit}
     validate_variant(variant, **ctx)
     ctx["variant"] = variant
     for f in files:

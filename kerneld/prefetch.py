@@ -366,7 +366,7 @@ class Prefetcher:
                         raise TreeNotFoundError(
                             "the tree was taken out of service right after its fetch (a repair "
                             "or a deny); prefetch it again",
-                            repo=repo,
+                            repo_id=repo,
                             commit=commit,
                             variant=variant,
                         )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerneld.config import PROVENANCE_POLICIES, Config, ProvenanceIdentity
-from kerneld.store import ProvenanceRecord
+from kerneld.store import ProvenanceRecord, log_context
 from kerneld.store.manifest import METADATA_FILE
 from kerneld.store.manifest import SIGSTORE_FILE as BUNDLE_FILE
 
@@ -143,7 +143,7 @@ class SigstoreCheck:
         self, read: Callable[[str], bytes | None], *, digest_checked: bool, **ctx: str | None
     ) -> ProvenanceRecord:
         record = self._check(read, digest_checked)
-        where = " ".join(f"{k}={v}" for k, v in ctx.items() if v)
+        where = log_context(ctx)
         if record.verified:
             log.info(
                 "provenance verified signer=%s issuer=%s %s", record.signer, record.issuer, where

@@ -105,7 +105,7 @@ def check_names(repo_id: str, refs: Sequence[str]) -> None:
         validate_repo(repo_id)
         check_repo_id(repo_id)
         for ref in refs:
-            validate_ref(ref, repo=repo_id)
+            validate_ref(ref, repo_id=repo_id)
     except (StoreError, ValueError) as exc:
         raise PublishError(str(exc), usage=True) from None
     for ref in refs:
@@ -275,9 +275,9 @@ def check_variant(folder: Path, *, repo_id: str, commit: str | None = None) -> L
     would make the store refuse it: bad names or file types, no or malformed metadata.json, a
     digest that does not describe exactly the folder's files."""
     name = folder.name
-    ctx: dict[str, str | None] = {"repo": repo_id, "commit": commit, "variant": name}
+    ctx: dict[str, str | None] = {"repo_id": repo_id, "commit": commit, "variant": name}
     try:
-        validate_variant(name, repo=repo_id, commit=commit)
+        validate_variant(name, repo_id=repo_id, commit=commit)
         found, left_out = _walk(folder, ctx)
         if not any(rel == METADATA_FILE for rel, _p, _m in found):
             raise PublishError(
@@ -793,7 +793,7 @@ def publish_to_store(
         report.refs.append(
             plan_ref(ref, current.commit if current else None, commit, ancestry, force=force_refs)
         )
-    ctx = {"repo": repo_id, "commit": commit}
+    ctx = {"repo_id": repo_id, "commit": commit}
     seen: set[str] = set()
     try:
         with store.holds.hold() as hold:

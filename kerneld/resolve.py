@@ -413,7 +413,7 @@ class Resolver:
                     0,
                     "store cap (the tree was collected right after its fetch to make room "
                     "for others)",
-                    repo=spec.repo_id,
+                    repo_id=spec.repo_id,
                     commit=commit,
                     variant=best,
                 )
@@ -452,7 +452,7 @@ class Resolver:
         except ValueError as exc:
             raise MetadataError(
                 f"metadata.json: {exc}; the kernel's build is malformed, ask its author to fix it",
-                repo=hit.repo,
+                repo_id=hit.repo,
                 commit=hit.commit,
                 variant=hit.variant,
             ) from None

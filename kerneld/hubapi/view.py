@@ -310,7 +310,7 @@ class HubView:
             file.size,
             0,
             "store cap (the tree was collected right after its fetch to make room for others)",
-            repo=repo_id,
+            repo_id=repo_id,
             commit=commit,
             variant=variant,
         )
@@ -347,7 +347,7 @@ class HubView:
                 result.tree.size,
                 0,
                 "store cap (the tree was collected right after its fetch)",
-                repo=repo_id,
+                repo_id=repo_id,
                 commit=commit,
                 variant=variant,
             )

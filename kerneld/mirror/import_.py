@@ -190,7 +190,7 @@ def _parse(bundle: Bundle, docs: dict[str, bytes], rel: str) -> Manifest:
     if not manifest.variants:
         raise MirrorImportRefused(f"{rel}: the manifest lists no variants")
     for variant, files in manifest.variants.items():
-        ctx = {"repo": repo, "commit": commit}
+        ctx = {"repo_id": repo, "commit": commit}
         try:
             validate_variant(variant, **ctx)
             for f in files:
@@ -305,7 +305,7 @@ def _import_kernel(
             manifests=state["manifests"],
         ),
     )
-    ctx = {"repo": repo, "commit": commit}
+    ctx = {"repo_id": repo, "commit": commit}
     blobs: dict[str, int] = {}
     for files in manifest.variants.values():
         for f in files:

@@ -86,7 +86,7 @@ def prefetch_event(update: FetchProgress) -> pb.PrefetchEvent:
         already_present=update.already_present,
     )
     if update.cause is not None:
-        event.error.CopyFrom(classify(update.cause, repo=update.repo_id).detail)
+        event.error.CopyFrom(classify(update.cause, repo_id=update.repo_id).detail)
     return event
 
 

@@ -216,7 +216,7 @@ def _context(exc: BaseException) -> tuple[str, str, str]:
     if isinstance(exc, ResolveError | UpstreamError):
         return exc.repo_id, exc.revision, ""
     if isinstance(exc, StoreError):
-        return exc.repo or "", exc.commit or "", exc.variant or ""
+        return exc.repo_id or "", exc.commit or "", exc.variant or ""
     return "", "", ""
 
 
@@ -230,8 +230,8 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failure:
-    """The status and detail for `exc`; `repo`/`revision` fill in what the error lacks."""
+def classify(exc: BaseException, *, repo_id: str = "", revision: str = "") -> Failure:
+    """The status and detail for `exc`; `repo_id`/`revision` fill in what the error lacks."""
     status: grpc.StatusCode = grpc.StatusCode.INTERNAL
     code: pb.ErrorCode.ValueType = Code.INTERNAL
     for cls, st, cd in _TABLE:
@@ -239,7 +239,7 @@ def classify(exc: BaseException, *, repo: str = "", revision: str = "") -> Failu
             status, code = st, cd
             break
     e_repo, e_rev, e_variant = _context(exc)
-    repo = e_repo or repo
+    repo = e_repo or repo_id
     # Callers of the user socket read this: an upstream's credentials (a URL's userinfo) go.
     message = redact(_message(exc))
     hint = _hint(exc, repo)

@@ -232,7 +232,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             self.core.metrics.errors.labels(method, pb.ErrorCode.Name(code)).inc()
         else:
             self._failed(method, exc, kernel, fetching=getattr(request, "allow_fetch", True))
-        abort(context, exc, repo=convert.clip(kernel.repo_id) if kernel is not None else "")
+        abort(context, exc, repo_id=convert.clip(kernel.repo_id) if kernel is not None else "")
 
     def _failed(
         self,
@@ -246,7 +246,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         fetch is the expected first answer of every cold load: logged at debug, not counted
         in `kerneld_rpc_errors_total` (the docs say to alert on it)."""
         kernel = kernel if kernel is not None else pb.KernelRef()
-        failure = classify(exc, repo=convert.clip(kernel.repo_id))
+        failure = classify(exc, repo_id=convert.clip(kernel.repo_id))
         expected = not fetching and failure.detail.code == pb.FETCH_NOT_ALLOWED
         if not expected:
             self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()

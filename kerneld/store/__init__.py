@@ -29,6 +29,7 @@ from .errors import (
     StoreOwnershipError,
     TreeNotFoundError,
     UnsupportedFileTypeError,
+    log_context,
 )
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
@@ -106,5 +107,6 @@ __all__ = [
     "VariantMetadata",
     "VerifyReport",
     "hold_tree_lock",
+    "log_context",
     "tree_digest",
 ]

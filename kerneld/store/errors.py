@@ -1,6 +1,7 @@
 """Typed errors of the store.
 
-Every error carries what is known of its context (repo, commit, variant, path) and a message that
+Every error carries what is known of its context (repo_id, commit, variant, path: the
+names the client's, the resolver's and the upstreams' errors use too) and a message that
 says what was wrong and what to do about it. Callers branch on the class, never on the message.
 
     StoreError
@@ -32,7 +33,15 @@ says what was wrong and what to do about it. Callers branch on the class, never 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+#: Error context fields as log lines name them (every kerneld log line says `repo=`).
+_LOG_NAMES = {"repo_id": "repo"}
+
+
+def log_context(ctx: Mapping[str, str | None]) -> str:
+    """The known fields of an error context, as a log line shows them."""
+    return " ".join(f"{_LOG_NAMES.get(k, k)}={v}" for k, v in ctx.items() if v)
 
 
 class StoreError(Exception):
@@ -42,13 +51,13 @@ class StoreError(Exception):
         self,
         message: str,
         *,
-        repo: str | None = None,
+        repo_id: str | None = None,
         commit: str | None = None,
         variant: str | None = None,
         path: str | None = None,
     ) -> None:
         self.message = message
-        self.repo = repo
+        self.repo_id = repo_id
         self.commit = commit
         self.variant = variant
         self.path = path
@@ -57,7 +66,7 @@ class StoreError(Exception):
     def context(self) -> dict[str, str]:
         """The known context fields, for structured logs and RPC error details."""
         out: dict[str, str] = {}
-        for key in ("repo", "commit", "variant", "path"):
+        for key in ("repo_id", "commit", "variant", "path"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value

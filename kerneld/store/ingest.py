@@ -16,10 +16,10 @@ from typing import BinaryIO
 
 from . import faults
 from .blobs import BlobInfo, BlobWriter, Expected
-from .errors import SizeMismatchError, UnsupportedFileTypeError
+from .errors import SizeMismatchError, UnsupportedFileTypeError, log_context
 from .layout import DIR_MODE_PUBLIC, fsync_dir
 from .space import Space
-from .state import StoreState, log_context
+from .state import StoreState
 
 log = logging.getLogger("kerneld.store")
 

@@ -72,7 +72,7 @@ class Lookups:
         and, with ``lease_ttl_s``, takes a lease that keeps the tree from GC until it expires.
         """
         validate_repo(repo)
-        validate_ref(revision, repo=repo)
+        validate_ref(revision, repo_id=repo)
         state, index, layout = self._state, self._state.index, self._state.layout
         if state.require_signed:  # not under the lock: the first check imports sigstore
             self._signatures.check_unrecorded(repo, revision, variant)
@@ -89,7 +89,7 @@ class Lookups:
                 return None
             if state.require_signed:
                 self._signatures.refuse_unverified(
-                    tree.digest, repo=repo, commit=commit, variant=variant
+                    tree.digest, repo_id=repo, commit=commit, variant=variant
                 )
             if not state.read_only:
                 index.touch_tree(tree.digest, time.time())

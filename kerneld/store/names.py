@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterable
 
 from .client_index_writer import ClientIndexWriter
-from .errors import DeniedError, InvalidInputError
+from .errors import DeniedError, InvalidInputError, log_context
 from .index import ALL, DenyRow, NegativeRow, PinRow, RefRow
 from .paths import validate_commit, validate_ref, validate_repo, validate_variant
-from .state import StoreState, log_context
+from .state import StoreState
 
 log = logging.getLogger("kerneld.store")
 
@@ -50,18 +50,18 @@ class Names:
         state, index = self._state, self._state.index
         state.writable()
         validate_repo(repo)
-        validate_ref(ref, repo=repo)
-        validate_commit(commit, repo=repo)
+        validate_ref(ref, repo_id=repo)
+        validate_commit(commit, repo_id=repo)
         listed = None if versions is None else [int(v) for v in versions]
         if listed is not None and any(v < 0 for v in listed):
-            raise InvalidInputError(f"versions must be non-negative, got {listed}", repo=repo)
+            raise InvalidInputError(f"versions must be non-negative, got {listed}", repo_id=repo)
         with state.lock:
             with index.tx() as conn:
                 index.put_ref(conn, repo, ref, commit, fetched_at or time.time())
                 if listed is not None:
                     index.put_upstream_versions(conn, repo, listed)
             self._writer.publish([repo])
-        log.info("ref %s -> %s %s", ref, commit, log_context({"repo": repo}))
+        log.info("ref %s -> %s %s", ref, commit, log_context({"repo_id": repo}))
 
     def get_ref(self, repo: str, ref: str) -> RefRow | None:
         """The recorded ref with its fetch time (for TTL and serve-stale decisions)."""
@@ -73,8 +73,8 @@ class Names:
         state, index = self._state, self._state.index
         state.writable()
         validate_repo(repo)
-        validate_commit(commit, repo=repo)
-        clean = sorted({validate_variant(n, repo=repo, commit=commit) for n in names})
+        validate_commit(commit, repo_id=repo)
+        clean = sorted({validate_variant(n, repo_id=repo, commit=commit) for n in names})
         with state.lock:
             with index.tx() as conn:
                 index.put_upstream_variants(conn, repo, commit, clean)
@@ -108,9 +108,9 @@ class Names:
         state.writable()
         validate_repo(repo)
         if revision != ALL:
-            validate_ref(revision, repo=repo)
+            validate_ref(revision, repo_id=repo)
         if variant != ALL:
-            validate_variant(variant, repo=repo)
+            validate_variant(variant, repo_id=repo)
         with state.lock, state.index.tx() as conn:
             state.index.put_pin(conn, repo, revision, variant)
         log.info("pinned %s@%s/%s", repo, revision, variant)
@@ -132,7 +132,7 @@ class Names:
         state.writable()
         validate_repo(repo)
         if revision != ALL:
-            validate_ref(revision, repo=repo)
+            validate_ref(revision, repo_id=repo)
         with state.lock:
             with index.tx() as conn:
                 index.put_deny(conn, repo, revision, reason)
@@ -162,7 +162,7 @@ class Names:
         """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied;
         the error carries ``ctx`` (default: the repo and commit)."""
         if ctx is None:
-            ctx = {"repo": repo, "commit": commit}
+            ctx = {"repo_id": repo, "commit": commit}
         for d in self._state.index.denies(repo):
             if d.revision in (ALL, revision, commit):
                 raise DeniedError(d.reason, **{k: v for k, v in ctx.items() if v is not None})

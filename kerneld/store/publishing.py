@@ -17,7 +17,13 @@ from pathlib import Path
 
 from . import faults
 from .client_index_writer import ClientIndexWriter
-from .errors import BlobMissingError, InvalidInputError, MetadataError, SizeMismatchError
+from .errors import (
+    BlobMissingError,
+    InvalidInputError,
+    MetadataError,
+    SizeMismatchError,
+    log_context,
+)
 from .index import ProvenanceRecord
 from .ingest import READ_CHUNK
 from .layout import fsync_dir
@@ -45,7 +51,7 @@ from .paths import (
 )
 from .signatures import Signatures
 from .space import Space
-from .state import StoreState, log_context
+from .state import StoreState
 from .trees import build_staging, remove_tree, seal_top
 
 log = logging.getLogger("kerneld.store")
@@ -127,7 +133,7 @@ class Publisher:
         state, index = self._state, self._state.index
         state.writable()
         validate_repo(repo)
-        ctx: dict[str, str | None] = {"repo": repo}
+        ctx: dict[str, str | None] = {"repo_id": repo}
         validate_commit(commit, **ctx)
         ctx["commit"] = commit
         validate_variant(variant, **ctx)
@@ -213,7 +219,9 @@ class Publisher:
         matching the files), on blobs already ingested, before anything is published: a mirror
         import refuses a kernel whole rather than publish some of its variants."""
         by_path = {f.path: ManifestEntry(f.path, 0o444, f.size or 0, f.sha256) for f in files}
-        meta, _ = self.check_metadata(by_path, {"repo": repo, "commit": commit, "variant": variant})
+        meta, _ = self.check_metadata(
+            by_path, {"repo_id": repo, "commit": commit, "variant": variant}
+        )
         return meta
 
     def check_metadata(
@@ -320,7 +328,7 @@ class Publisher:
             len(entries),
             size,
             "new" if created else "deduplicated",
-            log_context({"repo": repo, "commit": commit, "variant": variant}),
+            log_context({"repo_id": repo, "commit": commit, "variant": variant}),
         )
         return TreeInfo(
             repo=repo,

@@ -14,9 +14,10 @@ from typing import Any
 from . import verify as verify_mod
 from .client_index_writer import ClientIndexWriter
 from .collector import Collector
+from .errors import log_context
 from .paths import tree_hex
 from .quarantine import Quarantine
-from .state import StoreState, log_context
+from .state import StoreState
 
 log = logging.getLogger("kerneld.store")
 
@@ -88,7 +89,7 @@ class Repairer:
         report.repaired.extend(q.describe() for q in kept)
         report.invalidated = invalidated
         for repo, commit, variant in invalidated:
-            ctx: dict[str, str | None] = {"repo": repo, "commit": commit, "variant": variant}
+            ctx: dict[str, str | None] = {"repo_id": repo, "commit": commit, "variant": variant}
             log.warning("repair: invalidated %s", log_context(ctx))
             if on_invalidated is not None:
                 on_invalidated(repo, commit, variant)
@@ -127,7 +128,7 @@ class Repairer:
             invalidated, kept, dead = self._take_out(live_blobs, live_trees, problems, "scrub")
         self._collector.purge_dead({})
         for repo, commit, variant in invalidated:
-            ctx: dict[str, str | None] = {"repo": repo, "commit": commit, "variant": variant}
+            ctx: dict[str, str | None] = {"repo_id": repo, "commit": commit, "variant": variant}
             log.warning("invalidated damaged tree %s", log_context(ctx))
         return invalidated, dead, kept
 

@@ -121,7 +121,7 @@ class Signatures:
         except ValueError:
             meta = {}
         checked = isinstance(meta, dict) and meta.get("digest") is not None
-        ctx = {"repo": repo, "commit": commit, "variant": variant}
+        ctx = {"repo_id": repo, "commit": commit, "variant": variant}
         record = check.check(read, digest_checked=checked, **ctx)
         with index.tx() as conn:
             index.put_provenance(conn, tree.digest, record)

@@ -48,8 +48,3 @@ class StoreState:
     def require_signed(self) -> bool:
         """Are unverified trees refused (and left out of the client index)?"""
         return self.check is not None and self.check.required
-
-
-def log_context(ctx: dict[str, str | None]) -> str:
-    """The known fields of an error context, as a log line shows them."""
-    return " ".join(f"{k}={v}" for k, v in ctx.items() if v is not None)

@@ -32,7 +32,7 @@ E = pb.ErrorCode
 CPU = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)
 
 CASES = [
-    (DeniedError("bad", repo="o/n", commit="c" * 40), S.PERMISSION_DENIED, E.KERNEL_DENIED),
+    (DeniedError("bad", repo_id="o/n", commit="c" * 40), S.PERMISSION_DENIED, E.KERNEL_DENIED),
     (FetchNotAllowed("no", repo_id="o/n", revision="v1"), S.PERMISSION_DENIED, E.FETCH_NOT_ALLOWED),
     (
         NoVariantFits(decide(["torch-cuda"], CPU), repo_id="o/n", revision="c" * 40),
@@ -47,7 +47,7 @@ CASES = [
     (LeaseNotFoundError("expired"), S.NOT_FOUND, E.INVALID_ARGUMENT),
     (UpstreamUnavailable("down", upstream="hub"), S.UNAVAILABLE, E.UPSTREAM_UNAVAILABLE),
     (UpstreamProtocolError("junk"), S.UNAVAILABLE, E.UPSTREAM_UNAVAILABLE),
-    (DigestMismatchError("sha256", "a", "b", repo="o/n"), S.DATA_LOSS, E.INTEGRITY_ERROR),
+    (DigestMismatchError("sha256", "a", "b", repo_id="o/n"), S.DATA_LOSS, E.INTEGRITY_ERROR),
     (MetadataError("no metadata.json"), S.DATA_LOSS, E.INTEGRITY_ERROR),
     (ResourceExhaustedError(10, 1, "size cap"), S.RESOURCE_EXHAUSTED, E.RESOURCE_EXHAUSTED),
     (InvalidPathError("../x", "dot-dot"), S.INVALID_ARGUMENT, E.INVALID_ARGUMENT),
@@ -61,7 +61,7 @@ CASES = [
 
 @pytest.mark.parametrize(("exc", "status", "code"), CASES, ids=lambda v: type(v).__name__)
 def test_error_table(exc: BaseException, status: grpc.StatusCode, code: int) -> None:
-    failure = classify(exc, repo="fallback/repo")
+    failure = classify(exc, repo_id="fallback/repo")
     assert failure.status == status
     assert failure.detail.code == code
     assert failure.detail.message
@@ -76,7 +76,7 @@ def test_context_and_variants_travel_in_the_detail() -> None:
         (d.variant, False) for d in decisions
     ]
     assert all(v.reason for v in detail.variants)
-    denied = classify(DeniedError("broken", repo="o/n", commit="c" * 40, variant="torch-cpu"))
+    denied = classify(DeniedError("broken", repo_id="o/n", commit="c" * 40, variant="torch-cpu"))
     assert (denied.detail.revision, denied.detail.variant) == ("c" * 40, "torch-cpu")
     assert "kerneldctl allow o/n" in denied.detail.hint
     internal = classify(RuntimeError("boom")).detail
