@@ -28,7 +28,9 @@ BENCH = ROOT / "bench"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from examples.kernels.build import ORG, BuiltExamples, make_hub  # noqa: E402
+from examples.kernels.build import make_hub  # noqa: E402
+from examples.kernels.built import BuiltExamples  # noqa: E402
+from examples.kernels.specs import ORG  # noqa: E402
 from tests.support.hubserver import HubServer  # noqa: E402
 
 MIB = 1 << 20

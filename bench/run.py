@@ -55,7 +55,8 @@ from bench.common import (
     table,
     versions,
 )
-from examples.kernels.build import ORG, build_examples
+from examples.kernels.build import build_examples
+from examples.kernels.specs import ORG
 from tests.support.hubserver import HubServer
 
 # Each profile: what the issue asks for (full), and a smoke test (quick).

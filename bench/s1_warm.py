@@ -38,7 +38,7 @@ from bench.common import (
     ratios,
     table,
 )
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPO = f"{ORG}/activation"

@@ -45,7 +45,7 @@ from bench.common import (
     ratios,
     table,
 )
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]

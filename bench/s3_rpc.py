@@ -39,7 +39,7 @@ from bench.common import (
     rss_mib,
     table,
 )
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess, clean_env
 
 REPO = f"{ORG}/activation"

@@ -43,7 +43,7 @@ from bench.common import (
     variant_files,
     write_hub_repo,
 )
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 INGEST_REPO = f"{ORG}/bench-ingest"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import COLD_KERNELS, DAEMON_CONFIG, Ctx, Goal, Section, log, mib, table
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.daemon.rpc import facts
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import Fault

@@ -37,7 +37,7 @@ from bench.common import (
     table,
 )
 from bench.s2_cold import KERNELS_SETUP
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]
