@@ -27,18 +27,8 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    Section,
-    fmt_stat,
-    log,
-    percentile,
-    ratios,
-    rss_mib,
-    table,
-)
+from bench.common import fmt_stat, log, percentile, ratios, rss_mib, table
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess, clean_env
 

@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import COLD_KERNELS, DAEMON_CONFIG, Ctx, Goal, Section, log, mib, table
+from bench.common import log, mib, table
+from bench.hubrepos import COLD_KERNELS
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from examples.kernels.specs import ORG
 from tests.daemon.rpc import facts
 from tests.support.daemon import DaemonProcess
