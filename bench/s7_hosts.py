@@ -34,7 +34,7 @@ from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from examples.kernels.specs import ORG
 from tests.daemon.rpc import facts
 from tests.support.daemon import DaemonProcess
-from tests.support.hubserver import Fault
+from tests.support.hubtraffic import Fault
 from tests.support.nginx import Nginx, site_cache
 from tests.support.olah import run_olah
 

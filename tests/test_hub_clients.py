@@ -33,7 +33,8 @@ from tests.fixtures_hub import (
     point_hf_at,
     snapshot_files,
 )
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 DATA = f"build/{VARIANT}/data.bin"  # LFS-tracked
 INIT = f"build/{VARIANT}/__init__.py"

@@ -20,7 +20,8 @@ import pytest
 
 from tests.fixtures_hub import BARE_REPO, MANY_FILES, MANY_REPO, REPO, UNTRUSTED_ORG, SyntheticHub
 from tests.support.gitrepo import GitRepo
-from tests.support.hubserver import KINDS, Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import KINDS, Fault
 
 DATA = "build/torch-universal/data.bin"  # LFS-tracked
 INIT = "build/torch-universal/__init__.py"  # plain git file

@@ -20,7 +20,8 @@ from tests.daemon.rpc import TIMEOUT
 from tests.hubapi.support import endpoint_of, hub_api_daemon
 from tests.hubapi.venvs import KERNELS_RELEASES, run_in_venv
 from tests.support.daemon import DaemonProcess
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 ACTIVATION = f"{ORG}/activation"
 CHILD = Path(__file__).with_name("_kernels_release_child.py")
