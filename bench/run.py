@@ -42,20 +42,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import (
-    BENCH,
-    ROOT,
-    Ctx,
-    Section,
-    Zygote,
-    base_env,
-    log,
-    machine_facts,
-    make_bench_hub,
-    table,
-    versions,
-)
-from examples.kernels.build import ORG, build_examples
+from bench.common import BENCH, ROOT, base_env, log, machine_facts, table, versions
+from bench.hubrepos import make_bench_hub
+from bench.scenario import Ctx, Section
+from bench.zygote import Zygote
+from examples.kernels.build import build_examples
+from examples.kernels.specs import ORG
 from tests.support.hubserver import HubServer
 
 # Each profile: what the issue asks for (full), and a smoke test (quick).

@@ -24,21 +24,10 @@ from __future__ import annotations
 import json
 import shutil
 
-from bench.common import (
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    JobResult,
-    Section,
-    fmt_stat,
-    fresh_job,
-    kernels_env,
-    log,
-    median,
-    ratios,
-    table,
-)
-from examples.kernels.build import ORG
+from bench.common import fmt_stat, kernels_env, log, median, ratios, table
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
+from bench.zygote import JobResult, fresh_job
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPO = f"{ORG}/activation"

@@ -29,23 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    COLD_KERNELS,
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    JobResult,
-    Section,
-    fmt_count,
-    fmt_stat,
-    kernels_env,
-    log,
-    median,
-    mib,
-    ratios,
-    table,
-)
-from examples.kernels.build import ORG
+from bench.common import fmt_count, fmt_stat, kernels_env, log, median, mib, ratios, table
+from bench.hubrepos import COLD_KERNELS
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
+from bench.zygote import JobResult
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]

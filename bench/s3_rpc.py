@@ -27,19 +27,9 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    Section,
-    fmt_stat,
-    log,
-    percentile,
-    ratios,
-    rss_mib,
-    table,
-)
-from examples.kernels.build import ORG
+from bench.common import fmt_stat, log, percentile, ratios, rss_mib, table
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess, clean_env
 
 REPO = f"{ORG}/activation"

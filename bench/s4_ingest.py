@@ -28,22 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    DAEMON_CONFIG,
-    MIB,
-    Ctx,
-    LfsFile,
-    Section,
-    disk_bytes,
-    fmt_stat,
-    log,
-    mib,
-    ratios,
-    table,
-    variant_files,
-    write_hub_repo,
-)
-from examples.kernels.build import ORG
+from bench.common import MIB, disk_bytes, fmt_stat, log, mib, ratios, table
+from bench.hubrepos import LfsFile, variant_files, write_hub_repo
+from bench.scenario import DAEMON_CONFIG, Ctx, Section
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 INGEST_REPO = f"{ORG}/bench-ingest"

@@ -31,17 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    Section,
-    fmt_stat,
-    log,
-    percentile,
-    rss_mib,
-    table,
-)
+from bench.common import fmt_stat, log, percentile, rss_mib, table
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from kerneld.store import Store, TreeFile
 from kerneld.store.index import Index
 from kerneld.store.layout import Layout

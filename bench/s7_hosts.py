@@ -28,11 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import COLD_KERNELS, DAEMON_CONFIG, Ctx, Goal, Section, log, mib, table
-from examples.kernels.build import ORG
+from bench.common import log, mib, table
+from bench.hubrepos import COLD_KERNELS
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
+from examples.kernels.specs import ORG
 from tests.daemon.rpc import facts
 from tests.support.daemon import DaemonProcess
-from tests.support.hubserver import Fault
+from tests.support.hubtraffic import Fault
 from tests.support.nginx import Nginx, site_cache
 from tests.support.olah import run_olah
 

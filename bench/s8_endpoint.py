@@ -23,21 +23,11 @@ import re
 import shutil
 from typing import Any
 
-from bench.common import (
-    COLD_KERNELS,
-    DAEMON_CONFIG,
-    Ctx,
-    Goal,
-    Section,
-    fmt_count,
-    fmt_stat,
-    kernels_env,
-    log,
-    median,
-    table,
-)
+from bench.common import fmt_count, fmt_stat, kernels_env, log, median, table
+from bench.hubrepos import COLD_KERNELS
 from bench.s2_cold import KERNELS_SETUP
-from examples.kernels.build import ORG
+from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
+from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPOS = [f"{ORG}/{name}" for name in COLD_KERNELS]

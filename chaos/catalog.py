@@ -21,7 +21,7 @@ from typing import Any
 
 from examples.kernels.build import build_examples, make_hub
 from tests.support.gitrepo import GitRepo, kernel_variant_files
-from tests.support.hubserver import GitBackend, find_git_dir
+from tests.support.hubgit import GitBackend, find_git_dir
 
 EXAMPLES_ORG = "kerneld-examples"
 SYNTH_ORG = "kerneld-chaos"

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from tests.support.hubserver import BODY_FAULTS, Fault, FaultKind, HubServer, _Handler
+from tests.support.hubhandler import HubHandler
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import BODY_FAULTS, Fault, FaultKind
 
 ALL_KINDS: dict[FaultKind, float] = {
     "latency": 3.0,
@@ -38,7 +40,7 @@ class Phase:
     mix: Mapping[FaultKind, float]
 
 
-class _CountingHandler(_Handler):
+class _CountingHandler(HubHandler):
     """Counts the body bytes of file downloads as they leave (after truncation faults)."""
 
     def _send(

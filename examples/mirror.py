@@ -12,7 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.kernels.build import BuiltExamples, build_examples, make_hub
+from examples.kernels.build import build_examples, make_hub
+from examples.kernels.built import BuiltExamples
 from kerneld.mirror.documents import INFO, Manifest, MirrorWriter
 from kerneld.upstream.base import RemoteFile
 

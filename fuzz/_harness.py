@@ -1,7 +1,8 @@
 """Shared plumbing of the atheris targets: paths, instrumentation, seed corpora, the run loop.
 
-The invariants themselves live in `tests/fuzz/invariants.py` (shared with the hypothesis tests):
-a target only turns libFuzzer's bytes into that module's inputs.
+The invariants themselves live in `tests/fuzz/invariants.py` and the harnesses that apply them to
+real components in `tests/fuzz/harnesses.py` (both shared with the hypothesis tests): a target
+only turns libFuzzer's bytes into those modules' inputs.
 """
 
 from __future__ import annotations

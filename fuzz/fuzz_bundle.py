@@ -12,9 +12,9 @@ from _harness import Target, run, workdir
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
     from tests.fuzz import builders as b
-    from tests.fuzz import invariants as inv
+    from tests.fuzz import harnesses
 
-    harness = inv.BundleHarness(workdir("bundle"))
+    harness = harnesses.BundleHarness(workdir("bundle"))
 
     def target(data: bytes) -> None:
         harness.check_tar(data, check_sigs=len(data) % 2 == 1)

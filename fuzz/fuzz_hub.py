@@ -14,9 +14,9 @@ VARIANT = "torch-universal"
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
     from tests.fuzz import builders as b
-    from tests.fuzz import invariants as inv
+    from tests.fuzz import harnesses
 
-    harness = inv.HubHarness(workdir("hub"))
+    harness = harnesses.HubHarness(workdir("hub"))
     files = b.variant_files({"_ops.py": b"# ops\n", "lib/k.so": b"\x7fELF"})
 
     def target(data: bytes) -> None:

@@ -11,11 +11,11 @@ from _harness import Target, run, workdir
 
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
-    from tests.fuzz import builders
+    from tests.fuzz import builders, harnesses
     from tests.fuzz import invariants as inv
 
     files = {"__init__.py": b"X = 1\n", "_ops.py": b"# ops\n"}
-    harness = inv.StoreHarness(workdir("metadata"))
+    harness = harnesses.StoreHarness(workdir("metadata"))
 
     def target(data: bytes) -> None:
         inv.check_metadata(data, files)

@@ -14,10 +14,10 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 
     from kerneld_client._proto import kerneld_pb2 as pb
     from tests.fixtures_daemon import ACT, C1, DEP_TOP, MULTI, build_kernel_mirror
-    from tests.fuzz import invariants as inv
+    from tests.fuzz import harnesses
 
     root = workdir("resolve")
-    harness = inv.ResolveHarness(root / "harness", build_kernel_mirror(root / "mirror"))
+    harness = harnesses.ResolveHarness(root / "harness", build_kernel_mirror(root / "mirror"))
 
     def target(data: bytes) -> None:
         if not data:

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import ORG, BuiltExamples, HubRoot, build_examples, make_hub
+from examples.kernels.build import build_examples, make_hub
+from examples.kernels.built import BuiltExamples
+from examples.kernels.hub import HubRoot
+from examples.kernels.specs import ORG
 from tests.support.hubserver import HubServer
 
 

@@ -33,7 +33,8 @@ from tests.fixtures_hub import (
     point_hf_at,
     snapshot_files,
 )
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 DATA = f"build/{VARIANT}/data.bin"  # LFS-tracked
 INIT = f"build/{VARIANT}/__init__.py"
@@ -415,7 +416,7 @@ def test_get_kernel_of_compiled_example(
     example_hub_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real compiled C++ example kernel (native .so, maybe as LFS) loads through the server."""
-    from examples.kernels.build import ORG
+    from examples.kernels.specs import ORG
 
     with HubServer(example_hub_root, trusted_orgs={ORG: True}) as server:
         point_hf_at(monkeypatch, server.url, tmp_path / "hf-home")

@@ -15,7 +15,7 @@ from kerneld.upstream.errors import (
 from kerneld.upstream.hub import HubUpstream
 from kerneld.upstream.retry import RetryPolicy
 from tests.fixtures_hub import BARE_REPO, REPO, VARIANT, SyntheticHub
-from tests.support.hubserver import Fault
+from tests.support.hubtraffic import Fault
 
 FAST = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05, timeout=5)
 

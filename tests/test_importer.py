@@ -87,7 +87,7 @@ def test_second_build_with_same_id_is_refused(tmp_path: Path) -> None:
 
 def _with_digest(folder: Path) -> Path:
     """Give a variant's metadata.json the digest of every file, as builds have."""
-    from examples.kernels.build import variant_digest
+    from examples.kernels.digest import variant_digest
 
     meta = json.loads((folder / "metadata.json").read_text())
     meta["digest"] = {"algorithm": "sha256", "files": variant_digest(folder)}

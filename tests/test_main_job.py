@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 
 ROOT = Path(__file__).resolve().parent.parent
 

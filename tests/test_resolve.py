@@ -23,7 +23,7 @@ from kerneld.upstream.mirror import MirrorDirUpstream, MirrorHttpUpstream
 from kerneld.upstream.retry import RetryPolicy
 from kerneld_client.variants import PlatformFacts
 from tests.fixtures_hub import REPO, VARIANT, SyntheticHub
-from tests.support.hubserver import Fault
+from tests.support.hubtraffic import Fault
 from tests.support.mirrors import variant, write_mirror
 from tests.support.nginx import Nginx, nginx_binary
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import ORG, HubRoot
+from examples.kernels.hub import HubRoot
+from examples.kernels.specs import ORG
 from tests.client.support import ACTIVATION, RELU2, Populated, populate
 from tests.support.hubserver import HubServer
 

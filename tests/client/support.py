@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from examples.kernels.build import ORG, HubRoot
+from examples.kernels.hub import HubRoot
+from examples.kernels.specs import ORG
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.store import Store, TreeFile
 from kerneld.upstream.hub import HubUpstream

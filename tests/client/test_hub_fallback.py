@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import ORG, BuiltExamples
+from examples.kernels.built import BuiltExamples
+from examples.kernels.specs import ORG
 from tests.client.support import OPS_CHECK, client_env, run_client
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 SCRIPT = (
     "import json, sys, warnings\n"

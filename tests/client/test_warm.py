@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from kerneld.store.locks import is_held
 from tests.client.support import (
     ACTIVATION,

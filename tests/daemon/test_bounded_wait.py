@@ -33,7 +33,8 @@ from kerneld_client._proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU, TIMEOUT, failure, resolve_req
 from tests.fixtures_hub import REPO
 from tests.support.daemon import REPO_ROOT, DaemonProcess
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 E = pb.ErrorCode
 MISSING = "kerneld-test/not-on-this-host"

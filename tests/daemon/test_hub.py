@@ -23,7 +23,8 @@ from tests.daemon.rpc import (
 )
 from tests.fixtures_hub import REPO, VARIANT, SyntheticHub
 from tests.support.daemon import DaemonProcess, daemon_dir
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 E = pb.ErrorCode
 

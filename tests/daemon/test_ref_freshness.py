@@ -18,7 +18,8 @@ from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, http_get_unix, metric
 from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.gitrepo import GitRepo, kernel_variant_files
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 ORG = "kerneld-fresh"
 REPO = f"{ORG}/scale"

@@ -24,7 +24,8 @@ from tests.fixtures_daemon import ACT, DEP_BOTTOM
 from tests.fixtures_hub import REPO, UNTRUSTED_ORG, UNTRUSTED_REPO
 from tests.security.support import CPU_FACTS
 from tests.support.daemon import DaemonProcess, daemon_dir
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 HUB_POLICY = {"trust": {"allow": []}}  # the default policy: the Hub's trusted publishers only
 

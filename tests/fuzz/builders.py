@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 
 Signer = Callable[[str, bytes], bytes]
@@ -172,7 +173,7 @@ def tree_listing(files: Mapping[str, bytes], variant: str, *, lfs: Sequence[str]
         {"type": "directory", "oid": "0" * 40, "path": f"build/{variant}/sub"}
     ]
     entries += [
-        inv.tree_entry(f"build/{variant}/{path}", data, lfs=path in lfs)
+        harnesses.tree_entry(f"build/{variant}/{path}", data, lfs=path in lfs)
         for path, data in sorted(files.items())
     ]
     return json.dumps(entries).encode()

@@ -17,14 +17,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.fuzz import builders as b
+from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 from tests.fuzz.invariants import OUTSIDE
 from tests.fuzz.strategies import fuzz_settings, json_document, raw_mutations
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inv.BundleHarness]:
-    h = inv.BundleHarness(tmp_path_factory.mktemp("fuzz-bundle"))
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harnesses.BundleHarness]:
+    h = harnesses.BundleHarness(tmp_path_factory.mktemp("fuzz-bundle"))
     yield h
     h.close()
 
@@ -69,7 +70,7 @@ def hostile_member(draw: st.DrawFn, existing: list[str]) -> b.Member:
 
 
 @st.composite
-def bundles(draw: st.DrawFn, harness: inv.BundleHarness, *, signed: bool) -> list[b.Member]:
+def bundles(draw: st.DrawFn, harness: harnesses.BundleHarness, *, signed: bool) -> list[b.Member]:
     """A valid signed mirror of one kernel, then mutated: its manifest (re-signed or not),
     blob contents, hostile or duplicate members, reordering."""
     extra = draw(
@@ -108,7 +109,7 @@ def bundles(draw: st.DrawFn, harness: inv.BundleHarness, *, signed: bool) -> lis
     return members
 
 
-def _tar(harness: inv.BundleHarness, signed: bool) -> st.SearchStrategy[bytes]:
+def _tar(harness: harnesses.BundleHarness, signed: bool) -> st.SearchStrategy[bytes]:
     @st.composite
     def build(draw: st.DrawFn) -> bytes:
         members = [
@@ -132,7 +133,7 @@ def _tar(harness: inv.BundleHarness, signed: bool) -> st.SearchStrategy[bytes]:
 
 @fuzz_settings(80, deadline_s=10)
 @given(st.data())
-def test_tar_bundle(harness: inv.BundleHarness, data: st.DataObject) -> None:
+def test_tar_bundle(harness: harnesses.BundleHarness, data: st.DataObject) -> None:
     signed = data.draw(st.booleans(), label="signed")
     tar = data.draw(_tar(harness, signed), label="tar")
     harness.check_tar(tar, check_sigs=signed)
@@ -142,13 +143,13 @@ def test_tar_bundle(harness: inv.BundleHarness, data: st.DataObject) -> None:
 @given(st.binary(max_size=2048))
 @example(b"")
 @example(b"\x1f\x8b" + b"\0" * 20)
-def test_tar_bundle_noise(harness: inv.BundleHarness, data: bytes) -> None:
+def test_tar_bundle_noise(harness: harnesses.BundleHarness, data: bytes) -> None:
     harness.check_tar(data)
 
 
 @fuzz_settings(40, deadline_s=10)
 @given(st.data())
-def test_dir_bundle(harness: inv.BundleHarness, data: st.DataObject) -> None:
+def test_dir_bundle(harness: harnesses.BundleHarness, data: st.DataObject) -> None:
     root = harness.sandbox.inputs / "dirbundle"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
@@ -158,7 +159,7 @@ def test_dir_bundle(harness: inv.BundleHarness, data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("codec", ["gz-crc", "gz-crcnoend", "gz-data", "bz2-data", "xz-data"])
-def test_corrupt_compressed_bundle(harness: inv.BundleHarness, codec: str) -> None:
+def test_corrupt_compressed_bundle(harness: harnesses.BundleHarness, codec: str) -> None:
     """A damaged gzip/bzip2/xz bundle is refused, whatever the decompressor raises (the gzip
     CRC case was found by the atheris target: BadGzipFile escaped as an untyped OSError)."""
     blob = b"".join(hashlib.sha256(b"%d" % i).digest() for i in range(256))  # 8 KiB, incompressible
@@ -180,7 +181,7 @@ def test_corrupt_compressed_bundle(harness: inv.BundleHarness, codec: str) -> No
     harness.check_tar(bytes(packed))
 
 
-def test_valid_bundles_import(harness: inv.BundleHarness) -> None:
+def test_valid_bundles_import(harness: harnesses.BundleHarness) -> None:
     """The seed bundle imports, signed and unsigned, as a tar and as a directory: the
     fuzzer's mutations start from the success path."""
     variants = {"torch-universal": b.variant_files({"_ops.py": b"# ops\n"})}

@@ -13,6 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.fuzz import builders as b
+from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 from tests.fuzz.strategies import (
     HOSTILE_PATHS,
@@ -27,8 +28,8 @@ VARIANT = "torch-universal"
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inv.HubHarness]:
-    h = inv.HubHarness(tmp_path_factory.mktemp("fuzz-hub"))
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harnesses.HubHarness]:
+    h = harnesses.HubHarness(tmp_path_factory.mktemp("fuzz-hub"))
     yield h
     h.close()
 
@@ -111,7 +112,7 @@ def variant_listings(draw: st.DrawFn) -> bytes:
     (
         json.dumps(
             [
-                inv.tree_entry(f"build/{VARIANT}/a", b""),
+                harnesses.tree_entry(f"build/{VARIANT}/a", b""),
                 {"type": "file", "oid": "0" * 40, "size": -5, "path": f"build/{VARIANT}/b"},
             ]
         ).encode(),
@@ -136,7 +137,7 @@ def variant_listings(draw: st.DrawFn) -> bytes:
         json.dumps(
             [
                 {
-                    **inv.tree_entry(f"build/{VARIANT}/a", b""),
+                    **harnesses.tree_entry(f"build/{VARIANT}/a", b""),
                     "lfs": {"oid": "x", "size": None, "pointerSize": 1},
                 }
             ]
@@ -147,7 +148,7 @@ def variant_listings(draw: st.DrawFn) -> bytes:
 )
 @example(
     (
-        json.dumps([inv.tree_entry(f"build/{VARIANT}/../../outside/pwned", b"x")]).encode(),
+        json.dumps([harnesses.tree_entry(f"build/{VARIANT}/../../outside/pwned", b"x")]).encode(),
         {"../../outside/pwned": b"x"},
     ),
     b"[]",
@@ -160,13 +161,13 @@ def variant_listings(draw: st.DrawFn) -> bytes:
     b"[]",
 )
 def test_hub_listing(
-    harness: inv.HubHarness, listing: tuple[bytes, dict[str, bytes]], variants: bytes
+    harness: harnesses.HubHarness, listing: tuple[bytes, dict[str, bytes]], variants: bytes
 ) -> None:
     raw, files = listing
     harness.check(VARIANT, raw, files, variants_listing=variants)
 
 
-def test_valid_listing_fetches(harness: inv.HubHarness) -> None:
+def test_valid_listing_fetches(harness: harnesses.HubHarness) -> None:
     """The harness reaches the success path: a real listing is fetched and published."""
     files = b.variant_files({"_ops.py": b"# ops\n"})
     harness.check(

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 from tests.fuzz.strategies import HOSTILE_PATHS, fuzz_settings, json_document, raw_mutations
 
@@ -66,8 +67,8 @@ def test_metadata_parse_and_digest(case: tuple[bytes, dict[str, bytes]], require
 
 
 @pytest.fixture(scope="module")
-def store_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inv.StoreHarness]:
-    harness = inv.StoreHarness(tmp_path_factory.mktemp("fuzz-metadata"))
+def store_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harnesses.StoreHarness]:
+    harness = harnesses.StoreHarness(tmp_path_factory.mktemp("fuzz-metadata"))
     yield harness
     harness.close()
 
@@ -83,13 +84,13 @@ def store_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inv.Stor
 )
 @example((b"{}", {"/".join(["d"] * 1200): b"deep"}))
 def test_metadata_publish(
-    store_harness: inv.StoreHarness, case: tuple[bytes, dict[str, bytes]]
+    store_harness: harnesses.StoreHarness, case: tuple[bytes, dict[str, bytes]]
 ) -> None:
     raw, files = case
     store_harness.publish({**files, "metadata.json": raw})
 
 
-def test_publish_accepts_a_valid_variant(store_harness: inv.StoreHarness) -> None:
+def test_publish_accepts_a_valid_variant(store_harness: harnesses.StoreHarness) -> None:
     """The harness reaches the success path (a fuzzer that only ever sees refusals is blind)."""
     files = {"__init__.py": b"X = 1\n"}
     meta = {"id": "_ok", "digest": {"algorithm": "sha256", "files": inv.metadata_digest(files)}}

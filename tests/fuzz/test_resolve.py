@@ -16,6 +16,7 @@ from kerneld.server.errors import detail_from_trailers
 from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client._proto.kerneld_pb2_grpc import KernelsStub
 from tests.fixtures_daemon import ACT, C1, C2, DEP_TOP, MULTI, MULTI_VARIANTS
+from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 from tests.fuzz.strategies import HOSTILE_STRINGS, fuzz_settings
 from tests.support.daemon import DaemonProcess
@@ -108,8 +109,8 @@ def resolve_requests(draw: st.DrawFn) -> pb.ResolveRequest:
 @pytest.fixture(scope="module")
 def harness(
     kernel_mirror: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[inv.ResolveHarness]:
-    h = inv.ResolveHarness(tmp_path_factory.mktemp("fuzz-resolve"), kernel_mirror)
+) -> Iterator[harnesses.ResolveHarness]:
+    h = harnesses.ResolveHarness(tmp_path_factory.mktemp("fuzz-resolve"), kernel_mirror)
     yield h
     h.close()
 
@@ -138,24 +139,24 @@ CPU = pb.PlatformFacts(torch_version="2.13", cxx11_abi=True, cpu="x86_64", os="l
         platform=pb.PlatformFacts(cpu="x86_64", os="linux", python_version=" "),
     )
 )
-def test_resolve_in_process(harness: inv.ResolveHarness, request: pb.ResolveRequest) -> None:
+def test_resolve_in_process(harness: harnesses.ResolveHarness, request: pb.ResolveRequest) -> None:
     harness.check_resolve(request)
 
 
 @fuzz_settings(40, deadline_s=20)
 @given(st.lists(resolve_requests(), max_size=4))
 def test_resolve_many_in_process(
-    harness: inv.ResolveHarness, requests: list[pb.ResolveRequest]
+    harness: harnesses.ResolveHarness, requests: list[pb.ResolveRequest]
 ) -> None:
     harness.check_resolve_many(pb.ResolveManyRequest(requests=requests))
 
 
-def test_harness_serves_kernels(harness: inv.ResolveHarness) -> None:
+def test_harness_serves_kernels(harness: harnesses.ResolveHarness) -> None:
     """The success path is reachable (a fuzzer that only sees refusals would be blind)."""
     request = pb.ResolveRequest(
         kernel=pb.KernelRef(repo_id=ACT, version=1), platform=CPU, allow_fetch=True
     )
-    response = harness.service.Resolve(request, inv.ServicerContext())  # type: ignore[arg-type]
+    response = harness.service.Resolve(request, harnesses.ServicerContext())  # type: ignore[arg-type]
     assert Path(response.kernel.path).is_dir()
 
 
@@ -193,7 +194,7 @@ def test_resolve_over_grpc(daemon: DaemonProcess, request: pb.ResolveRequest, ju
             inv.expect(err.code() != grpc.StatusCode.UNKNOWN, f"UNKNOWN status: {err.details()}")
             detail = detail_from_trailers(err.trailing_metadata())
             inv.expect(detail is not None, f"{err.code()} without an ErrorDetail: {err.details()}")
-            inv.check_error_detail(detail, "Resolve over gRPC")
+            harnesses.check_error_detail(detail, "Resolve over gRPC")
         else:
             inv.expect(Path(response.kernel.path).is_dir(), "served a path that does not exist")
         stub = KernelsStub(channel)
@@ -201,5 +202,5 @@ def test_resolve_over_grpc(daemon: DaemonProcess, request: pb.ResolveRequest, ju
         inv.expect(len(many.results) == 2, "ResolveMany lost results")
         for result in many.results:
             if result.WhichOneof("result") == "error":
-                inv.check_error_detail(result.error, "ResolveMany over gRPC")
+                harnesses.check_error_detail(result.error, "ResolveMany over gRPC")
         inv.expect(stub.GetStatus(pb.GetStatusRequest(), timeout=20).ready, "the daemon stopped")

@@ -24,7 +24,8 @@ from tests.fixtures_hub import REPO, UNTRUSTED_REPO, VARIANT, SyntheticHub, snap
 from tests.hubapi.support import endpoint_of, hub_api_daemon
 from tests.security.support import as_user
 from tests.support.daemon import DaemonProcess, daemon_dir
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from kerneld_client._proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT
 from tests.hubapi.support import endpoint_of, hub_api_daemon
 from tests.hubapi.venvs import KERNELS_RELEASES, run_in_venv
 from tests.support.daemon import DaemonProcess
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 ACTIVATION = f"{ORG}/activation"
 CHILD = Path(__file__).with_name("_kernels_release_child.py")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from examples.kernels.build import ORG
+from examples.kernels.specs import ORG
 from tests.client.support import client_env
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer

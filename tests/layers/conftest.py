@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from kerneld_client.layers import clear_kernel_cache, register_kernel_mapping
 from kerneld_client.platform import set_platform_facts
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from examples.mirror import build_example_mirror
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.store import Store

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from kerneld_client.layers import (
     FuncRepository,
     LayerStatus,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from kerneld.store import Store, TreeFile
 from tests.security.support import public_dir
 

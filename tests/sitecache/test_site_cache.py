@@ -19,7 +19,8 @@ from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_hub import REPO
 from tests.support.cdn import Cdn
 from tests.support.daemon import DaemonProcess
-from tests.support.hubserver import Fault, HubServer
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 from tests.support.nginx import Nginx, nginx_binary
 from tests.support.nginx import site_cache as nginx_site_cache
 from tests.support.olah import run_olah

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.kernels.build import BuiltExamples
+from examples.kernels.built import BuiltExamples
 from examples.main_job import MirrorServer
 from examples.mirror import build_example_mirror
 from tests.support.daemon import REPO_ROOT

@@ -1,0 +1,130 @@
+"""Variant names parsed against a table (`kernels`' number grammar included); malformed names
+are reported, never raised; parsing is total."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kerneld_client.variants import (
+    UNRECOGNISED,
+    Abi,
+    Backend,
+    UnrecognisedVariant,
+    Variant,
+    VariantKind,
+    parse_backend,
+    parse_variant,
+)
+from tests.variants.support import (
+    CPU,
+    MALFORMED,
+    B,
+    cuda,
+    facts,
+    verdict,
+)
+
+PARSE_TABLE = [
+    (
+        "torch213-cxx11-cu130-x86_64-linux",
+        dict(
+            kind=VariantKind.TORCH_ARCH,
+            torch_version=(2, 13),
+            abi=Abi.CXX11,
+            backend=cuda(13, 0),
+            cpu="x86_64",
+            os="linux",
+        ),
+    ),
+    (
+        "torch29-cxx98-cu128-aarch64-linux",
+        dict(kind=VariantKind.TORCH_ARCH, torch_version=(2, 9), abi=Abi.CXX98, backend=cuda(12, 8)),
+    ),
+    ("torch213-cpu-x86_64-linux", dict(abi=Abi.NONE, backend=CPU, cpu="x86_64")),
+    ("torch210-metal-aarch64-darwin", dict(backend=Backend(B.METAL), os="darwin")),
+    ("torch29-cu126-x86_64-windows", dict(backend=cuda(12, 6), os="windows")),
+    ("torch210-cxx11-rocm64-x86_64-linux", dict(backend=Backend(B.ROCM, (6, 4)))),
+    ("torch29-cxx11-xpu20253-x86_64-linux", dict(backend=Backend(B.XPU, (2025, 3)))),
+    ("torch28-cxx11-cann81-aarch64-linux", dict(backend=Backend(B.CANN, (8, 1)))),
+    ("torch29-neuron-x86_64-linux", dict(backend=Backend(B.NEURON))),
+    ("torch29-tpu-x86_64-linux", dict(backend=Backend(B.TPU))),
+    (
+        "torch-stable-abi210-cu128-x86_64-linux",
+        dict(kind=VariantKind.STABLE_ABI, torch_version=(2, 10), backend=cuda(12, 8)),
+    ),
+    (
+        "tvm-ffi01-cu128-x86_64-linux",
+        dict(kind=VariantKind.TVM_FFI, tvm_ffi_version=(0, 1), torch_version=None),
+    ),
+    ("tvm-ffi012-cpu-aarch64-darwin", dict(tvm_ffi_version=(0, 12))),
+    ("torch-cpu", dict(kind=VariantKind.NOARCH, backend=CPU, cpu=None, os=None)),
+    ("torch-cuda", dict(kind=VariantKind.NOARCH, backend=Backend(B.CUDA))),
+    ("torch-rocm", dict(kind=VariantKind.NOARCH, backend=Backend(B.ROCM))),
+    ("torch-xpu", dict(kind=VariantKind.NOARCH, backend=Backend(B.XPU))),
+    ("torch-metal", dict(kind=VariantKind.NOARCH, backend=Backend(B.METAL))),
+    ("torch-npu", dict(kind=VariantKind.NOARCH, backend=Backend(B.NPU))),
+    ("torch-neuron", dict(kind=VariantKind.NOARCH, backend=Backend(B.NEURON))),
+    ("torch-universal", dict(kind=VariantKind.UNIVERSAL, backend=None)),
+    # `kernels`' number grammar: torch major is one digit; backend minor is the LAST digit.
+    ("torch2013-cpu-x86_64-linux", dict(torch_version=(2, 13))),
+    ("torch213-cu1210-x86_64-linux", dict(backend=cuda(121, 0))),
+    ("torch213-rocm700-x86_64-linux", dict(backend=Backend(B.ROCM, (70, 0)))),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), PARSE_TABLE, ids=[n for n, _ in PARSE_TABLE])
+def test_parse_table(name: str, expected: dict[str, object]) -> None:
+    v = parse_variant(name)
+    assert isinstance(v, Variant), v
+    assert v.name == name
+    for key, value in expected.items():
+        assert getattr(v, key) == value, key
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_names_are_reported_not_raised(name: str) -> None:
+    v = parse_variant(name)
+    assert isinstance(v, UnrecognisedVariant)
+    assert v.reason == UNRECOGNISED and v.detail
+    d = verdict(name, facts())
+    assert (d.accepted, d.reason, d.rank, d.parsed) == (False, UNRECOGNISED, -1, None)
+
+
+@given(st.text())
+@settings(max_examples=500)
+def test_parse_is_total(name: str) -> None:
+    v = parse_variant(name)
+    assert isinstance(v, (Variant, UnrecognisedVariant))
+    assert v.name == name
+
+
+@given(st.text(alphabet="torch-stableabicx1298ufmpnvy_4563ln0", max_size=40))
+@settings(max_examples=500)
+def test_parse_is_total_on_near_misses(name: str) -> None:
+    v = parse_variant(name)
+    if isinstance(v, Variant):
+        # Anything that parses reparses to the same thing from its canonical spelling.
+        again = parse_variant(v.canonical_name)
+        assert isinstance(again, Variant)
+        assert replace(again, name=name) == v
+
+
+def test_parse_backend() -> None:
+    assert parse_backend("cu128") == cuda(12, 8)
+    assert parse_backend("rocm64") == Backend(B.ROCM, (6, 4))
+    assert parse_backend("xpu20253") == Backend(B.XPU, (2025, 3))
+    assert parse_backend("cann81").label == "CANN 8.1"
+    assert parse_backend("cu130").token == "cu130"
+    for bad in ("cuda", "cu", "npu", "CPU", "rocm", ""):
+        with pytest.raises(ValueError):
+            parse_backend(bad)
+
+
+def test_huge_numbers_are_unrecognised_not_a_crash() -> None:
+    assert isinstance(
+        parse_variant("torch2" + "1" * 5000 + "-cpu-x86_64-linux"), UnrecognisedVariant
+    )
