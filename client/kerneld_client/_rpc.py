@@ -7,10 +7,7 @@ Rules that keep a training job safe:
   for KERNELD_BACKOFF seconds, so later calls in the process do not pay for it again;
 - one channel per call, closed before the call returns: nothing of grpc's is open across a
   `fork()` the caller may do next;
-- every call carries this process's caller token (metadata `kerneld-caller`): one connect to
-  the socket's `.cred` side-channel per process and 5 minutes gives the daemon the kernel's
-  word on our uid, gid and pid (kerneld/server/identity.py); a child after `fork()` takes its
-  own; a daemon without the side-channel gets calls without it;
+- every call carries this process's caller token (`_caller`);
 - every call has a deadline: KERNELD_TIMEOUT (1 s) for calls that download nothing. A resolve
   that needs a download is asked in two steps: first without fetching, under the short deadline
   (a hung daemon is found within it); only if the daemon answers that the kernel must be
@@ -34,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kerneld_client import _config
+from kerneld_client._caller import caller_metadata, forget_token
 from kerneld_client._types import KernelRequest, SuspectReport
 from kerneld_client.errors import (
     GROUP_HINT,
@@ -147,54 +145,6 @@ def _probe(path: Path, timeout: float) -> None:
         raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc
     finally:
         sock.close()
-
-
-# ------------------------------------------------------------------------------- identity
-
-CALLER_METADATA = "kerneld-caller"
-#: The daemon's tokens live 10 minutes; take a new one well before.
-_TOKEN_REFRESH_S = 300.0
-_token_lock = threading.Lock()
-_token: tuple[int, str, float, str] | None = None  # (pid, socket, refresh at, token or "")
-
-
-def forget_token() -> None:
-    """Drop the cached token (the daemon refused it: restarted, or the token expired)."""
-    global _token
-    with _token_lock:
-        _token = None
-
-
-def caller_token(socket_path: Path) -> str | None:
-    """This process's token for the daemon on `socket_path`; None where it offers none."""
-    global _token
-    pid, now, key = os.getpid(), time.monotonic(), str(socket_path)
-    with _token_lock:
-        cached = _token
-    if cached is not None and cached[:2] == (pid, key) and now < cached[2]:
-        return cached[3] or None
-    token = ""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(_config.timeout_s())
-        sock.connect(key + ".cred")
-        data = b""
-        while len(data) < 4096 and (chunk := sock.recv(4096)):
-            data += chunk
-        token = data.strip().decode("ascii")
-    except (OSError, UnicodeDecodeError):
-        token = ""  # an older daemon, or none: calls go without (anonymous)
-    finally:
-        sock.close()
-    refresh = _TOKEN_REFRESH_S if token else _config.backoff_s()
-    with _token_lock:
-        _token = (pid, key, now + refresh, token)
-    return token or None
-
-
-def caller_metadata(socket_path: Path) -> tuple[tuple[str, str], ...] | None:
-    token = caller_token(socket_path)
-    return ((CALLER_METADATA, token),) if token else None
 
 
 # ------------------------------------------------------------------------------- calls
