@@ -308,7 +308,7 @@ def run_footprint(ctx: Ctx) -> Section:
             [
                 ("sum of the five variants' sizes", mib(total), "100%"),
                 (
-                    "kerneld store on disk (blobs, trees, index, client index)",
+                    "kerneld store on disk (blobs, trees, index, published index)",
                     mib(store_disk),
                     f"{store_disk / total:.0%}",
                 ),

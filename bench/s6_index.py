@@ -6,11 +6,11 @@ bulk, in one transaction, through the store's SQLite index API (`Index.put_blob`
 `put_variant`, `put_ref`): 100 repos' worth of commits per 10,000 trees, each tree with two
 files (a blob shared by all and its own `metadata.json` blob) and one `(repo, commit,
 torch-universal)` variant, one `v1` ref per repo. The synthetic trees have index rows only (no
-files): Resolve, GC planning and the client index never read tree files, and GC deletes
+files): Resolve, GC planning and the published index never read tree files, and GC deletes
 missing files without complaint.
 
 A real daemon is then started on that store (time to ready = opening, recovering and
-publishing the client index of every repo) and asked:
+publishing the published index of every repo) and asked:
 
 - Resolve of the real kernel: `--index-runs` rounds of `--resolve-calls` calls (p50 and p99);
 - GarbageCollect dry-run, `--index-runs` times (client wall time of the RPC, whose answer lists

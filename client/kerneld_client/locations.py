@@ -6,7 +6,7 @@ Two modes:
   when that is unset), store in ~/.cache/kerneld/store.
 
 A running daemon advertises itself in a small JSON file beside its user socket
-(`<socket>.json`: store root, client index directory, admin socket, pid, version), so a client
+(`<socket>.json`: store root, published index directory, admin socket, pid, version), so a client
 finds the published index without gRPC and without parsing the daemon's config.
 
 Kept free of third-party imports: this module is on the client's warm path. (`platformdirs`

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kerneld.store.verify import DEFAULT_QUARANTINE_MAX_BYTES
 from kerneld_client import locations
-from kerneld_client._index import repo_matches
+from kerneld_client.published_index import repo_matches
 
 UPSTREAM_KINDS = ("hub", "mirror-dir", "mirror-http")
 #: The periodic scrub: weekly, at 32 MiB/s (a 20 GiB store takes about 11 minutes of reads).

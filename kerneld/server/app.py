@@ -287,7 +287,7 @@ class Daemon:
             write_advert(
                 Advert(
                     store_root=store.root,
-                    index_dir=store.client_index_dir,
+                    index_dir=store.published_index_dir,
                     user_socket=self.config.user_socket.path,
                     admin_socket=self.config.admin_socket.path,
                     pid=os.getpid(),

@@ -27,7 +27,7 @@ from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
 from kerneld.server.core import Core, Served
 from kerneld.server.errors import abort, classify, rpc_handler
-from kerneld.store import InvalidInputError, client_index
+from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure
 from kerneld_client._convert import facts_to_proto
@@ -72,8 +72,8 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         version=__version__,
         ready=core.ready,
         store_root=str(cfg.store_path),
-        index_path=str(cfg.store_path / "index" / f"v{client_index.VERSION}"),
-        index_format=client_index.VERSION,
+        index_path=str(cfg.store_path / "index" / f"v{published_index.VERSION}"),
+        index_format=published_index.VERSION,
         started_at=convert.ts(core.started_at),
         store_cap_bytes=cfg.cap_bytes or 0,
         hub_api=core.hub_api,
@@ -83,7 +83,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         status.trees = usage.trees
         status.blobs = usage.blobs
         status.store_bytes = usage.bytes_used
-        status.index_path = str(core.store.client_index_dir)
+        status.index_path = str(core.store.published_index_dir)
     for up in core.upstreams:
         item = pb.UpstreamStatus(
             name=_shown(up.name),

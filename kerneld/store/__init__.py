@@ -1,11 +1,10 @@
 """kerneld's content-addressed store: blobs, read-only variant trees, the SQLite index, GC.
 
 No gRPC here. The facade is :class:`Store`; the on-disk layout is documented in ``layout``, the
-client-facing index format in ``client_index``, the error hierarchy in ``errors``.
+index jobs read in ``published_index``, the error hierarchy in ``errors``.
 """
 
 from .blobs import BlobInfo, BlobWriter, Expected
-from .client_index import IndexHit
 from .errors import (
     BlobMissingError,
     DeniedError,
@@ -48,6 +47,7 @@ from .leasing import Lease
 from .locks import TreeGone, hold_tree_lock
 from .lookup import LookupHit, PublishedFile
 from .manifest import TreeFile, VariantMetadata, tree_digest
+from .published_index import IndexHit
 from .publishing import TreeInfo
 from .signatures import ProvenanceCheck
 from .space import Usage

@@ -1,5 +1,5 @@
 """Running garbage collection (``gc`` plans it): expire leases, take one index snapshot, mark
-the plan's victims dead in one short transaction, republish the client index, then delete
+the plan's victims dead in one short transaction, republish the published index, then delete
 their files outside the lock. Dead rows are purged the same way after recovery and repair.
 """
 

@@ -23,7 +23,8 @@
     │                                             the oldest dropped past [store] quarantine_max
     ├── locks/<64 hex>.lock              0644  one per published tree; clients hold an OFD read
     │                                          lock, GC the OFD write lock (owner only)
-    └── index/v1/                        0755  the read-only client index (see client_index.py)
+    └── index/v1/                        0755  the published index, read by jobs
+                                               (published_index.py)
         ├── denies.json
         └── <org>/<name>.json
 
@@ -119,7 +120,7 @@ class Layout:
         return self.root / "locks"
 
     @property
-    def client_index(self) -> Path:
+    def published_index(self) -> Path:
         return self.root / "index" / "v1"
 
     @property
@@ -134,7 +135,7 @@ class Layout:
         return self.trees / tree_hex
 
     def tree_relpath(self, tree_hex: str) -> str:
-        """The tree path relative to the root, as published in the client index."""
+        """The tree path relative to the root, as published in the published index."""
         return f"v{LAYOUT_VERSION}/trees/{tree_hex}"
 
     def lock_path(self, tree_hex: str) -> Path:
@@ -148,7 +149,7 @@ class Layout:
 
     def repo_index_path(self, repo: str) -> Path:
         org, name = repo.split("/", 1)
-        return self.client_index / org / f"{name}.json"
+        return self.published_index / org / f"{name}.json"
 
     def ensure(self) -> None:
         """Create the directory skeleton (idempotent) with the documented modes."""
@@ -165,7 +166,7 @@ class Layout:
             (self.quarantine, DIR_MODE_PRIVATE),
             (self.locks, DIR_MODE_PUBLIC),
             (self.root / "index", DIR_MODE_PUBLIC),
-            (self.client_index, DIR_MODE_PUBLIC),
+            (self.published_index, DIR_MODE_PUBLIC),
         ):
             try:
                 path.mkdir(mode=mode)

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld_client._index import OFD_WRITE, TreeGone, lock_shared, ofd_lock
+from kerneld_client.file_locks import OFD_WRITE, TreeGone, lock_shared, ofd_lock
 
 from .errors import StoreLockedError
 from .layout import FILE_MODE_LOCK
@@ -175,7 +175,7 @@ def is_held(path: Path) -> bool:
 @contextlib.contextmanager
 def hold_tree_lock(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> Iterator[int]:
     """Hold the OFD read lock on a tree for the duration of the block (the client protocol, whose
-    one implementation is ``kerneld_client._index.lock_shared``).
+    one implementation is ``kerneld_client.file_locks.lock_shared``).
 
     Raises :class:`TreeGone` if GC removed the tree meanwhile, ``BlockingIOError`` if
     non-blocking and GC is deleting it right now.

@@ -97,7 +97,7 @@ def parse_manifest(data: bytes) -> list[ManifestEntry]:
 
 @dataclass(frozen=True)
 class VariantMetadata:
-    """The parts of ``metadata.json`` the store publishes in the client index."""
+    """The parts of ``metadata.json`` the store publishes in the published index."""
 
     id: str | None = None
     name: str | None = None

@@ -1,6 +1,6 @@
 """What the store remembers about names rather than bytes: where refs point, what the upstream
 lists (its versions, each commit's variants), failed upstream lookups (the negative cache),
-pins and denies. Every change a client resolves by is republished in the client index.
+pins and denies. Every change a client resolves by is republished in the published index.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import logging
 import time
 from collections.abc import Iterable
 
-from .client_index_writer import ClientIndexWriter
 from .errors import DeniedError, InvalidInputError, log_context
 from .index import ALL, DenyRow, NegativeRow, PinRow, RefRow
 from .paths import validate_commit, validate_ref, validate_repo, validate_variant
+from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
 
 log = logging.getLogger("kerneld.store")
@@ -21,7 +21,7 @@ log = logging.getLogger("kerneld.store")
 class Names:
     """Refs, upstream facts, the negative cache, pins and denies (`interfaces.Policy`)."""
 
-    def __init__(self, state: StoreState, writer: ClientIndexWriter) -> None:
+    def __init__(self, state: StoreState, writer: PublishedIndexWriter) -> None:
         self._state = state
         self._writer = writer
 

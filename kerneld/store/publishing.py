@@ -1,6 +1,6 @@
 """Publishing a variant tree from ingested blobs: validate the files, check ``metadata.json``
 (and, with a check installed, who signed it), build the tree in a staging directory outside the
-lock, rename it into ``trees/``, make it valid with its index row, and rewrite the client index
+lock, rename it into ``trees/``, make it valid with its index row, and rewrite the published index
 of the repo last. An identical tree already in the store is shared (dedupe across revisions
 and repos).
 """
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import faults
-from .client_index_writer import ClientIndexWriter
 from .errors import (
     BlobMissingError,
     InvalidInputError,
@@ -49,6 +48,7 @@ from .paths import (
     validate_repo,
     validate_variant,
 )
+from .published_index_writer import PublishedIndexWriter
 from .signatures import Signatures
 from .space import Space
 from .state import StoreState
@@ -102,7 +102,7 @@ class Publisher:
         space: Space,
         names: Names,
         signatures: Signatures,
-        writer: ClientIndexWriter,
+        writer: PublishedIndexWriter,
         move_to_trash: Callable[[Path], None],
         require_metadata_digest: bool,
         use_hardlinks: bool,
@@ -128,7 +128,7 @@ class Publisher:
         Paths and modes are validated, ``metadata.json`` must be present and its ``digest`` (if
         any; mandatory with ``require_metadata_digest``) must describe exactly the other files.
         The tree is built in a staging directory, renamed into ``trees/`` and only then made
-        valid by the index row; the client index of ``repo`` is rewritten last.
+        valid by the index row; the published index of ``repo`` is rewritten last.
         """
         state, index = self._state, self._state.index
         state.writable()

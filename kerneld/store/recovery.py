@@ -1,7 +1,7 @@
 """Crash recovery, at every read-write open: finish or undo whatever an interrupted process
 left, so a crash at any instant leaves no half-valid object (validity is an index row, see
 ``index``): staging builds and stale partial downloads go, ``pending`` rows and their files go,
-``dead`` rows are purged (unless a client still holds the tree), then the client index is
+``dead`` rows are purged (unless a client still holds the tree), then the published index is
 checked against the index.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import time
 
-from . import client_index
-from .client_index_writer import ClientIndexWriter
+from . import published_index
 from .collector import Collector
 from .locks import is_held
+from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
 from .trees import remove_tree
 
@@ -23,7 +23,7 @@ log = logging.getLogger("kerneld.store")
 def recover(
     state: StoreState,
     collector: Collector,
-    writer: ClientIndexWriter,
+    writer: PublishedIndexWriter,
     *,
     partial_grace_s: float,
 ) -> None:
@@ -40,7 +40,7 @@ def recover(
                 log.info("removed stale partial download %s", part.name)
         except FileNotFoundError:
             pass
-    client_index.clean_temporaries(lay)
+    published_index.clean_temporaries(lay)
     with state.lock:
         for blob in index.blobs("pending"):
             lay.blob_path(blob.sha256).unlink(missing_ok=True)
@@ -54,7 +54,7 @@ def recover(
             log.info("recovery: dropped unfinished tree %s", tree.digest)
         for tree in index.trees("dead"):
             if is_held(lay.lock_path(tree.digest)):
-                # A client found it through a stale client index: keep it alive for now
+                # A client found it through a stale published index: keep it alive for now
                 # (unreferenced, so the next GC collects it once the client is gone).
                 with index.tx() as conn:
                     index.set_tree_state(conn, tree.digest, "live")

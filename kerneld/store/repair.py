@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from . import verify as verify_mod
-from .client_index_writer import ClientIndexWriter
 from .collector import Collector
 from .errors import log_context
 from .paths import tree_hex
+from .published_index_writer import PublishedIndexWriter
 from .quarantine import Quarantine
 from .state import StoreState
 
@@ -34,7 +34,7 @@ class Repairer:
         *,
         quarantine: Quarantine,
         collector: Collector,
-        writer: ClientIndexWriter,
+        writer: PublishedIndexWriter,
         owner_uid: int,
     ) -> None:
         self._state = state
@@ -140,7 +140,7 @@ class Repairer:
         by: str,
     ) -> tuple[Invalidated, list[verify_mod.Quarantined], set[str]]:
         """Mark blobs and trees dead (and every tree using a dead blob), drop their variant
-        rows, republish the client index, then move their files into the quarantine before
+        rows, republish the published index, then move their files into the quarantine before
         anything can purge them; caller holds the lock."""
         index, layout = self._state.index, self._state.layout
         why: dict[str, list[dict[str, str]]] = {}

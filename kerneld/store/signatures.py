@@ -11,11 +11,11 @@ import json
 from collections.abc import Callable
 from typing import Protocol
 
-from .client_index_writer import ClientIndexWriter
 from .errors import ProvenanceError
 from .index import ProvenanceRecord
 from .manifest import METADATA_FILE, ManifestEntry
 from .paths import tree_hex
+from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
 
 #: Why a tree without a provenance record is refused while signatures are required.
@@ -48,7 +48,7 @@ class Signatures:
     def __init__(
         self,
         state: StoreState,
-        writer: ClientIndexWriter,
+        writer: PublishedIndexWriter,
         resolve: Callable[[str, str], str | None],
     ) -> None:
         self._state = state
@@ -56,7 +56,7 @@ class Signatures:
         self._resolve = resolve
 
     def install(self, check: ProvenanceCheck | None) -> None:
-        """Install the ingest check and republish the client index, which leaves out
+        """Install the ingest check and republish the published index, which leaves out
         unverified trees while signatures are required."""
         state = self._state
         with state.lock:

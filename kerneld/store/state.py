@@ -46,5 +46,5 @@ class StoreState:
 
     @property
     def require_signed(self) -> bool:
-        """Are unverified trees refused (and left out of the client index)?"""
+        """Are unverified trees refused (and left out of the published index)?"""
         return self.check is not None and self.check.required

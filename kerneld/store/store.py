@@ -17,7 +17,7 @@ The work is done by small parts the store holds, each with only the dependencies
 ``lookup`` (which tree a name resolves to), ``names`` (refs, upstream facts, the negative
 cache, pins, denies), ``signatures`` (provenance), ``leasing``, ``space`` and ``collector``
 (reservations and GC), ``quarantine`` and ``repair`` (verify, repair, invalidate),
-``recovery`` (at open) and ``client_index_writer``. This module opens and closes the store and
+``recovery`` (at open) and ``published_index_writer``. This module opens and closes the store and
 keeps the one set of method names its callers use (``interfaces`` has the narrow views).
 
 Thread-safe: every index access and every rename into or out of ``blobs/``/``trees/`` happens
@@ -35,7 +35,6 @@ from typing import Any, BinaryIO
 from . import gc as gc_mod
 from . import verify as verify_mod
 from .blobs import BlobInfo, BlobWriter, Expected
-from .client_index_writer import ClientIndexWriter
 from .collector import Collector
 from .holds import Holds
 from .index import (
@@ -59,6 +58,7 @@ from .manifest import TreeFile, VariantMetadata
 from .names import Names
 from .ownership import opening_step, root_owner, take_ownership
 from .paths import tree_hex
+from .published_index_writer import PublishedIndexWriter
 from .publishing import Publisher, TreeInfo
 from .quarantine import Quarantine
 from .recovery import recover
@@ -100,7 +100,7 @@ class Store:
         self.owner_uid = root_owner(layout.root) if owner_uid is None else owner_uid
         """Every file of the store must belong to this uid: the owner of the root directory
         (layout.py, "Ownership"), so a ``chown -R`` of the store is all a change of owner needs."""
-        self._writer = writer = ClientIndexWriter(state)
+        self._writer = writer = PublishedIndexWriter(state)
         self._space = space = Space(state)
         self._collector = collector = Collector(state, space, self.holds, writer.publish)
         if auto_gc:
@@ -150,7 +150,7 @@ class Store:
 
     @property
     def generation(self) -> int:
-        """The client index generation: bumped by every change a resolution depends on (refs,
+        """The published index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
         return self._writer.generation
 
@@ -307,7 +307,7 @@ class Store:
         return self._publisher.check_files_metadata(repo, commit, variant, files)
 
     def set_provenance(self, check: ProvenanceCheck | None) -> None:
-        """Install the ingest check (see ``provenance``) and republish the client index, which
+        """Install the ingest check (see ``provenance``) and republish the published index, which
         leaves out unverified trees while signatures are required."""
         self._signatures.install(check)
 
@@ -357,9 +357,9 @@ class Store:
         return self.layout.root
 
     @property
-    def client_index_dir(self) -> Path:
-        """Where the published client index lives (``index/v1``), for the status RPC."""
-        return self.layout.client_index
+    def published_index_dir(self) -> Path:
+        """Where the published index lives (``index/v1``), for the status RPC."""
+        return self.layout.published_index
 
     def tree_path(self, digest: str) -> Path:
         """The folder of a tree (``sha256:<hex>`` or hex), whether or not it is live."""
@@ -588,7 +588,7 @@ class Store:
                 self.index.set_meta(conn, key, value)
 
     def publish_document(self, name: str, doc: dict[str, Any]) -> None:
-        """Write a store-wide document next to the client index (`index/v1/<name>`), for
+        """Write a store-wide document next to the published index (`index/v1/<name>`), for
         readers of the warm path; unchanged content is not rewritten."""
         self._writer.publish_document(name, doc)
 

@@ -2,7 +2,7 @@
 fresh client processes whose output is JSON.
 
 A store is filled the way the daemon fills it: `Resolver` over the Hub test server and the real
-`Store` (verified ingest, read-only trees, published client index), or `publish_synthetic` for
+`Store` (verified ingest, read-only trees, published index), or `publish_synthetic` for
 small pure-Python kernels the examples do not cover (CUDA archs, kernel-depends).
 """
 

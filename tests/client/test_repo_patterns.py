@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kerneld_client._index import repo_matches
+from kerneld_client.published_index import repo_matches
 from tests.fuzz.strategies import fuzz_settings
 
 _TEXT = st.text(alphabet="ab-/*", max_size=12)

@@ -50,7 +50,7 @@ mod = kerneld_client.get_kernel("kerneld-examples/activation", version=1, policy
 checked = check_activation(mod, 1)
 info = loaded_kernels()[0]
 # The OFD read lock is held by this process: a write lock on another descriptor fails.
-from kerneld_client._index import OFD_WRITE, ofd_lock
+from kerneld_client.file_locks import OFD_WRITE, ofd_lock
 fd = os.open(os.path.join(os.environ["KERNELD_STORE"], "locks", info.digest[7:] + ".lock"),
              os.O_RDWR)
 try:

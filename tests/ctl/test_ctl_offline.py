@@ -157,7 +157,7 @@ def test_pin_unpin_deny_allow(tmp_path: Path, store_dir: Path) -> None:
     assert denies == [{"repo_id": J, "revision": "", "reason": "crashes"}]
     ls = {k["repo_id"]: k for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
     assert ls[J]["denied"] is True and ls[K]["denied"] is False
-    # the published client index tells clients at once
+    # the published index tells clients at once
     doc = json.loads((store_dir / "index" / "v1" / "denies.json").read_text())
     assert J in json.dumps(doc)
     r = ctl(tmp_path, "allow", *s, J)

@@ -103,7 +103,7 @@ def test_socket_modes_and_groups_decide_access(
 
 
 def _can_read_index(d: DaemonProcess, uid: int, gid: int) -> bool:
-    """Whether uid:gid (no supplementary groups) can list the published client index."""
+    """Whether uid:gid (no supplementary groups) can list the published index."""
 
     def probe() -> bool:
         try:

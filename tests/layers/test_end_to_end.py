@@ -1,5 +1,5 @@
 """LayerRepository and LockedLayerRepository end to end: a store filled by the daemon's code
-(verified ingest, published client index), read by the client's warm path in a fresh process
+(verified ingest, published index), read by the client's warm path in a fresh process
 with no daemon running; then the administrator denies the kernel."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import pytest
 from kerneld.store.layout import FILE_MODE_LOCK
 from kerneld.store.locks import try_lock_exclusive
 from kerneld_client import _coalesce
-from kerneld_client._index import OFD_READ, OFD_WRITE
 from kerneld_client._types import KernelRequest
+from kerneld_client.file_locks import OFD_READ, OFD_WRITE
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_daemon import ACT
@@ -316,7 +316,7 @@ def test_a_shared_bytecode_cache_cannot_stall_or_feed_a_job(
 
 
 def test_the_flock_structs_are_what_the_kernel_expects() -> None:
-    """`_index` builds `struct flock` without the struct module (warm path); it must equal the
+    """`file_locks` builds `struct flock` without the struct module (warm path); it must equal the
     C layout for a whole-file lock with `l_pid == 0` (OFD locks refuse anything else)."""
     import struct
 

@@ -1,7 +1,7 @@
 """A local user who is not the store owner can read the store but change nothing in it, cannot
 keep the daemon from (re)starting, and cannot take over or replace its sockets.
 
-Every path of a real store (filled by a real daemon: trees, blobs, locks, the client index, the
+Every path of a real store (filled by a real daemon: trees, blobs, locks, the published index, the
 SQLite index) is attacked from a process running as `nobody`: create, write, truncate, chmod,
 rename, unlink, link. The probe itself is shown to detect a writable directory, so a store that
 let anything through would fail the test.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kerneld_client._index import OFD_READ, ofd_lock
 from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.file_locks import OFD_READ, ofd_lock
 from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_daemon import ACT, DEP_TOP
 from tests.security.support import as_nobody, needs_root

@@ -1,4 +1,4 @@
-"""Index, refs, denies, pins, leases, negative cache, owner lock and the client index."""
+"""Index, refs, denies, pins, leases, negative cache, owner lock and the published index."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kerneld.store import (
     Store,
     StoreLockedError,
     TreeNotFoundError,
-    client_index,
+    published_index,
 )
 from kerneld.store.index import SCHEMA_VERSION
 
@@ -125,7 +125,7 @@ def test_denies(store):
     store.deny(REPO, reason="whole repo")
     with pytest.raises(DeniedError):
         store.lookup(REPO, "main", "torch-cpu")
-    denies = json.loads((store.layout.client_index / "denies.json").read_text())
+    denies = json.loads((store.layout.published_index / "denies.json").read_text())
     assert denies["denies"] == [
         {
             "repo": REPO,
@@ -168,7 +168,7 @@ def test_pins_roundtrip(store):
     assert not store.unpin(REPO, "v1")
 
 
-def test_client_index_document(store):
+def test_published_index_document(store):
     publish(store)
     store.set_ref(REPO, "v1", COMMIT_A)
     store.set_upstream_variants(REPO, COMMIT_A, ["torch-cpu", "torch-cuda"])
@@ -195,19 +195,19 @@ def test_client_lookup_is_fast_and_honours_denies(store):
     publish(store)
     store.set_ref(REPO, "v1", COMMIT_A)
     root = store.layout.root
-    hit = client_index.lookup(root, REPO, "v1", "torch-cpu")
+    hit = published_index.lookup(root, REPO, "v1", "torch-cpu")
     assert hit is not None and hit.tree.is_dir() and hit.commit == COMMIT_A
-    assert client_index.lookup(root, REPO, "v2", "torch-cpu") is None
-    assert client_index.lookup(root, "no/such", "v1", "torch-cpu") is None
+    assert published_index.lookup(root, REPO, "v2", "torch-cpu") is None
+    assert published_index.lookup(root, "no/such", "v1", "torch-cpu") is None
     n = 2000
     t0 = time.perf_counter()
     for _ in range(n):
-        client_index.lookup(root, REPO, "v1", "torch-cpu")
+        published_index.lookup(root, REPO, "v1", "torch-cpu")
     per_call = (time.perf_counter() - t0) / n
     assert per_call < 1e-3, f"{per_call * 1e6:.0f} µs per lookup"
     store.deny(REPO, "v1", reason="bad build")
-    with pytest.raises(client_index.Denied):
-        client_index.lookup(root, REPO, "v1", "torch-cpu")
+    with pytest.raises(published_index.Denied):
+        published_index.lookup(root, REPO, "v1", "torch-cpu")
 
 
 def test_client_index_rebuilt_at_open(store_root):
@@ -231,7 +231,7 @@ def test_reopen_rewrites_only_client_index_files_that_differ(store_root):
         publish(s)
         s.set_ref(REPO, "v1", COMMIT_A)
         path = s.layout.repo_index_path(REPO)
-        denies = s.layout.client_index / "denies.json"
+        denies = s.layout.published_index / "denies.json"
     before = {p: p.stat().st_ino for p in (path, denies)}
     with Store.open(store_root):
         pass

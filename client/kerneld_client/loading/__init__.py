@@ -3,7 +3,7 @@
     request    context.py      the selector checked, the caller's options, the dependency stack
     sources    sources.py      the `Source` protocol and the `Candidate` a source finds:
                local.py        a `LOCAL_KERNELS` override (the caller's own folder)
-               published.py    the daemon's published client index (the warm path: no RPC)
+               published.py    the daemon's published index (the warm path: no RPC)
                daemon.py       the daemon over gRPC, one cold ask per kernel per host (_coalesce)
                hub.py          the `hub` fallback: a verified download into this user's cache
     materialize materialize.py lock -> trust -> verify -> device check -> dependencies -> import

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kerneld_client import _config, _index, locations
+from kerneld_client import _config, locations, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import DaemonUnavailable, KernelError, KernelUnavailable, UntrustedPath
 from kerneld_client.loading.context import LoadContext
@@ -90,9 +90,9 @@ def _candidate(root: _trust.StoreRoot, resolved: Resolved, request: KernelReques
         for dep in resolved.dependencies
     )
     try:
-        lock = _index.lock_path_for(Path(root.real), resolved.digest)
-        tree = _index.tree_relpath_for(resolved.path, resolved.digest)
-    except _index.IndexFormatError as exc:
+        lock = published_index.lock_path_for(Path(root.real), resolved.digest)
+        tree = published_index.tree_relpath_for(resolved.path, resolved.digest)
+    except published_index.IndexFormatError as exc:
         # Whatever answered on the socket did not name a tree of the store by its digest.
         raise UntrustedPath(f"kerneld's answer refused: {exc}", repo_id=request.repo_id) from exc
     return Candidate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kerneld_client import _config, _index, _trust
+from kerneld_client import _config, _trust, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, UntrustedPath
 from kerneld_client.loading.context import LoadContext
@@ -35,7 +35,7 @@ class HubSource:
 
         def check_denied(*revisions: str) -> None:
             for repo, revision, reason in denies:
-                if repo == request.repo_id and revision in (_index.ALL, *revisions):
+                if repo == request.repo_id and revision in (published_index.ALL, *revisions):
                     raise KernelDenied(reason or "denied on this host", repo_id=request.repo_id)
 
         check_denied(request.ref)
@@ -75,6 +75,6 @@ def _host_denies() -> list[tuple[str, str, str]]:
     if root is None:
         return []
     try:
-        return _index.read_denies(Path(root.real), owner_uid=root.owner_uid)
-    except (PermissionError, _index.IndexFormatError):
+        return published_index.read_denies(Path(root.real), owner_uid=root.owner_uid)
+    except (PermissionError, published_index.IndexFormatError):
         return []

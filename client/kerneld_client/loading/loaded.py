@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kerneld_client import _index, _trust, locations
+from kerneld_client import _trust, file_locks, locations, published_index
 from kerneld_client._types import RepoInfo
 
 
@@ -73,7 +73,7 @@ class LoadedKernel:
         return None if self.source == "local" else RepoInfo(self.repo_id, self.ref)
 
     @property
-    def provenance(self) -> _index.Provenance | None:
+    def provenance(self) -> published_index.Provenance | None:
         """Who signed this tree, as kerneld checked it when the tree entered the store
         (`[provenance]`); None: nothing recorded (a local or hub-fallback kernel, or a daemon
         that checks no signatures). Taken from the index entry a warm load used, else read
@@ -86,8 +86,10 @@ class LoadedKernel:
         if root is None:
             return None
         try:
-            doc = _index.read_repo_index(Path(root.real), self.repo_id, owner_uid=root.owner_uid)
-        except (OSError, _index.IndexFormatError):
+            doc = published_index.read_repo_index(
+                Path(root.real), self.repo_id, owner_uid=root.owner_uid
+            )
+        except (OSError, published_index.IndexFormatError):
             return None
         commit = None if doc is None else doc.commits.get(self.commit)
         entry = None if commit is None else commit.variants.get(self.variant)
@@ -101,7 +103,7 @@ class LoadedKernel:
 
 
 #: tree digest -> who signed it, as the published index entry a warm load used said.
-provenance_seen: dict[str, _index.Provenance | None] = {}
+provenance_seen: dict[str, published_index.Provenance | None] = {}
 
 _registry_lock = threading.Lock()
 _loaded: dict[str, LoadedKernel] = {}  # by real tree path, in load order
@@ -137,11 +139,11 @@ def importing(real: str) -> Iterator[None]:
 
 def hold(real_tree: str, lock_path: Path, tree: Path) -> bool:
     """Take the OFD read lock on a store tree for the life of the process; True if taken now
-    (False: this process holds it already). Raises what `_index.lock_shared` raises."""
+    (False: this process holds it already). Raises what `file_locks.lock_shared` raises."""
     with _registry_lock:
         if real_tree in _held:
             return False
-        _held[real_tree] = _index.lock_shared(lock_path, tree)
+        _held[real_tree] = file_locks.lock_shared(lock_path, tree)
         return True
 
 

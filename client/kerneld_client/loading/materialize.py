@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client import _config, _deps, _index, _trust, importer, locations
+from kerneld_client import _config, _deps, _trust, importer, locations
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     CorruptTree,
@@ -23,6 +23,7 @@ from kerneld_client.errors import (
     UntrustedPath,
     VariantReason,
 )
+from kerneld_client.file_locks import TreeGone
 from kerneld_client.loading import loaded as registry
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import LoadedKernel
@@ -72,7 +73,7 @@ def _store_tree(
         )
     try:
         taken = registry.hold(real_guess, lock, abs_tree)
-    except (_index.TreeGone, BlockingIOError, FileNotFoundError) as exc:
+    except (TreeGone, BlockingIOError, FileNotFoundError) as exc:
         raise TreeVanished(f"tree {candidate.digest} is being removed: {exc!r}") from exc
     try:
         real = _trust.check_tree(root, tree)

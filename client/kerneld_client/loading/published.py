@@ -1,4 +1,4 @@
-"""The warm path's source: the daemon's published client index, read without any RPC.
+"""The warm path's source: the daemon's published index, read without any RPC.
 
 One small JSON document per repo says which commit a ref names, what is denied, and which
 variants of each commit are in the store (and which exist upstream). A candidate comes back
@@ -13,7 +13,7 @@ import errno
 import time
 from pathlib import Path
 
-from kerneld_client import _config, _index, _trust
+from kerneld_client import _config, _trust, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     GROUP_HINT,
@@ -34,14 +34,16 @@ _versions_seen: dict[str, tuple[int, ...] | None] = {}
 
 def read_commit(
     root: _trust.StoreRoot, request: KernelRequest
-) -> tuple[str, _index.CommitEntry | None, float | None] | None:
+) -> tuple[str, published_index.CommitEntry | None, float | None] | None:
     """(commit, its entry, seconds since the daemon resolved the ref) for the request's ref
     in the published index, or None when the index has no answer (ask the daemon). The entry
     is None when the commit has nothing in the store; the age is None for a commit asked for
     by itself. Raises KernelDenied for a denied ref or commit (final),
     KernelUnavailable when the store is closed to this user, UntrustedPath otherwise."""
     try:
-        doc = _index.read_repo_index(Path(root.real), request.repo_id, owner_uid=root.owner_uid)
+        doc = published_index.read_repo_index(
+            Path(root.real), request.repo_id, owner_uid=root.owner_uid
+        )
     except PermissionError as exc:
         if exc.errno == errno.EACCES:  # the store is not readable by this user: not untrusted
             raise KernelUnavailable(
@@ -50,7 +52,7 @@ def read_commit(
                 hint=GROUP_HINT,
             ) from exc
         raise UntrustedPath(f"published index: {exc}", repo_id=request.repo_id) from exc
-    except _index.IndexFormatError:
+    except published_index.IndexFormatError:
         return None  # the daemon will know
     if doc is None:
         return None
@@ -71,8 +73,8 @@ def _publisher_trusted(root: _trust.StoreRoot, repo_id: str, ctx: LoadContext) -
     A store without the file was never served by a daemon that checks publishers (kerneld
     writes it whenever it opens the store): its index is trusted as it was before the check."""
     try:
-        publishers = _index.read_publishers(Path(root.real), owner_uid=root.owner_uid)
-    except (OSError, _index.IndexFormatError):
+        publishers = published_index.read_publishers(Path(root.real), owner_uid=root.owner_uid)
+    except (OSError, published_index.IndexFormatError):
         return False
     return publishers is None or publishers.trusts(
         repo_id, trust_remote_code=ctx.options.trusts(repo_id)
@@ -165,7 +167,7 @@ def upstream_versions(repo_id: str) -> tuple[int, ...] | None:
     if root is None:
         return None
     try:
-        doc = _index.read_repo_index(Path(root.real), repo_id, owner_uid=root.owner_uid)
-    except (OSError, _index.IndexFormatError):
+        doc = published_index.read_repo_index(Path(root.real), repo_id, owner_uid=root.owner_uid)
+    except (OSError, published_index.IndexFormatError):
         return None
     return None if doc is None else doc.versions

@@ -1,4 +1,4 @@
-"""The ``meta`` table: small store-level facts (the client index generation, the owner's uid,
+"""The ``meta`` table: small store-level facts (the published index generation, the owner's uid,
 when the scrub last ran, the versions an upstream last listed)."""
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ class NameTables(Database):
         return [VariantRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def live_variants_of(self, repo: str) -> list[LiveVariantRow]:
-        """One query for a repo's client index (no manifests: a store may hold 100,000 trees)."""
+        """One query for a repo's published index (no manifests: a store may hold 100,000 trees)."""
         rows = self._all(
             "SELECT v.commit_sha, v.variant, v.tree, t.metadata_id, t.backend, t.archs, "
             "p.status, p.signer, p.issuer, p.detail, p.checked_at "

@@ -63,7 +63,7 @@ class VariantRow:
 
 @dataclass(frozen=True)
 class LiveVariantRow:
-    """A published variant whose tree is live, with what the client index says about it."""
+    """A published variant whose tree is live, with what the published index says about it."""
 
     commit: str
     variant: str

@@ -1,4 +1,4 @@
-"""The read-only client index: small JSON files that map a request to a tree path.
+"""The published index: small JSON files that map a request to a tree path.
 
 Clients (training processes, any user) read these files on their warm path, without SQLite or
 gRPC. The daemon rewrites a file atomically (write a temporary file, fsync, rename, fsync the
@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneld_client._index import DENIES_FORMAT, FORMAT, VERSION, parse_repo_doc
+from kerneld_client.published_index import DENIES_FORMAT, FORMAT, VERSION, parse_repo_doc
 
 from .index import Index
 from .layout import DIR_MODE_PUBLIC, FILE_MODE_PUBLIC, Layout, fsync_dir
@@ -208,7 +208,7 @@ def remove(path: Path) -> None:
 
 def clean_temporaries(layout: Layout) -> None:
     """Remove temporary files left by a crash in the middle of :func:`atomic_write_json`."""
-    base = layout.client_index
+    base = layout.published_index
     if not base.is_dir():
         return
     for dirpath, _dirs, files in os.walk(base):
@@ -232,14 +232,14 @@ class IndexHit:
 
 
 class Denied(Exception):
-    """The client index says this repo/revision is denied."""
+    """The published index says this repo/revision is denied."""
 
 
 def lookup(root: Path, repo: str, revision: str, variant: str) -> IndexHit | None:
-    """Map (repo, revision, variant) to a tree via the client index; None is a miss.
+    """Map (repo, revision, variant) to a tree via the published index; None is a miss.
 
     ``revision`` is a ref (``v1``, ``main``) or a 40-hex commit. Raises :class:`Denied`.
-    The parsing is the client's own (``kerneld_client._index``), so both sides read one format.
+    The parsing is the client's own (``kerneld_client.published_index``): one format.
     """
     org, _, name = repo.partition("/")
     try:

@@ -1,4 +1,4 @@
-"""Writing the client index (``client_index`` has its format): every change a resolution
+"""Writing the published index (``published_index`` has its format): every change a resolution
 depends on (refs, variants, denies, GC, repair) rewrites the files of the repos it touched and
 bumps the store-wide generation, so the daemon can tell cheaply whether anything moved.
 """
@@ -9,23 +9,23 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from . import client_index, faults
+from . import faults, published_index
 from .state import StoreState
 
 
-class ClientIndexWriter:
+class PublishedIndexWriter:
     """Rewrites ``index/v1``: a repo's document, ``denies.json`` and store-wide documents."""
 
     def __init__(self, state: StoreState) -> None:
         self._state = state
         self.generation = int(state.index.get_meta("generation") or 0)
-        """The client index generation: bumped by every change a resolution depends on (refs,
+        """The published index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
 
     def publish(
         self, repos: Iterable[str], *, denies: bool = False, skip_unchanged: bool = False
     ) -> None:
-        """Rewrite the client index files of ``repos`` (caller holds the lock or is alone).
+        """Rewrite the published index files of ``repos`` (caller holds the lock or is alone).
 
         ``skip_unchanged`` (the check at every open) leaves files that already say the same
         alone: rewriting each with two fsyncs made a restart with 100,000 trees take a minute.
@@ -41,47 +41,47 @@ class ClientIndexWriter:
             self.generation = generation
             for repo in repos:
                 path = layout.repo_index_path(repo)
-                doc = client_index.build_repo_doc(
+                doc = published_index.build_repo_doc(
                     index, layout, repo, generation, require_signed=state.require_signed
                 )
                 if not doc["refs"] and not doc["commits"] and not doc["denies"]:
-                    client_index.remove(path)
-                elif not (skip_unchanged and client_index.unchanged(path, doc)):
-                    client_index.atomic_write_json(path, doc)
+                    published_index.remove(path)
+                elif not (skip_unchanged and published_index.unchanged(path, doc)):
+                    published_index.atomic_write_json(path, doc)
             if denies:
-                path = layout.client_index / "denies.json"
-                doc = client_index.build_denies_doc(index, generation)
-                if not (skip_unchanged and client_index.unchanged(path, doc)):
-                    client_index.atomic_write_json(path, doc)
+                path = layout.published_index / "denies.json"
+                doc = published_index.build_denies_doc(index, generation)
+                if not (skip_unchanged and published_index.unchanged(path, doc)):
+                    published_index.atomic_write_json(path, doc)
         faults.point("index.published")
 
     def rebuild(self) -> None:
         """Drop the files of repos the index no longer knows and rewrite those that differ
         (at every read-write open, after recovery)."""
         repos = set(self._state.index.repos())
-        base = self._state.layout.client_index
+        base = self._state.layout.published_index
         for org_dir in list(base.iterdir()) if base.is_dir() else []:
             if not org_dir.is_dir():
                 continue
             for f in list(org_dir.iterdir()):
                 if f.suffix == ".json" and f"{org_dir.name}/{f.stem}" not in repos:
-                    client_index.remove(f)
+                    published_index.remove(f)
         self.publish(repos, denies=True, skip_unchanged=True)
 
     def publish_document(self, name: str, doc: dict[str, Any]) -> None:
-        """Write a store-wide document next to the client index (`index/v1/<name>`), for
+        """Write a store-wide document next to the published index (`index/v1/<name>`), for
         readers of the warm path; unchanged content is not rewritten."""
         if "/" in name or name.startswith(".") or not name.endswith(".json"):
             raise ValueError(f"not a document name: {name!r}")
-        path = self._state.layout.client_index / name
+        path = self._state.layout.published_index / name
         with self._state.lock:
-            if not client_index.unchanged(path, doc):
-                client_index.atomic_write_json(path, doc)
+            if not published_index.unchanged(path, doc):
+                published_index.atomic_write_json(path, doc)
 
     def read_document(self, name: str) -> dict[str, Any] | None:
         """A document `publish_document` wrote (None if missing or unreadable)."""
         try:
-            doc = json.loads((self._state.layout.client_index / name).read_bytes())
+            doc = json.loads((self._state.layout.published_index / name).read_bytes())
         except (OSError, ValueError):
             return None
         return doc if isinstance(doc, dict) else None

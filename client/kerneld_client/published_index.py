@@ -1,23 +1,21 @@
-"""Reader of the daemon's published client index, and the client side of the tree-lock protocol.
+"""The daemon's published index: its format, and the reader the warm path uses.
 
 This is the warm path's only source of truth: the daemon publishes small JSON documents
-(`<store>/index/v1/<org>/<name>.json`, format in `kerneld.store.client_index`) and a process maps
-(repo, ref, platform) to a tree by reading one of them, without SQLite, gRPC or network. The
-daemon's store imports the constants and the lock protocol from here (kerneld may import
-kerneld_client, never the reverse), so the format has one definition.
+(`<store>/index/v1/<org>/<name>.json`, written by `kerneld.store.published_index`) and a
+process maps (repo, ref, platform) to a tree by reading one of them, without SQLite, gRPC or
+network. The daemon's store imports the constants from here (kerneld may import kerneld_client,
+never the reverse), so the format has one definition. (The store's own SQLite index is another
+thing: only the daemon reads it.) The tree-lock protocol is in `file_locks`.
 
 Standard library only: this module is on the warm path.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
 import stat
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,6 @@ __all__ = [
     "DENIES_FILE",
     "DENIES_FORMAT",
     "FORMAT",
-    "OFD_READ",
-    "OFD_WRITE",
     "PUBLISHERS_FILE",
     "PUBLISHERS_FORMAT",
     "VERSION",
@@ -36,12 +32,9 @@ __all__ = [
     "IndexFormatError",
     "Publishers",
     "RepoIndex",
-    "TreeGone",
     "VariantEntry",
     "index_dir",
     "lock_path_for",
-    "lock_shared",
-    "ofd_lock",
     "parse_repo_doc",
     "read_denies",
     "read_publishers",
@@ -437,60 +430,3 @@ def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | 
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IndexFormatError(f"malformed {PUBLISHERS_FILE}: {exc!r}") from exc
-
-
-class TreeGone(Exception):
-    """The tree was deleted between finding it and locking it: treat as a miss."""
-
-
-#: ``struct flock`` (``hhqqi`` + 4 bytes of padding on 64-bit Linux) for a whole-file lock of the
-#: given type, built without the ``struct`` module (not otherwise imported on the warm path;
-#: tests check these equal ``struct.pack("hhqqi4x", type, SEEK_SET, 0, 0, 0)``). OFD locks
-#: require ``l_pid == 0``.
-_FLOCK_SIZE = 32
-OFD_READ = fcntl.F_RDLCK.to_bytes(2, sys.byteorder) + bytes(_FLOCK_SIZE - 2)
-OFD_WRITE = fcntl.F_WRLCK.to_bytes(2, sys.byteorder) + bytes(_FLOCK_SIZE - 2)
-#: What F_OFD_SETLK fails with when a conflicting lock is held (POSIX allows either).
-_CONFLICT = (errno.EAGAIN, errno.EACCES)
-
-
-def ofd_lock(fd: int, kind: bytes, *, blocking: bool) -> None:
-    """Take an open-file-description lock on the whole file (`OFD_READ` or `OFD_WRITE`).
-
-    Unlike `flock`, a write lock needs a descriptor open for writing (EBADF otherwise), so on a
-    lock file only its owner can write, no one else can ever hold the lock that keeps readers
-    out. Unlike classic `fcntl` locks, it belongs to the descriptor (closing another descriptor of
-    the file does not drop it) and conflicts between descriptors of one process too.
-    BlockingIOError when non-blocking and a conflicting lock is held.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if blocking else fcntl.F_OFD_SETLK, kind)
-    except OSError as exc:
-        if exc.errno in _CONFLICT and not isinstance(exc, BlockingIOError):
-            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN)) from exc
-        raise
-
-
-def lock_shared(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> int:
-    """Take the OFD read lock on a tree's lock file and return the fd that holds it.
-
-    While the fd stays open, GC keeps the tree. GC unlinks a lock file while holding the OFD write
-    lock (which needs a writable descriptor: only the daemon has one), so after our lock succeeds
-    the path must still name the inode we locked, and the tree must still exist; otherwise
-    TreeGone. Non-blocking by default: BlockingIOError means GC is deleting it right now.
-    FileNotFoundError: there is no lock file (no such tree). `flock` locks other users take on
-    the file do not interact with this one.
-    """
-    fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        ofd_lock(fd, OFD_READ, blocking=blocking)
-        try:
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same or not tree_path.is_dir():
-            raise TreeGone(str(tree_path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
