@@ -20,7 +20,6 @@ only slower, so a squatter can cost a cold start some CPU but never a kernel.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
+from kerneld_client.file_locks import release_flock, try_flock
 from kerneld_client.locations import private_dir, private_tmp_dir, runtime_dir
 
 #: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
@@ -78,13 +78,13 @@ def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _wait_free(fd, deadline_s)
-            yield False
-            return
+            taken = try_flock(fd)
         except OSError:
             yield True
+            return
+        if not taken:
+            _wait_free(fd, deadline_s)
+            yield False
             return
         yield True  # the lock is held until the daemon has answered
     finally:
@@ -98,11 +98,11 @@ def _wait_free(fd: int, deadline_s: float) -> None:
     while time.monotonic() < end:
         time.sleep(delay)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            delay = min(delay * 2, _MAX_POLL_S)
-            continue
+            taken = try_flock(fd)
         except OSError:
             return
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if not taken:
+            delay = min(delay * 2, _MAX_POLL_S)
+            continue
+        release_flock(fd)
         return

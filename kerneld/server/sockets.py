@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import grp
 import logging
 import os
@@ -27,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kerneld.config import SocketConfig
+from kerneld_client.file_locks import try_flock
 from kerneld_client.locations import Advert, advert_path
 
 log = logging.getLogger("kerneld.sockets")
@@ -55,9 +55,7 @@ class SocketLock:
         fd = os.open(
             self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, LOCK_FILE_MODE
         )
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_flock(fd):
             try:
                 pid = os.pread(fd, 32, 0).decode().strip() or "unknown"
             except (OSError, UnicodeDecodeError):
@@ -66,7 +64,7 @@ class SocketLock:
             raise SocketBusy(
                 f"another kerneld (pid {pid}) is serving {sock}; stop it first, or give this one "
                 "another --socket/--admin-socket"
-            ) from None
+            )
         os.fchmod(fd, LOCK_FILE_MODE)  # lock files made before they became private
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import logging
 import os
@@ -28,6 +27,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from kerneld_client.file_locks import try_flock
 
 from . import faults
 from .errors import (
@@ -165,9 +166,7 @@ class BlobWriter:
         if self._sha1 is not None:
             self._sha1.update(git_blob_header(expected.size))
         fd = os.open(part_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_flock(fd):
             os.close(fd)
             raise IngestInProgressError(
                 f"another writer is already ingesting {expected.key[0]}:{expected.key[1]}; "

@@ -27,14 +27,12 @@ user holds ``LOCK_EX`` on the file, as before.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld_client.file_locks import OFD_WRITE, TreeGone, lock_shared, ofd_lock
+from kerneld_client.file_locks import OFD_WRITE, TreeGone, lock_shared, ofd_lock, try_flock
 
 from .errors import StoreLockedError
 from .layout import FILE_MODE_LOCK
@@ -64,12 +62,10 @@ class OwnerLock:
     def __init__(self, path: Path) -> None:
         self.path = path
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, OWNER_LOCK_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_flock(fd):
             pid = read_owner_pid(fd)
             os.close(fd)
-            raise StoreLockedError(str(path.parent), pid) from None
+            raise StoreLockedError(str(path.parent), pid)
         os.fchmod(fd, OWNER_LOCK_MODE)  # stores made before the lock became private
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -96,12 +92,9 @@ def owner_is_running(path: Path) -> bool:
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not try_flock(fd, shared=True)
     finally:
         os.close(fd)
-    return False
 
 
 def create_tree_lock(path: Path) -> None:
@@ -156,12 +149,15 @@ def try_lock_exclusive(path: Path) -> Probe:
         return Probe(held=False)
     try:
         ofd_lock(fd, OFD_WRITE, blocking=False)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+        free = try_flock(fd)
+    except BlockingIOError:
+        free = False
+    except BaseException:
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return Probe(held=True)
         raise
+    if not free:
+        os.close(fd)
+        return Probe(held=True)
     return Probe(held=False, fd=fd)
 
 
