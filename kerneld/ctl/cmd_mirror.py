@@ -37,8 +37,10 @@ def _event_kind(event: Any) -> str:
 
 
 def cmd_mirror_export(ctx: Ctx) -> int:
-    from kerneld.mirror.export import ExportError, ExportSpec, export_mirror, specs_from_lock
+    from kerneld.mirror.destination import ExportError
+    from kerneld.mirror.export import export_mirror
     from kerneld.mirror.keys import KeyFileError, load_signing_key
+    from kerneld.mirror.selection import ExportSpec, specs_from_lock
     from kerneld_client.lockfile import LockfileError, load_lockfile
 
     dest = os.path.abspath(ctx.args.to)
@@ -95,7 +97,7 @@ def _export_through_daemon(
     wrote would be the wrong file, or none. Here the destination is written with the admin's
     own permissions, a .tar atomically (staged beside it, renamed at the end, removed on
     failure), a directory file by file."""
-    from kerneld.mirror.export import ExportError
+    from kerneld.mirror.destination import ExportError
     from kerneld.mirror.receive import ExportReceiver
     from kerneld_client._proto import kerneld_pb2
     from kerneld_client.lockfile import LockfileError, parse_lockfile

@@ -37,17 +37,13 @@ def _signers(ctx: Ctx) -> list[SigningKey]:
 
 
 def cmd_publish(ctx: Ctx) -> int:
-    from kerneld.publish import (
-        PublishError,
-        check_clean,
-        check_names,
-        check_variant,
-        publish_to_mirror,
-        publish_to_store,
-        resolve_revision,
-        summary,
-        variant_folders,
-    )
+    from kerneld.publish import PublishError
+    from kerneld.publish.build import check_variant, variant_folders
+    from kerneld.publish.checkout import check_clean, resolve_revision
+    from kerneld.publish.refs import check_names
+    from kerneld.publish.report import summary
+    from kerneld.publish.to_mirror import publish_to_mirror
+    from kerneld.publish.to_store import publish_to_store
 
     args = ctx.args
     if bool(args.mirror) == bool(args.store):

@@ -95,21 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add(
         "status",
-        "cmd_store:cmd_status",
+        "cmd_status:cmd_status",
         "Daemon readiness, store usage, upstreams, pins, denies, leases (without access to "
         "the admin socket: what the user socket tells, for kerneld-users members).",
         "  kerneldctl status\n  kerneldctl status --json\n  kerneldctl status --store PATH\n",
     )
     p = add(
         "ls",
-        "cmd_store:cmd_ls",
+        "cmd_ls:cmd_ls",
         "List the kernels in the store: revisions, refs, variants, sizes, pins.",
         "  kerneldctl ls\n  kerneldctl ls kernels-community/activation --json\n",
     )
     p.add_argument("repos", nargs="*", metavar="REPO", help="only these repos (org/name)")
     p = add(
         "info",
-        "cmd_store:cmd_info",
+        "cmd_ls:cmd_info",
         "Describe one kernel in the store (its revisions, variants, trees, metadata).",
         "  kerneldctl info kernels-community/activation\n"
         "  kerneldctl info kernels-community/activation@v1 --json\n",
@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-endpoint", metavar="URL", help="with --store: fetch from this Hub")
 
     for name, handler, verb in (
-        ("pin", "cmd_store:cmd_pin", "Keep a kernel's trees from garbage collection."),
-        ("unpin", "cmd_store:cmd_unpin", "Remove a pin."),
+        ("pin", "cmd_pin:cmd_pin", "Keep a kernel's trees from garbage collection."),
+        ("unpin", "cmd_pin:cmd_unpin", "Remove a pin."),
     ):
         p = add(
             name,
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "deny",
-        "cmd_store:cmd_deny",
+        "cmd_pin:cmd_deny",
         "Disable a kernel (or one revision of it) on this host, effective for new loads at once.",
         "  kerneldctl deny kernels-community/bad --reason 'crashes on H100'\n"
         "  kerneldctl deny kernels-community/activation@0123abcd...\n"
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list what is denied")
     p = add(
         "allow",
-        "cmd_store:cmd_allow",
+        "cmd_pin:cmd_allow",
         "Lift a deny.",
         "  kerneldctl allow kernels-community/bad\n",
     )
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "gc",
-        "cmd_store:cmd_gc",
+        "cmd_gc:cmd_gc",
         "Collect garbage: unreferenced trees and blobs, and least recently used ones under "
         "pressure.",
         "  kerneldctl gc --dry-run\n  kerneldctl gc --json\n",
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "verify",
-        "cmd_store:cmd_verify",
+        "cmd_verify:cmd_verify",
         "Re-hash every blob and tree. Exit status is a bitmask of what is wrong: 1 corrupt, "
         "2 untrusted (owner, mode, links), 4 I/O error; 8 if verification could not run. With "
         "--repair, of what remains after the repair (0: everything was repaired).",
@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "env",
-        "cmd_store:cmd_env",
+        "cmd_env:cmd_env",
         "Print LOCAL_KERNELS=org/a=/path:... for the store's kernels (for code that uses the "
         "`kernels` package directly).",
         "  kerneldctl env\n  export $(kerneldctl env kernels-community/activation:1)\n",

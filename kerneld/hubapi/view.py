@@ -338,9 +338,9 @@ class HubView:
             try:
                 result = core.resolver.fetcher.fetch_variant(repo_id, commit, variant)
             except Exception as exc:
-                core.record_fetch(repo_id, commit, variant, None, exc)
+                core.fetches.record(repo_id, commit, variant, None, exc)
                 raise
-        core.record_fetch(repo_id, commit, variant, result, None)
+        core.fetches.record(repo_id, commit, variant, result, None)
         stored = core.store.published_files(repo_id, commit, variant)
         if stored is None:
             raise ResourceExhaustedError(

@@ -30,17 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from kerneld.mirror.destination import ExportError, check_mirror_dir, check_stream_path
 from kerneld.mirror.documents import INFO, Manifest, MirrorFormatError, MirrorWriter, refs_path
-from kerneld.mirror.export import (
-    ExportError,
-    check_mirror_dir,
-    check_stream_path,
-    is_tar_destination,
-    merged_signatures,
-    pack_tar,
-    unpack_existing,
-)
 from kerneld.mirror.keys import SIG_SUFFIX, SigningKey, sig_path
+from kerneld.mirror.tarball import is_tar_destination, pack_tar, unpack_existing
+from kerneld.mirror.writing import merged_signatures
 
 #: A destination document larger than this is not sent to the daemon (it is not a manifest).
 _MAX_EXISTING_DOC = 16 << 20

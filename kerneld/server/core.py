@@ -1,7 +1,12 @@
-"""The daemon's shared state: config, store, resolution, leases, prefetch, fetch history.
+"""The daemon's central object: it opens the store, builds the components, and holds them.
 
-Both gRPC services and the prefetch timer work through one `Core`, so policy (fetch allow-list,
-lease limits), metrics and logging are applied the same way whoever asks.
+Both gRPC services, the Hub API and the background threads reach the daemon's state through one
+`Core`: its config, the store, resolution over the upstream chain, leases, publisher trust and
+the prefetcher, opened together (`open`) and closed together (`close`). The work itself lives
+in the components it holds: `serving` (Resolve and leases with the daemon's policy),
+`fetches` (the fetch history and metrics), `timer` (the scheduled prefetch), `scrubber` (the
+background scrub); a reload's changes (`kerneld.server.reload`) are applied here, to each
+component that holds the setting. `work()` counts the in-flight requests a shutdown drains.
 """
 
 from __future__ import annotations
@@ -10,100 +15,36 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from kerneld.config import Config
-from kerneld.fetch import Fetcher, FetchResult
+from kerneld.fetch import Fetcher
 from kerneld.hardware import Hardware, detect
-from kerneld.prefetch import Cancelled, ClientPlatforms, Emit, Prefetcher, PrefetchSummary
+from kerneld.prefetch import ClientPlatforms, Emit, Prefetcher, PrefetchSummary
 from kerneld.provenance import provenance_check
-from kerneld.resolve import (
-    FetchNotAllowed,
-    KernelSpec,
-    NoVariantFits,
-    Resolution,
-    Resolver,
-)
+from kerneld.resolve import KernelSpec, Resolver
 from kerneld.server import logs
-from kerneld.server.errors import NotReady, RateLimited
-from kerneld.server.identity import Caller, FetchGate, audit
+from kerneld.server.errors import NotReady
+from kerneld.server.fetch_history import FetchHistory
+from kerneld.server.identity import FetchGate
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
+from kerneld.server.prefetch_timer import PrefetchTimer
 from kerneld.server.refresh import RefRefresher
+from kerneld.server.reload import config_change
 from kerneld.server.scrubber import Scrubber
+from kerneld.server.serving import Serving
 from kerneld.server.trust import FILE_NAME as TRUST_FILE
-from kerneld.server.trust import NoHubUpstream, PublisherTrust, UntrustedPublisher
+from kerneld.server.trust import NoHubUpstream, PublisherTrust
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
-from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
-from kerneld.upstream.base import is_commit
-from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
-from kerneld_client.variants import Decision, PlatformFacts, decide
+from kerneld.store import Store
+from kerneld.upstream.errors import UpstreamError
+from kerneld_client.variants import PlatformFacts
 
 log = logging.getLogger("kerneld.daemon")
-
-#: Config fields that only take effect at the next start.
-RESTART_FIELDS: tuple[str, ...] = (
-    "store_path",
-    "user_socket",
-    "admin_socket",
-    "metrics_socket",
-    "metrics_socket_mode",
-    "metrics_socket_group",
-    "metrics_listen",
-    "hub_api_listen",
-    "hub_api_socket",
-    "threads",
-    "max_connections",
-    "admin_max_connections",
-    "idle_timeout_s",
-    "max_concurrent_rpcs",
-    "system",
-)
-
-
-@dataclass(frozen=True)
-class FetchRecord:
-    repo: str
-    commit: str
-    variant: str
-    upstream: str
-    bytes: int
-    seconds: float
-    at: float
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class Served:
-    """A Resolve answer: the resolution and a lease per tree (the kernel's and its deps').
-    `memo` lives as long as the remembered resolution: the service keeps its wire form there."""
-
-    resolution: Resolution
-    leases: dict[str, Lease]
-    memo: dict[str, object] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Hit:
-    resolution: Resolution
-    generation: int
-    until: float
-    trees: tuple[str, ...]
-    memo: dict[str, object]
-
-
-#: Remembered resolutions (distinct kernel x platform x selector combinations).
-HIT_CACHE_SIZE = 4096
-
-
-def _walk(res: Resolution) -> Iterator[Resolution]:
-    yield res
-    for dep in res.dependencies:
-        yield from _walk(dep)
 
 
 def spec_for_entry(repo_id: str, version: int | None, revision: str | None) -> KernelSpec:
@@ -111,6 +52,8 @@ def spec_for_entry(repo_id: str, version: int | None, revision: str | None) -> K
 
 
 class Core:
+    """One daemon's state and components (see the module docstring)."""
+
     def __init__(
         self,
         config: Config,
@@ -132,18 +75,14 @@ class Core:
         self.upstreams: list[TrackedUpstream] = []
         self.hardware: Hardware | None = None
         self.platforms = ClientPlatforms(None)
-        self.fetches: deque[FetchRecord] = deque(maxlen=64)
+        self.fetches = FetchHistory(metrics)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="resolve-many")
         self._inflight = 0
         self._idle = threading.Condition()
-        self._timer_stop = threading.Event()
-        self._timer_wake = threading.Event()
-        self._timer_cancel = threading.Event()
-        self._timer: threading.Thread | None = None
-        self._hits: OrderedDict[tuple[object, ...], _Hit] = OrderedDict()
-        self._hits_lock = threading.Lock()
         self.cancel = threading.Event()
         """Set when the daemon stops: running prefetches end between variants."""
+        self.serving = Serving(self)
+        self.timer = PrefetchTimer(self)
         self.scrubber = Scrubber(self)
         self.fetch_gate = FetchGate()
         self.hub_api: list[str] = []
@@ -186,7 +125,7 @@ class Core:
                 resolver,
                 hardware=self.host,
                 client_platforms=self.platforms,
-                on_fetch=self.record_fetch,
+                on_fetch=self.fetches.record,
                 configured_torch=_torch(cfg.prefetch_torch),
             )
             trust = PublisherTrust(
@@ -200,7 +139,7 @@ class Core:
                 store,
                 resolver,
                 lambda specs, variants: self.prefetch(
-                    specs, variants=variants, cancel=self._timer_cancel
+                    specs, variants=variants, cancel=self.timer.cancel
                 ),
                 lambda outcome: self.metrics.ref_rechecks.labels(outcome).inc(),
                 also=trust.recheck_due,
@@ -307,319 +246,7 @@ class Core:
     def inflight(self) -> int:
         return self._inflight
 
-    # ---- resolution ----------------------------------------------------------------------
-
-    def lease_ttl(self, requested_s: float) -> float:
-        return min(float(requested_s) or self.config.lease_ttl_s, self.config.lease_max_s)
-
-    def _generation(self, store: Store) -> int:
-        """The store's change counter (in memory: this daemon is the store's only writer)."""
-        return store.generation
-
-    def _fresh_until(self, store: Store, res: Resolution) -> float:
-        """Until when every ref in `res` (and its dependencies) is within its TTL."""
-        until = float("inf")
-        for r in _walk(res):
-            if r.spec.locked_commit is not None or is_commit(r.spec.ref):
-                continue
-            row = store.get_ref(r.spec.repo_id, r.spec.ref)
-            if row is None:
-                return 0.0
-            until = min(until, row.fetched_at + self.config.ref_ttl_s)
-        return until
-
-    def resolve(
-        self,
-        spec: KernelSpec,
-        facts: PlatformFacts,
-        *,
-        allow_fetch: bool,
-        variant: str = "",
-        lease_s: float = 0,
-        holder: str = "",
-        caller: Caller | None = None,
-        trust_remote_code: bool = False,
-    ) -> Served:
-        """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs;
-        for a `caller` (None: the daemon itself) also `[fetch] allow_groups` and its rate limit.
-
-        Warm path: an answer computed before is reused while the store's generation is
-        unchanged and its refs are within their TTL; it costs one indexed read and no write
-        (leases and resolve times are written behind by the LeaseBook).
-        """
-        store = self.store
-        hit = self.resolve_remembered(
-            spec,
-            facts,
-            allow_fetch=allow_fetch,
-            variant=variant,
-            lease_s=lease_s,
-            holder=holder,
-            trust_remote_code=trust_remote_code,
-        )
-        if hit is not None:
-            return hit
-        try:
-            self.trust.check(spec.repo_id, trust_remote_code=trust_remote_code)
-        except UntrustedPublisher:
-            self.metrics.resolves.labels("untrusted").inc()
-            raise
-        allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
-        key = (spec, facts, variant, allow)
-        generation = self._generation(store)
-        # The hold keeps every tree the answer names from GC until its leases are granted.
-        with self.work(), store.holds.hold() as hold:
-            try:
-                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder, hold)
-            except FetchNotAllowed as exc:
-                # Without allow_fetch this is the answer a cold client expects ("not here yet,
-                # ask again with a fetch"), not a failure; with it, a policy refused the fetch.
-                self.metrics.resolves.labels("refused" if allow_fetch else "not_cached").inc()
-                if allow_fetch and not allow:
-                    raise FetchNotAllowed(
-                        "not in this host's store, and the fetch policy ([fetch] allow) does not "
-                        "let clients download this kernel",
-                        repo_id=spec.repo_id,
-                        revision=exc.revision or spec.ref,
-                    ) from exc
-                raise
-            except Exception as exc:
-                self.metrics.resolves.labels(_outcome(exc)).inc()
-                if isinstance(exc, IntegrityError | UpstreamError):
-                    self.record_fetch(
-                        spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
-                    )
-                raise
-            for r in _walk(res):  # dependencies are code the job runs too
-                if r is not res:
-                    try:
-                        self.trust.check(r.spec.repo_id, trust_remote_code=trust_remote_code)
-                    except UntrustedPublisher as exc:
-                        self.metrics.resolves.labels("untrusted").inc()
-                        raise UntrustedPublisher(
-                            f"dependency {r.spec.repo_id} of {spec.repo_id}: {exc.message}",
-                            repo_id=spec.repo_id,
-                            hint=exc.hint,
-                        ) from exc
-            memo: dict[str, object] = {}
-            if not res.stale and cacheable:
-                until = self._fresh_until(store, res)
-                trees = tuple(dict.fromkeys(r.hit.digest for r in _walk(res)))
-                with self._hits_lock:
-                    self._hits[key] = _Hit(res, generation, until, trees, memo)
-                    self._hits.move_to_end(key)
-                    while len(self._hits) > HIT_CACHE_SIZE:
-                        self._hits.popitem(last=False)
-            for r in _walk(res):
-                if r.fetched is not None:
-                    self.record_fetch(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
-            return self._served(res, memo, lease_s, holder, spec)
-
-    def resolve_remembered(
-        self,
-        spec: KernelSpec,
-        facts: PlatformFacts,
-        *,
-        allow_fetch: bool,
-        variant: str = "",
-        lease_s: float = 0,
-        holder: str = "",
-        trust_remote_code: bool = False,
-    ) -> Served | None:
-        """The warm path of `resolve` alone: an answer computed before, while the store's
-        generation is unchanged and its refs are within their TTL; None otherwise. Never does
-        I/O beyond one indexed read, so callers may run it where they cannot wait."""
-        self.platforms.record(facts)
-        allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
-        key = (spec, facts, variant, allow)
-        generation = self._generation(self.store)
-        with self._hits_lock:
-            entry = self._hits.get(key)
-        if entry is None or entry.generation != generation or time.time() >= entry.until:
-            return None
-        trust = self.trust
-        if not all(
-            trust.known(r.spec.repo_id, trust_remote_code=trust_remote_code)
-            for r in _walk(entry.resolution)
-        ):
-            return None  # `resolve` checks (and may ask the Hub)
-        for tree in entry.trees:
-            self.leases.resolved(tree)
-        return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
-
-    def _gated(
-        self,
-        caller: Caller | None,
-        spec: KernelSpec,
-        facts: PlatformFacts,
-        allow: bool,
-        variant: str,
-        holder: str,
-        hold: Hold,
-    ) -> tuple[Resolution, bool]:
-        """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
-        when the store alone cannot give the answer a fetch would (a ref unknown or past its
-        TTL, a variant or dependency missing, a commit never listed upstream); only those pass
-        `[fetch] allow_groups` and the caller's rate limit, each with one audit line. A refused
-        caller still gets what is cached, if anything fits."""
-        resolver = self.resolver
-
-        def run(fetch: bool) -> Resolution:
-            return resolver.resolve(
-                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder, hold=hold
-            )
-
-        if caller is None or not allow:
-            return run(allow), True
-        local: Resolution | None = None
-        with contextlib.suppress(FetchNotAllowed, NoVariantFits):
-            local = run(False)
-        if local is not None and self._complete(local, variant):
-            return local, True
-        cfg = self.config
-        what = f"repo={spec.repo_id} ref={spec.ref}"
-        try:
-            allowed = cfg.fetch_allow_gids()
-            if not self.fetch_gate.may_fetch(caller, allowed):
-                raise FetchNotAllowed(
-                    "not in this host's store, and the fetch policy ([fetch] allow_groups = "
-                    f"{list(cfg.fetch_allow_groups)}) lets only members of those groups download; "
-                    f"the caller ({caller}) is not one",
-                    repo_id=spec.repo_id,
-                    revision=spec.ref,
-                )
-            self.fetch_gate.take(
-                caller,
-                per_minute=cfg.fetch_per_uid_rate,
-                burst=cfg.fetch_per_uid_burst,
-                what=f"{spec.repo_id}@{spec.ref}/{variant}",
-            )
-        except (FetchNotAllowed, RateLimited) as exc:
-            served = "; served the cached build" if local is not None else ""
-            audit(caller, "Resolve", what, f"fetch refused ({type(exc).__name__}){served}")
-            if local is not None:
-                return local, False
-            raise
-        audit(caller, "Resolve", what, "fetch allowed")
-        return run(True), True
-
-    def _complete(self, res: Resolution, variant: str) -> bool:
-        """Is a no-fetch answer the one a fetch would give (fresh refs, the best variant of
-        every kernel here, every commit's upstream listing known)?"""
-        store = self.store
-        for r in _walk(res):
-            if r.stale or store.upstream_variants(r.spec.repo_id, r.commit) is None:
-                return False
-            best = next((d.variant for d in r.decisions if d.accepted), None)
-            if r.variant != (variant if r is res and variant else best):
-                return False
-        return True
-
-    def _served(
-        self,
-        res: Resolution,
-        memo: dict[str, object],
-        lease_s: float,
-        holder: str,
-        spec: KernelSpec,
-    ) -> Served:
-        ttl = self.lease_ttl(lease_s)
-        leases: dict[str, Lease] = {}
-        for r in _walk(res):
-            if r.hit.digest not in leases:
-                leases[r.hit.digest] = self.leases.grant(r.hit.digest, ttl, holder)
-        self.metrics.leases.inc(len(leases))
-        self.metrics.resolves.labels("miss" if res.fetched is not None else "hit").inc()
-        if res.stale:
-            self.metrics.stale.inc()
-        level = logging.INFO if res.fetched is not None or res.stale else logging.DEBUG
-        if log.isEnabledFor(level):
-            log.log(
-                level,
-                "resolve repo=%s ref=%s commit=%s variant=%s %s%s client=%s",
-                spec.repo_id,
-                spec.ref,
-                res.commit,
-                res.variant,
-                "miss (fetched)" if res.fetched is not None else "hit",
-                " stale" if res.stale else "",
-                holder or "-",
-            )
-        return Served(res, leases, memo)
-
-    def forget_hits(self) -> None:
-        """Drop every remembered answer (config reload: TTLs and policy may have changed)."""
-        with self._hits_lock:
-            self._hits.clear()
-
-    def cached_variants(self, repo: str, commit: str) -> set[str]:
-        return set(self.store.variants(repo, commit))
-
-    def list_variants(
-        self,
-        spec: KernelSpec,
-        facts: PlatformFacts,
-        *,
-        allow_fetch: bool,
-        caller: Caller | None = None,
-    ) -> tuple[str, bool, list[Decision]]:
-        store, resolver = self.store, self.resolver
-        allow = allow_fetch and self.config.fetch_allowed(spec.repo_id)
-        if allow and caller is not None:  # asks upstreams, downloads nothing: groups only
-            allow = self.fetch_gate.may_fetch(caller, self.config.fetch_allow_gids())
-        store.check_denied(spec.repo_id, spec.ref)
-        commit, stale = resolver.commit_for(spec, allow_network=allow)
-        store.check_denied(spec.repo_id, spec.ref, commit)
-        names = resolver.variant_names(spec.repo_id, commit, allow_network=allow)
-        return commit, stale, decide(names, facts)
-
-    def renew_lease(self, lease_id: str, seconds: float) -> Lease:
-        self.leases.flush()
-        return self.store.renew_lease(lease_id, self.lease_ttl(seconds))
-
-    def release_lease(self, lease_id: str) -> bool:
-        self.leases.flush()
-        return self.store.release_lease(lease_id)
-
-    # ---- fetch history and metrics -------------------------------------------------------
-
-    def record_fetch(
-        self,
-        repo: str,
-        commit: str,
-        variant: str,
-        result: FetchResult | None,
-        error: BaseException | None,
-    ) -> None:
-        if result is not None:
-            self.fetches.append(
-                FetchRecord(
-                    repo,
-                    commit,
-                    variant,
-                    result.upstream,
-                    result.bytes_downloaded,
-                    result.seconds,
-                    time.time(),
-                )
-            )
-            self.metrics.fetches.labels(result.upstream, "ok").inc()
-            self.metrics.fetch_bytes.labels(result.upstream).inc(result.bytes_downloaded)
-            return
-        upstream = getattr(error, "upstream", "") or ""
-        kind = (
-            "integrity_error"
-            if isinstance(error, IntegrityError)
-            else "not_found"  # an answer about the repo, not a failing upstream
-            if isinstance(error, RepoNotFound | RevisionNotFound | EntryNotFound)
-            else "error"
-        )
-        if isinstance(error, IntegrityError):
-            self.metrics.verify_failures.labels("download").inc()
-        self.metrics.fetches.labels(upstream or "-", kind).inc()
-        self.fetches.append(
-            FetchRecord(repo, commit, variant, upstream, 0, 0.0, time.time(), str(error))
-        )
+    # ---- status, prefetch ----------------------------------------------------------------
 
     def gauges(self) -> StoreGauges | None:
         store = self._store
@@ -637,8 +264,6 @@ class Core:
             active_leases=active,
             client_platforms=len(self.platforms.all()),
         )
-
-    # ---- prefetch ------------------------------------------------------------------------
 
     def configured_specs(self) -> list[KernelSpec]:
         return [spec_for_entry(p.repo_id, p.version, p.revision) for p in self.config.prefetch]
@@ -681,13 +306,12 @@ class Core:
     def start_timer(self) -> None:
         """Prefetch the configured kernels now (if `on_start`) and every `interval`; re-check
         every served ref once its TTL is up (`refresh`)."""
-        self._timer = threading.Thread(target=self._timer_loop, name="prefetch-timer", daemon=True)
-        self._timer.start()
+        self.timer.start()
         if self._refresher is not None:
             self._refresher.start()
 
     def wake_timer(self) -> None:
-        self._timer_wake.set()
+        self.timer.wake()
         if self._refresher is not None:
             self._refresher.wake()
 
@@ -695,51 +319,18 @@ class Core:
         """Stop scheduled prefetching and scrubbing: a prefetch in progress ends after its
         current variant, a scrub at its next chunk (background work does not hold up a
         shutdown like a client's request does)."""
-        self._timer_stop.set()
-        self._timer_cancel.set()
-        self._timer_wake.set()
+        self.timer.stop()
         if self._refresher is not None:
             self._refresher.stop()
         self.scrubber.stop()
-
-    def _timer_loop(self) -> None:
-        first = True
-        while not self._timer_stop.is_set():
-            if not first or self.config.prefetch_on_start:
-                specs = self.configured_specs()
-                if specs:
-                    try:
-                        summary = self.prefetch(specs, cancel=self._timer_cancel)
-                        log.info(
-                            "scheduled prefetch done: %d kernels ok, %d failed, %d variants "
-                            "fetched, %d already present",
-                            summary.kernels_ok,
-                            summary.kernels_failed,
-                            summary.variants_fetched,
-                            summary.variants_present,
-                        )
-                    except Cancelled:
-                        return
-                    except NotReady:
-                        return
-                    except Exception as exc:  # never let the timer die
-                        log.error("scheduled prefetch failed: %r", exc, exc_info=exc)
-            first = False
-            self._timer_wake.wait(self.config.prefetch_interval_s)
-            self._timer_wake.clear()
 
     # ---- reload --------------------------------------------------------------------------
 
     def apply_config(self, new: Config) -> tuple[list[str], list[str]]:
         """Switch to `new`; returns (changed and applied, changed but needing a restart)."""
-        old = self.config
-        changed = [f.name for f in fields(Config) if getattr(old, f.name) != getattr(new, f.name)]
-        changed = [c for c in changed if c != "source"]
-        restart = [c for c in changed if c in RESTART_FIELDS]
-        applied = [c for c in changed if c not in RESTART_FIELDS]
-        keep = {name: getattr(old, name) for name in restart}
-        effective = replace(new, **keep)
-        if any(c in applied for c in ("upstreams", "fetch_attempts", "fetch_timeout_s")):
+        change = config_change(self.config, new)
+        effective = change.effective
+        if change.touches("upstreams", "fetch_attempts", "fetch_timeout_s"):
             chain = build_upstreams(effective)
             if self._resolver is not None:
                 self._resolver.upstreams = list(chain)
@@ -749,8 +340,8 @@ class Core:
         if self._resolver is not None:
             self._resolver.ref_ttl_s = effective.ref_ttl_s
             self._resolver.negative_ttl_s = effective.negative_ttl_s
-        if self._store is not None and any(
-            c in applied for c in ("cap_bytes", "min_free_bytes", "gc_min_age_s", "orphan_grace_s")
+        if self._store is not None and change.touches(
+            "cap_bytes", "min_free_bytes", "gc_min_age_s", "orphan_grace_s"
         ):
             self._store.policy = replace(
                 self._store.policy,
@@ -761,36 +352,24 @@ class Core:
             )
         if self._store is not None:
             self._store.quarantine_max_bytes = effective.quarantine_max_bytes
-            if any(c.startswith("provenance_") for c in applied):
+            if change.touches(prefixes=("provenance_",)):
                 self._store.set_provenance(provenance_check(effective))
-        if self._trust is not None and any(c.startswith("trust_") for c in applied):
+        if self._trust is not None and change.touches(prefixes=("trust_",)):
             self._trust.reconfigure(effective)
         if self._prefetcher is not None:
             self._prefetcher.configured_torch = _torch(effective.prefetch_torch)
         if self._leases is not None:
             self._leases.per_client = effective.lease_limit_per_client
             self._leases.total = effective.lease_limit
-        if "log_level" in applied:
+        if change.touches("log_level"):
             logs.set_level(effective.log_level)
         self.config = effective
-        self.forget_hits()
-        if any(c.startswith("prefetch") or c == "ref_ttl_s" for c in applied):
+        self.serving.forget()
+        if change.touches("ref_ttl_s", prefixes=("prefetch",)):
             self.wake_timer()
-        if any(c.startswith("scrub") for c in applied):
+        if change.touches(prefixes=("scrub",)):
             self.scrubber.wake()
-        return applied, restart
-
-
-def _outcome(exc: BaseException) -> str:
-    """`kerneld_resolves_total`'s result for a failed Resolve: what the caller asked for does
-    not exist (not_found, no_variant), or something failed (error, the one to alert on)."""
-    if isinstance(exc, RepoNotFound | RevisionNotFound | EntryNotFound):
-        return "not_found"
-    if isinstance(exc, NoVariantFits):
-        return "no_variant"
-    if isinstance(exc, DeniedError):
-        return "denied"
-    return "error"
+        return change.applied, change.restart
 
 
 def _torch(values: Sequence[str]) -> tuple[tuple[int, int], ...]:

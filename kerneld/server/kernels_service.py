@@ -25,8 +25,9 @@ import grpc
 
 from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
-from kerneld.server.core import Core, Served
+from kerneld.server.core import Core
 from kerneld.server.errors import abort, classify, rpc_handler
+from kerneld.server.serving import Served
 from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure
@@ -171,7 +172,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         if isinstance(served, Served):
             for lease in served.leases.values():
                 try:
-                    self.core.release_lease(lease.id)
+                    self.core.serving.release_lease(lease.id)
                 except Exception as exc:  # expired or the store closing: it expires on its own
                     log.debug("releasing lease %s of a departed caller: %r", lease.id, exc)
 
@@ -182,7 +183,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         convert.check_resolve(request)
         spec = convert.spec_from_ref(request.kernel)
         facts = self.facts.get(request.platform, request.HasField("platform"))
-        return self.core.resolve_remembered(
+        return self.core.serving.resolve_remembered(
             spec,
             facts,
             allow_fetch=request.allow_fetch,
@@ -196,7 +197,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         convert.check_resolve(request)
         spec = convert.spec_from_ref(request.kernel)
         facts = self.facts.get(request.platform, request.HasField("platform"))
-        return self.core.resolve(
+        return self.core.serving.resolve(
             spec,
             facts,
             allow_fetch=request.allow_fetch,
@@ -213,7 +214,10 @@ class KernelsService(pb_grpc.KernelsServicer):
         template = served.memo.get("proto")
         if not isinstance(template, pb.ResolvedKernel):
             template = convert.resolved_to_proto(
-                served.resolution, {}, cached=self.core.cached_variants, metadata=self.metadata
+                served.resolution,
+                {},
+                cached=self.core.serving.cached_variants,
+                metadata=self.metadata,
             )
             served.memo["proto"] = template
         out = pb.ResolvedKernel()
@@ -323,7 +327,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         facts = self.facts.get(request.platform, request.HasField("platform"))
         commit, stale, decisions = self._finish(
             self._start(
-                lambda: self.core.list_variants(
+                lambda: self.core.serving.list_variants(
                     spec, facts, allow_fetch=request.allow_fetch, caller=identity.current()
                 ),
                 by,
@@ -332,7 +336,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             started,
             request.kernel,
         )
-        cached = self.core.cached_variants(spec.repo_id, commit)
+        cached = self.core.serving.cached_variants(spec.repo_id, commit)
         return pb.ListVariantsResponse(
             repo_id=spec.repo_id,
             commit=commit,
@@ -343,7 +347,7 @@ class KernelsService(pb_grpc.KernelsServicer):
     @rpc_handler
     def RenewLease(self, request: pb.RenewLeaseRequest, context: grpc.ServicerContext) -> pb.Lease:
         convert.check_lease_id(request.lease_id)
-        lease = self.core.renew_lease(request.lease_id, request.lease_seconds)
+        lease = self.core.serving.renew_lease(request.lease_id, request.lease_seconds)
         return pb.Lease(id=lease.id, expires_at=convert.ts(lease.expires_at))
 
     @rpc_handler
@@ -351,7 +355,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         self, request: pb.ReleaseLeaseRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseLeaseResponse:
         convert.check_lease_id(request.lease_id)
-        self.core.release_lease(request.lease_id)
+        self.core.serving.release_lease(request.lease_id)
         return pb.ReleaseLeaseResponse()
 
     @rpc_handler

@@ -61,8 +61,10 @@ def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
     and kerneldctl writes them as the admin, where the admin asked (the unit's
     ProtectSystem=strict and private /tmp would make any path the daemon wrote wrong)."""
     try:
-        from kerneld.mirror.export import FileOp, export_stream, specs_from_wire
+        from kerneld.mirror.destination import FileOp
+        from kerneld.mirror.export import export_stream
         from kerneld.mirror.keys import load_signing_key
+        from kerneld.mirror.selection import specs_from_wire
     except ImportError as exc:
         raise Unimplemented(f"mirror export is not available in this build: {exc}") from exc
     store = core.store

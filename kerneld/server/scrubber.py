@@ -21,8 +21,8 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.fetch import FetchResult
 from kerneld.resolve import Resolver
+from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.metrics import Metrics
 from kerneld.store import DeniedError, Hold, Store
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
@@ -36,8 +36,8 @@ MAX_SLEEP_S = 3600.0
 
 class ScrubHost(Protocol):
     """What the scrub needs of the daemon (kerneld.server.core.Core implements it): its
-    settings, store and metrics, the resolver's fetcher for re-fetches, and the in-flight work
-    count that a shutdown drains."""
+    settings, store and metrics, the resolver's fetcher for re-fetches, the fetch history that
+    records them, and the in-flight work count that a shutdown drains."""
 
     @property
     def config(self) -> Config: ...
@@ -53,14 +53,8 @@ class ScrubHost(Protocol):
 
     def work(self) -> AbstractContextManager[None]: ...
 
-    def record_fetch(
-        self,
-        repo: str,
-        commit: str,
-        variant: str,
-        result: FetchResult | None,
-        error: BaseException | None,
-    ) -> None: ...
+    @property
+    def fetches(self) -> FetchHistory: ...
 
 
 class Scrubber:
@@ -228,7 +222,7 @@ class Scrubber:
                     result = self.core.resolver.fetcher.fetch_variant(repo, commit, variant)
             except Exception as exc:
                 metrics.scrub_refetches.labels("failed").inc()
-                self.core.record_fetch(repo, commit, variant, None, exc)
+                self.core.fetches.record(repo, commit, variant, None, exc)
                 log.warning(
                     "scrub: re-fetch failed repo=%s commit=%s variant=%s error=%s; clients fall "
                     "back until it is fetched again",
@@ -240,7 +234,7 @@ class Scrubber:
                 continue
             ok += 1
             metrics.scrub_refetches.labels("ok").inc()
-            self.core.record_fetch(repo, commit, variant, result, None)
+            self.core.fetches.record(repo, commit, variant, result, None)
             log.info(
                 "scrub: re-fetched repo=%s commit=%s variant=%s upstream=%s bytes=%d tree=%s",
                 repo,

@@ -23,9 +23,10 @@ from kerneld.mirror.bundle import (
     open_bundle,
 )
 from kerneld.mirror.documents import INFO, info_json, refs_json, refs_path
-from kerneld.mirror.export import ExportSpec, export_mirror
+from kerneld.mirror.export import export_mirror
 from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
 from kerneld.mirror.keys import SigningKey, generate_key, make_signature_file, sig_path
+from kerneld.mirror.selection import ExportSpec
 from kerneld.store import Store
 from tests.ctl.test_mirror_sync import CJ, CK2, J, assert_nothing_imported, trust
 from tests.support.ctl import publish, variant_files

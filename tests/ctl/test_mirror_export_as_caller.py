@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from kerneld.mirror.destination import ExportError
 from kerneld.mirror.documents import blob_path
-from kerneld.mirror.export import ExportError
 from kerneld.mirror.keys import generate_key
 from kerneld.mirror.receive import ExportReceiver
 from tests.fixtures_daemon import ACT, C1

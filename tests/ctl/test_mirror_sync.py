@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from kerneld.mirror.bundle import HAS_DATA_FILTER, MAX_DOC_BYTES
+from kerneld.mirror.destination import ExportError
 from kerneld.mirror.documents import Manifest, blob_path, manifest_path
-from kerneld.mirror.export import ExportError, ExportSpec, export_mirror, specs_from_wire
+from kerneld.mirror.export import export_mirror
 from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
 from kerneld.mirror.keys import (
     KeyFileError,
@@ -31,6 +32,7 @@ from kerneld.mirror.keys import (
     parse_public_key,
     verify_signature,
 )
+from kerneld.mirror.selection import ExportSpec, specs_from_wire
 from kerneld.store import Store
 from tests.support.ctl import publish, sha256, tree_bytes, variant_files
 

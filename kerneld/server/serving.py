@@ -1,0 +1,393 @@
+"""Resolve, ListVariants and leases with the daemon's policy, and the answers it remembers.
+
+Both gRPC services and the prefetch timer resolve through the daemon's one `Serving`, so policy
+(publisher trust, the fetch allow-list, `[fetch] allow_groups` and its rate limit, lease
+limits), metrics and logging are applied the same way whoever asks. An answer computed before
+is remembered and reused while the store's generation is unchanged and its refs are within
+their TTL: the warm path costs one indexed read and no write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kerneld.config import Config
+from kerneld.prefetch import ClientPlatforms
+from kerneld.resolve import FetchNotAllowed, KernelSpec, NoVariantFits, Resolution, Resolver
+from kerneld.server.errors import RateLimited
+from kerneld.server.fetch_history import FetchHistory
+from kerneld.server.identity import Caller, FetchGate, audit
+from kerneld.server.leases import LeaseBook
+from kerneld.server.metrics import Metrics
+from kerneld.server.trust import PublisherTrust, UntrustedPublisher
+from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
+from kerneld.upstream.base import is_commit
+from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
+from kerneld_client.variants import Decision, PlatformFacts, decide
+
+log = logging.getLogger("kerneld.daemon")
+
+
+@dataclass(frozen=True)
+class Served:
+    """A Resolve answer: the resolution and a lease per tree (the kernel's and its deps').
+    `memo` lives as long as the remembered resolution: the service keeps its wire form there."""
+
+    resolution: Resolution
+    leases: dict[str, Lease]
+    memo: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Hit:
+    resolution: Resolution
+    generation: int
+    until: float
+    trees: tuple[str, ...]
+    memo: dict[str, object]
+
+
+#: Remembered resolutions (distinct kernel x platform x selector combinations).
+HIT_CACHE_SIZE = 4096
+
+
+def _walk(res: Resolution) -> Iterator[Resolution]:
+    yield res
+    for dep in res.dependencies:
+        yield from _walk(dep)
+
+
+class ServingHost(Protocol):
+    """What serving needs of the daemon (kerneld.server.core.Core implements it): its settings
+    and metrics, the components it opened, the fetch gate and history, and the in-flight work
+    count that a shutdown drains."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    @property
+    def trust(self) -> PublisherTrust: ...
+
+    @property
+    def leases(self) -> LeaseBook: ...
+
+    @property
+    def platforms(self) -> ClientPlatforms: ...
+
+    @property
+    def fetch_gate(self) -> FetchGate: ...
+
+    @property
+    def fetches(self) -> FetchHistory: ...
+
+    def work(self) -> AbstractContextManager[None]: ...
+
+
+class Serving:
+    """The daemon's answers to Resolve, ListVariants and lease calls."""
+
+    def __init__(self, core: ServingHost) -> None:
+        self.core = core
+        self._hits: OrderedDict[tuple[object, ...], _Hit] = OrderedDict()
+        self._hits_lock = threading.Lock()
+
+    def lease_ttl(self, requested_s: float) -> float:
+        return min(float(requested_s) or self.core.config.lease_ttl_s, self.core.config.lease_max_s)
+
+    def _generation(self, store: Store) -> int:
+        """The store's change counter (in memory: this daemon is the store's only writer)."""
+        return store.generation
+
+    def _fresh_until(self, store: Store, res: Resolution) -> float:
+        """Until when every ref in `res` (and its dependencies) is within its TTL."""
+        until = float("inf")
+        for r in _walk(res):
+            if r.spec.locked_commit is not None or is_commit(r.spec.ref):
+                continue
+            row = store.get_ref(r.spec.repo_id, r.spec.ref)
+            if row is None:
+                return 0.0
+            until = min(until, row.fetched_at + self.core.config.ref_ttl_s)
+        return until
+
+    def resolve(
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool,
+        variant: str = "",
+        lease_s: float = 0,
+        holder: str = "",
+        caller: Caller | None = None,
+        trust_remote_code: bool = False,
+    ) -> Served:
+        """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs;
+        for a `caller` (None: the daemon itself) also `[fetch] allow_groups` and its rate limit.
+
+        Warm path: an answer computed before is reused while the store's generation is
+        unchanged and its refs are within their TTL; it costs one indexed read and no write
+        (leases and resolve times are written behind by the LeaseBook).
+        """
+        store = self.core.store
+        hit = self.resolve_remembered(
+            spec,
+            facts,
+            allow_fetch=allow_fetch,
+            variant=variant,
+            lease_s=lease_s,
+            holder=holder,
+            trust_remote_code=trust_remote_code,
+        )
+        if hit is not None:
+            return hit
+        try:
+            self.core.trust.check(spec.repo_id, trust_remote_code=trust_remote_code)
+        except UntrustedPublisher:
+            self.core.metrics.resolves.labels("untrusted").inc()
+            raise
+        allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
+        key = (spec, facts, variant, allow)
+        generation = self._generation(store)
+        # The hold keeps every tree the answer names from GC until its leases are granted.
+        with self.core.work(), store.holds.hold() as hold:
+            try:
+                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder, hold)
+            except FetchNotAllowed as exc:
+                # Without allow_fetch this is the answer a cold client expects ("not here yet,
+                # ask again with a fetch"), not a failure; with it, a policy refused the fetch.
+                self.core.metrics.resolves.labels("refused" if allow_fetch else "not_cached").inc()
+                if allow_fetch and not allow:
+                    raise FetchNotAllowed(
+                        "not in this host's store, and the fetch policy ([fetch] allow) does not "
+                        "let clients download this kernel",
+                        repo_id=spec.repo_id,
+                        revision=exc.revision or spec.ref,
+                    ) from exc
+                raise
+            except Exception as exc:
+                self.core.metrics.resolves.labels(_outcome(exc)).inc()
+                if isinstance(exc, IntegrityError | UpstreamError):
+                    self.core.fetches.record(
+                        spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
+                    )
+                raise
+            for r in _walk(res):  # dependencies are code the job runs too
+                if r is not res:
+                    try:
+                        self.core.trust.check(r.spec.repo_id, trust_remote_code=trust_remote_code)
+                    except UntrustedPublisher as exc:
+                        self.core.metrics.resolves.labels("untrusted").inc()
+                        raise UntrustedPublisher(
+                            f"dependency {r.spec.repo_id} of {spec.repo_id}: {exc.message}",
+                            repo_id=spec.repo_id,
+                            hint=exc.hint,
+                        ) from exc
+            memo: dict[str, object] = {}
+            if not res.stale and cacheable:
+                until = self._fresh_until(store, res)
+                trees = tuple(dict.fromkeys(r.hit.digest for r in _walk(res)))
+                with self._hits_lock:
+                    self._hits[key] = _Hit(res, generation, until, trees, memo)
+                    self._hits.move_to_end(key)
+                    while len(self._hits) > HIT_CACHE_SIZE:
+                        self._hits.popitem(last=False)
+            for r in _walk(res):
+                if r.fetched is not None:
+                    self.core.fetches.record(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
+            return self._served(res, memo, lease_s, holder, spec)
+
+    def resolve_remembered(
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool,
+        variant: str = "",
+        lease_s: float = 0,
+        holder: str = "",
+        trust_remote_code: bool = False,
+    ) -> Served | None:
+        """The warm path of `resolve` alone: an answer computed before, while the store's
+        generation is unchanged and its refs are within their TTL; None otherwise. Never does
+        I/O beyond one indexed read, so callers may run it where they cannot wait."""
+        self.core.platforms.record(facts)
+        allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
+        key = (spec, facts, variant, allow)
+        generation = self._generation(self.core.store)
+        with self._hits_lock:
+            entry = self._hits.get(key)
+        if entry is None or entry.generation != generation or time.time() >= entry.until:
+            return None
+        trust = self.core.trust
+        if not all(
+            trust.known(r.spec.repo_id, trust_remote_code=trust_remote_code)
+            for r in _walk(entry.resolution)
+        ):
+            return None  # `resolve` checks (and may ask the Hub)
+        for tree in entry.trees:
+            self.core.leases.resolved(tree)
+        return self._served(entry.resolution, entry.memo, lease_s, holder, spec)
+
+    def _gated(
+        self,
+        caller: Caller | None,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        allow: bool,
+        variant: str,
+        holder: str,
+        hold: Hold,
+    ) -> tuple[Resolution, bool]:
+        """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
+        when the store alone cannot give the answer a fetch would (a ref unknown or past its
+        TTL, a variant or dependency missing, a commit never listed upstream); only those pass
+        `[fetch] allow_groups` and the caller's rate limit, each with one audit line. A refused
+        caller still gets what is cached, if anything fits."""
+        resolver = self.core.resolver
+
+        def run(fetch: bool) -> Resolution:
+            return resolver.resolve(
+                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder, hold=hold
+            )
+
+        if caller is None or not allow:
+            return run(allow), True
+        local: Resolution | None = None
+        with contextlib.suppress(FetchNotAllowed, NoVariantFits):
+            local = run(False)
+        if local is not None and self._complete(local, variant):
+            return local, True
+        cfg = self.core.config
+        what = f"repo={spec.repo_id} ref={spec.ref}"
+        try:
+            allowed = cfg.fetch_allow_gids()
+            if not self.core.fetch_gate.may_fetch(caller, allowed):
+                raise FetchNotAllowed(
+                    "not in this host's store, and the fetch policy ([fetch] allow_groups = "
+                    f"{list(cfg.fetch_allow_groups)}) lets only members of those groups download; "
+                    f"the caller ({caller}) is not one",
+                    repo_id=spec.repo_id,
+                    revision=spec.ref,
+                )
+            self.core.fetch_gate.take(
+                caller,
+                per_minute=cfg.fetch_per_uid_rate,
+                burst=cfg.fetch_per_uid_burst,
+                what=f"{spec.repo_id}@{spec.ref}/{variant}",
+            )
+        except (FetchNotAllowed, RateLimited) as exc:
+            served = "; served the cached build" if local is not None else ""
+            audit(caller, "Resolve", what, f"fetch refused ({type(exc).__name__}){served}")
+            if local is not None:
+                return local, False
+            raise
+        audit(caller, "Resolve", what, "fetch allowed")
+        return run(True), True
+
+    def _complete(self, res: Resolution, variant: str) -> bool:
+        """Is a no-fetch answer the one a fetch would give (fresh refs, the best variant of
+        every kernel here, every commit's upstream listing known)?"""
+        store = self.core.store
+        for r in _walk(res):
+            if r.stale or store.upstream_variants(r.spec.repo_id, r.commit) is None:
+                return False
+            best = next((d.variant for d in r.decisions if d.accepted), None)
+            if r.variant != (variant if r is res and variant else best):
+                return False
+        return True
+
+    def _served(
+        self,
+        res: Resolution,
+        memo: dict[str, object],
+        lease_s: float,
+        holder: str,
+        spec: KernelSpec,
+    ) -> Served:
+        ttl = self.lease_ttl(lease_s)
+        leases: dict[str, Lease] = {}
+        for r in _walk(res):
+            if r.hit.digest not in leases:
+                leases[r.hit.digest] = self.core.leases.grant(r.hit.digest, ttl, holder)
+        self.core.metrics.leases.inc(len(leases))
+        self.core.metrics.resolves.labels("miss" if res.fetched is not None else "hit").inc()
+        if res.stale:
+            self.core.metrics.stale.inc()
+        level = logging.INFO if res.fetched is not None or res.stale else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "resolve repo=%s ref=%s commit=%s variant=%s %s%s client=%s",
+                spec.repo_id,
+                spec.ref,
+                res.commit,
+                res.variant,
+                "miss (fetched)" if res.fetched is not None else "hit",
+                " stale" if res.stale else "",
+                holder or "-",
+            )
+        return Served(res, leases, memo)
+
+    def forget(self) -> None:
+        """Drop every remembered answer (config reload: TTLs and policy may have changed)."""
+        with self._hits_lock:
+            self._hits.clear()
+
+    def cached_variants(self, repo: str, commit: str) -> set[str]:
+        return set(self.core.store.variants(repo, commit))
+
+    def list_variants(
+        self,
+        spec: KernelSpec,
+        facts: PlatformFacts,
+        *,
+        allow_fetch: bool,
+        caller: Caller | None = None,
+    ) -> tuple[str, bool, list[Decision]]:
+        store, resolver = self.core.store, self.core.resolver
+        allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
+        if allow and caller is not None:  # asks upstreams, downloads nothing: groups only
+            allow = self.core.fetch_gate.may_fetch(caller, self.core.config.fetch_allow_gids())
+        store.check_denied(spec.repo_id, spec.ref)
+        commit, stale = resolver.commit_for(spec, allow_network=allow)
+        store.check_denied(spec.repo_id, spec.ref, commit)
+        names = resolver.variant_names(spec.repo_id, commit, allow_network=allow)
+        return commit, stale, decide(names, facts)
+
+    def renew_lease(self, lease_id: str, seconds: float) -> Lease:
+        self.core.leases.flush()
+        return self.core.store.renew_lease(lease_id, self.lease_ttl(seconds))
+
+    def release_lease(self, lease_id: str) -> bool:
+        self.core.leases.flush()
+        return self.core.store.release_lease(lease_id)
+
+
+def _outcome(exc: BaseException) -> str:
+    """`kerneld_resolves_total`'s result for a failed Resolve: what the caller asked for does
+    not exist (not_found, no_variant), or something failed (error, the one to alert on)."""
+    if isinstance(exc, RepoNotFound | RevisionNotFound | EntryNotFound):
+        return "not_found"
+    if isinstance(exc, NoVariantFits):
+        return "no_variant"
+    if isinstance(exc, DeniedError):
+        return "denied"
+    return "error"
