@@ -55,7 +55,7 @@ ECHO_SERVER = textwrap.dedent(
 
 
 def request_bytes() -> bytes:
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
     from tests.daemon.rpc import facts
 
     req = pb.ResolveRequest(
@@ -72,8 +72,8 @@ def make_call(channel: Any, kind: str) -> Callable[[bytes], object]:
     if kind == "echo":
         echo = channel.unary_unary("/bench.Echo/Echo")
         return lambda data: echo(data, timeout=30)
-    from kerneld_client._proto import kerneld_pb2 as pb
-    from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+    from kerneld_client.proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
 
     stub = pb_grpc.KernelsStub(channel)
     return lambda data: stub.Resolve(pb.ResolveRequest.FromString(data), timeout=30)

@@ -103,7 +103,7 @@ def big_variant(total: int, tag: str, shared: dict[str, LfsFile] | None = None) 
 
 
 def prefetch(daemon: DaemonProcess, repo: str, revisions: Sequence[str]) -> float:
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
 
     req = pb.PrefetchRequest(
         kernels=[pb.KernelRef(repo_id=repo, revision=r) for r in revisions],
@@ -281,7 +281,7 @@ def run_footprint(ctx: Ctx) -> Section:
         work / "daemon", hub_endpoint=ctx.server.url, config=INGEST_CONFIG
     ) as daemon:
         prefetch(daemon, REVS_REPO, revisions)
-        from kerneld_client._proto import kerneld_pb2 as pb
+        from kerneld_client.proto import kerneld_pb2 as pb
 
         with daemon.kernels() as kernels:
             status = kernels.GetStatus(pb.GetStatusRequest(), timeout=60)

@@ -120,8 +120,8 @@ def make_store(root: Path, trees: int) -> float:
 def one_size(ctx: Ctx, trees: int) -> dict[str, Any]:
     import grpc
 
-    from kerneld_client._proto import kerneld_pb2 as pb
-    from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+    from kerneld_client.proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
     from tests.daemon.rpc import facts
 
     a = ctx.args

@@ -44,7 +44,7 @@ TOPOLOGIES = ("direct", "site cache", "olah", "static mirror")
 
 def cold_start(daemons: list[DaemonProcess]) -> tuple[float, int]:
     """(seconds until the last host has every kernel, hosts that got all of them)."""
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
 
     platform = facts()
     ok = [False] * len(daemons)

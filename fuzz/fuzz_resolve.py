@@ -12,7 +12,7 @@ from _harness import Target, run, workdir
 def make() -> tuple[Target, Mapping[str, bytes]]:
     from google.protobuf.message import DecodeError
 
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
     from tests.fixtures_daemon import ACT, C1, DEP_TOP, MULTI, build_kernel_mirror
     from tests.fuzz import harnesses
 

@@ -11,8 +11,8 @@ from _harness import Target, run
 
 
 def make() -> tuple[Target, Mapping[str, bytes]]:
-    from kerneld_client._convert import facts_to_proto
     from kerneld_client.variants import PlatformFacts
+    from kerneld_client.wire import facts_to_proto
     from tests.fuzz import invariants as inv
 
     def target(data: bytes) -> None:
@@ -54,6 +54,6 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 if __name__ == "__main__":
     run(
         "variants",
-        ["kerneld_client.variants", "kerneld_client.platform", "kerneld_client._convert"],
+        ["kerneld_client.variants", "kerneld_client.platform", "kerneld_client.wire"],
         make,
     )

@@ -91,9 +91,9 @@ def test_stub_check_detects_drift(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "protos", copy / "protos")
     shutil.copytree(ROOT / "scripts", copy / "scripts")
     shutil.copytree(
-        ROOT / "client" / "kerneld_client" / "_proto", copy / "client" / "kerneld_client" / "_proto"
+        ROOT / "client" / "kerneld_client" / "proto", copy / "client" / "kerneld_client" / "proto"
     )
-    stub = copy / "client" / "kerneld_client" / "_proto" / "kerneld_pb2.py"
+    stub = copy / "client" / "kerneld_client" / "proto" / "kerneld_pb2.py"
     stub.write_text(stub.read_text() + "\n# hand edit\n")
     result = subprocess.run(
         [sys.executable, str(copy / "scripts" / "genproto"), "--check"],
@@ -105,7 +105,7 @@ def test_stub_check_detects_drift(tmp_path: Path) -> None:
 
 
 def test_stubs_import_and_describe_both_services() -> None:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     services = kerneld_pb2.DESCRIPTOR.services_by_name
     assert set(services) == {"Kernels", "Admin"}

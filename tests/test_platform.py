@@ -408,7 +408,7 @@ def _heavy(mods: set[str]) -> list[str]:
 def test_import_graph_is_light() -> None:
     mods = _modules_after("import kerneld_client.variants, kerneld_client.platform")
     assert _heavy(mods) == []
-    assert "kerneld_client._convert" not in mods and "kerneld_client._proto" not in mods
+    assert "kerneld_client.wire" not in mods and "kerneld_client.proto" not in mods
 
 
 def test_env_var_facts_need_no_torch() -> None:
@@ -422,4 +422,4 @@ def test_env_var_facts_need_no_torch() -> None:
 
 
 def test_probe_sees_imports() -> None:
-    assert "google.protobuf" in _modules_after("import kerneld_client._convert")
+    assert "google.protobuf" in _modules_after("import kerneld_client.wire")

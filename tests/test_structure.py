@@ -54,7 +54,7 @@ def sql_calls(source: str) -> list[str]:
 
 
 def _modules(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.py") if "_proto" not in p.parts)
+    return sorted(p for p in root.rglob("*.py") if "proto" not in p.parts)
 
 
 def test_nothing_outside_the_store_reaches_into_it() -> None:

@@ -48,7 +48,7 @@ from kerneld_client.errors import (
 from kerneld_client.variants import Decision, PlatformFacts
 
 if TYPE_CHECKING:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
 __all__ = [
     "ERROR_TRAILER",
@@ -226,7 +226,7 @@ def _call(
 
 
 def _detail(exc: Any) -> kerneld_pb2.ErrorDetail | None:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     try:
         trailers = exc.trailing_metadata() or ()
@@ -249,7 +249,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     """Map a grpc.RpcError (status + ErrorDetail trailer) onto a typed error."""
     import grpc
 
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     code = exc.code()
     detail = _detail(exc)
@@ -329,21 +329,21 @@ def _import_grpc() -> None:
     ~80 message classes scan torch's large heap: measured 190 ms of GC in a 275 ms import,
     against about 50 ms without it. Nothing here creates garbage cycles worth collecting.
     """
-    if "grpc" in sys.modules and "kerneld_client._proto.kerneld_pb2" in sys.modules:
+    if "grpc" in sys.modules and "kerneld_client.proto.kerneld_pb2" in sys.modules:
         return
     enabled = gc.isenabled()
     gc.disable()
     try:
         import grpc  # noqa: F401
 
-        from kerneld_client._proto import kerneld_pb2  # noqa: F401
+        from kerneld_client.proto import kerneld_pb2  # noqa: F401
     finally:
         if enabled:
             gc.enable()
 
 
 def _kernel_ref(req: KernelRequest) -> kerneld_pb2.KernelRef:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     ref = kerneld_pb2.KernelRef(repo_id=req.repo_id)
     if req.locked_commit is not None:
@@ -356,7 +356,7 @@ def _kernel_ref(req: KernelRequest) -> kerneld_pb2.KernelRef:
 
 
 def _decisions(messages: Sequence[kerneld_pb2.VariantDecision]) -> tuple[Decision, ...]:
-    from kerneld_client._convert import decision_from_proto
+    from kerneld_client.wire import decision_from_proto
 
     return tuple(decision_from_proto(m) for m in messages)
 
@@ -396,8 +396,8 @@ def resolve(
     """Resolve through the daemon (see the module docstring for the two steps)."""
     _ready(socket_path, req)
     _import_grpc()
-    from kerneld_client._convert import facts_to_proto
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.wire import facts_to_proto
 
     base = kerneld_pb2.ResolveRequest(
         kernel=_kernel_ref(req),
@@ -452,8 +452,8 @@ def list_variants(
     """(commit, every variant with its verdict) through the daemon, listing upstream if needed."""
     _ready(socket_path, req)
     _import_grpc()
-    from kerneld_client._convert import facts_to_proto
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.wire import facts_to_proto
 
     def ask(fetch: bool, timeout: float) -> tuple[str, tuple[Decision, ...]]:
         request = kerneld_pb2.ListVariantsRequest(
@@ -515,7 +515,7 @@ def report_suspect(
         _import_grpc()
         import grpc
 
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
     except DaemonUnavailable as exc:
         return SuspectReport("unavailable", exc.message, tree_digest=digest)
     except ImportError as exc:  # grpc or protobuf missing or broken

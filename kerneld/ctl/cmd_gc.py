@@ -69,7 +69,7 @@ def cmd_gc(ctx: Ctx) -> int:
             "orphan_blobs_removed": len(report.blobs_deleted),
         }
     else:
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.GcRequest(dry_run=dry, target_free_bytes=target)
         with Admin(ctx) as admin:

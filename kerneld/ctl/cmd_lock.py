@@ -178,7 +178,7 @@ def _source(ctx: Ctx) -> Source:
             listing = store_listing(store)
         return ListingSource("store", {k["repo_id"]: k for k in listing})
     from kerneld.ctl.rpc import Admin
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     with Admin(ctx) as admin:
         answer = admin.unary(admin.stub.List, kerneld_pb2.ListRequest())

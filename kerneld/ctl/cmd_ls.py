@@ -18,7 +18,7 @@ def _listing(ctx: Ctx, repos: list[str]) -> list[dict[str, Any]]:
     if offline(ctx):
         with open_store(ctx, writable=False) as store:
             return store_listing(store, repos)
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     with Admin(ctx) as admin:
         answer = admin.unary(admin.stub.List, kerneld_pb2.ListRequest(repo_ids=repos))

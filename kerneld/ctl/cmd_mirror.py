@@ -99,8 +99,8 @@ def _export_through_daemon(
     failure), a directory file by file."""
     from kerneld.mirror.destination import ExportError
     from kerneld.mirror.receive import ExportReceiver
-    from kerneld_client._proto import kerneld_pb2
     from kerneld_client.lockfile import LockfileError, parse_lockfile
+    from kerneld_client.proto import kerneld_pb2
 
     lock_text = ""
     repos = {parse_spec(t).repo_id for t in ctx.args.kernels or []}
@@ -242,7 +242,7 @@ def cmd_mirror_import(ctx: Ctx) -> int:
                 "([mirror] trusted_keys)",
                 code=EXIT_USAGE,
             )
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.MirrorImportRequest(
             source=source, no_check_sigs=bool(ctx.args.no_check_sigs)

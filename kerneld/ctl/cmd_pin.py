@@ -55,7 +55,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
                 "changed": changed,
             }
     else:
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.PinRequest(
             kernel=spec.to_proto(), variant=variant, reason=ctx.args.reason or ""
@@ -105,7 +105,7 @@ def _list_denies(ctx: Ctx) -> int:
                 for r in store.denies()
             ]
     else:
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         with Admin(ctx) as admin:
             answer = admin.unary(admin.stub.ListDenies, kerneld_pb2.ListDeniesRequest())
@@ -146,7 +146,7 @@ def _deny(ctx: Ctx, allow: bool) -> int:
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
     else:
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.DenyRequest(repo_id=repo, revision=revision, reason=reason)
         with Admin(ctx) as admin:

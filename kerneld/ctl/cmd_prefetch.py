@@ -61,7 +61,7 @@ def cmd_prefetch(ctx: Ctx) -> int:
 
 
 def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     request = kerneld_pb2.PrefetchRequest(
         kernels=[s.to_proto() for s in specs], variants=variants, torch_versions=torch

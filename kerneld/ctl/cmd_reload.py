@@ -19,7 +19,7 @@ REJECTED_HINT = (
 
 
 def cmd_reload(ctx: Ctx) -> int:
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
 
     with Admin(ctx) as admin:
         try:

@@ -129,7 +129,7 @@ def _upstream_state(up: dict[str, Any]) -> str:
 def _daemon_status(ctx: Ctx) -> dict[str, Any]:
     """GetAdminStatus on the admin socket; where this user may not use it, GetStatus on the
     user socket (what every kerneld-users member may ask), marked as lacking the admin part."""
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     try:
         with Admin(ctx) as admin:

@@ -59,7 +59,7 @@ def _report_pass(report: Any, store: Any) -> _Pass:
 
 
 def _daemon_pass(admin: Admin, repair: bool) -> _Pass:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     problems: list[dict[str, Any]] = []
     repaired: list[str] = []

@@ -25,7 +25,7 @@ from kerneld.ctl.common import (
 if TYPE_CHECKING:
     import grpc
 
-    from kerneld_client._proto import kerneld_pb2_grpc
+    from kerneld_client.proto import kerneld_pb2_grpc
 
 ERROR_TRAILER = "kerneld-error-bin"
 DEFAULT_TIMEOUT_S = 30.0
@@ -183,7 +183,7 @@ class Admin:
     def _connect(self, ctx: Ctx) -> None:
         import grpc
 
-        from kerneld_client._proto import kerneld_pb2_grpc
+        from kerneld_client.proto import kerneld_pb2_grpc
 
         self._grpc = grpc
         self.channel: grpc.Channel = grpc.insecure_channel(
@@ -202,7 +202,7 @@ class Admin:
 
     def kernels(self) -> kerneld_pb2_grpc.KernelsStub:
         """The Kernels service on the same channel (the user socket's RPCs)."""
-        from kerneld_client._proto import kerneld_pb2_grpc
+        from kerneld_client.proto import kerneld_pb2_grpc
 
         return kerneld_pb2_grpc.KernelsStub(self.channel)
 
@@ -237,7 +237,7 @@ class UserChannel(Admin):
 
 def error_detail(exc: grpc.RpcError) -> Any | None:
     """The daemon's ErrorDetail from the trailing metadata, if it sent one."""
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     trailers = getattr(exc, "trailing_metadata", None)
     items = trailers() if callable(trailers) else None

@@ -42,7 +42,7 @@ class Spec:
         return f"{self.repo_id}@{rev}" if rev else self.repo_id
 
     def to_proto(self) -> Any:
-        from kerneld_client._proto import kerneld_pb2
+        from kerneld_client.proto import kerneld_pb2
 
         ref = kerneld_pb2.KernelRef(repo_id=self.repo_id)
         if self.version is not None:

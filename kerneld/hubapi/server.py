@@ -36,7 +36,7 @@ from kerneld.server.errors import classify
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.identity import Caller
 from kerneld.upstream.base import check_repo_id
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.hubapi")
 Code = pb.ErrorCode

@@ -28,9 +28,9 @@ from kerneld.store.index import ALL
 from kerneld.store.inventory import VariantItem, inventory
 from kerneld.store.verify import Quarantined
 from kerneld.upstream.errors import UpstreamError
-from kerneld_client._convert import facts_from_proto
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.wire import facts_from_proto
 
 log = logging.getLogger("kerneld.admin")
 

@@ -52,9 +52,9 @@ from kerneld.server.sockets import (
     umask,
     write_advert,
 )
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
 from kerneld_client.locations import Advert
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kerneld.daemon")
 #: `[server] max_concurrent_rpcs = 0`: this many calls per thread are admitted (one running,

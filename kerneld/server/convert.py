@@ -13,10 +13,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kerneld.resolve import KernelSpec, Resolution
 from kerneld.store import Lease
 from kerneld.upstream.base import is_commit
-from kerneld_client._convert import decision_to_proto, facts_from_proto
-from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client.metadata import backend_of, kernel_depends
+from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.variants import Decision, PlatformFacts
+from kerneld_client.wire import decision_to_proto, facts_from_proto
 
 
 def ts(seconds: float) -> Timestamp:

@@ -76,8 +76,8 @@ from kerneld.upstream.errors import (
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
-from kerneld_client._convert import decision_to_proto
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.wire import decision_to_proto
 
 log = logging.getLogger("kerneld.server")
 

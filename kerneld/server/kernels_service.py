@@ -31,9 +31,9 @@ from kerneld.server.serving import Served
 from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure
-from kerneld_client._convert import facts_to_proto
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.wire import facts_to_proto
 
 log = logging.getLogger("kerneld.kernels")
 T = TypeVar("T")

@@ -13,7 +13,7 @@ from typing import Any
 
 from kerneld.server.core import Core
 from kerneld.server.errors import Unimplemented
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.admin")
 

@@ -40,7 +40,7 @@ from kerneld.server.errors import RateLimited, ReportsRateLimited
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.store import InvalidInputError, Store
 from kerneld.store.scrub import ScrubReport, check_tree_now
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 
 if TYPE_CHECKING:
     from kerneld.server.core import Core

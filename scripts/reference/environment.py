@@ -22,7 +22,7 @@ from scripts.reference import ROOT
 from scripts.reference.markdown import UNDOCUMENTED, cell
 
 SOURCES = (ROOT / "kerneld", ROOT / "client" / "kerneld_client")
-SKIP_DIRS = {"_proto", "__pycache__"}
+SKIP_DIRS = {"proto", "__pycache__"}
 #: Not kerneld knobs: systemd's own protocol variables (readiness, watchdog, journal), and the
 #: base-directory variables user-mode paths follow (the document says so in prose).
 NOT_KNOBS = {

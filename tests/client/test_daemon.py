@@ -170,7 +170,7 @@ def test_typed_errors_and_dependencies_from_the_daemon(
     """Against a mirror upstream: kernel-depends come back in import order; a kernel with only
     CUDA builds is NoCompatibleVariant with every reason (from the ErrorDetail trailer); an
     unknown repo is KernelNotFound; a deny made through the admin socket is KernelDenied."""
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     daemon = make_daemon(mirror_dirs=[kernel_mirror])
     env = _env(daemon, tmp_path)

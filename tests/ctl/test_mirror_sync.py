@@ -261,8 +261,8 @@ def test_key_rotation_keeps_old_signatures(
 
 
 def test_specs_from_lock_and_wire(tmp_path: Path, source: Store, key: SigningKey) -> None:
-    from kerneld_client._proto import kerneld_pb2
     from kerneld_client.lockfile import parse_lockfile
+    from kerneld_client.proto import kerneld_pb2
 
     lock = json.dumps([{"dependency": {"repo-id": J, "version": 2}, "lock": {"commit": CJ}}])
     specs = specs_from_wire([kerneld_pb2.KernelRef(repo_id=K, version=1)], lockfile_json=lock)

@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 
 from kerneld.server.errors import detail_from_trailers
-from kerneld_client._convert import facts_to_proto
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
+from kerneld_client.wire import facts_to_proto
 
 TIMEOUT = 20.0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, connect_as, failure, http_get_unix, metric, resolve_req
 from tests.fixtures_daemon import ACT
 from tests.security.support import as_user
@@ -27,7 +27,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs
 #: Run by another user: one RPC on each socket, print the outcome.
 PROBE = """
 import sys, grpc
-from kerneld_client._proto import kerneld_pb2 as pb, kerneld_pb2_grpc as g
+from kerneld_client.proto import kerneld_pb2 as pb, kerneld_pb2_grpc as g
 out = []
 for target, call in ((sys.argv[1], "user"), (sys.argv[2], "admin")):
     with grpc.insecure_channel("unix:" + target) as ch:

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto.kerneld_pb2_grpc import AdminStub
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto.kerneld_pb2_grpc import AdminStub
 from tests.daemon.rpc import CPU, TIMEOUT, failure, ref, resolve_req
 from tests.fixtures_daemon import ACT, C1, DEP_BOTTOM, DEP_TOP, MULTI
 from tests.support.daemon import DaemonProcess

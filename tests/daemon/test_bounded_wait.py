@@ -29,7 +29,7 @@ from kerneld.upstream.retry import (
     request_timeout,
     with_retries,
 )
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU, TIMEOUT, failure, resolve_req
 from tests.fixtures_hub import REPO
 from tests.support.daemon import REPO_ROOT, DaemonProcess

@@ -24,7 +24,7 @@ from kerneld.upstream.errors import (
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.variants import PlatformFacts, decide
 
 S = grpc.StatusCode

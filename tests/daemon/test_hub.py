@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import (
     CPU,
     TIMEOUT,

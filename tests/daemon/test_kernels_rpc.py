@@ -16,9 +16,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto.kerneld_pb2_grpc import KernelsStub
 from kerneld_client.locations import read_advert
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto.kerneld_pb2_grpc import KernelsStub
 from tests.daemon.rpc import (
     CPU,
     CUDA129,

@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from kerneld.config import load_config
-from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client.locations import advert_path
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, failure, resolve_req
 from tests.fixtures_daemon import ACT, C1, MULTI
 from tests.support.daemon import REPO_ROOT, DaemonFailed, DaemonProcess, clean_env

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon import fakehosts
 from tests.daemon.rpc import TIMEOUT, facts, ref, resolve_req
 from tests.fixtures_daemon import ACT, C1, C3, MULTI, mirror_kernels

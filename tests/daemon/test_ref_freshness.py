@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, http_get_unix, metric
 from tests.support.daemon import DaemonProcess, daemon_dir

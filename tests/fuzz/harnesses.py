@@ -344,7 +344,7 @@ class ServicerContext:
 
 def check_error_detail(detail: Any, what: str) -> None:
     """An ErrorDetail a client will see: typed (not INTERNAL) and explained."""
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
 
     code = pb.ErrorCode.Name(detail.code)
     expect(
@@ -386,7 +386,7 @@ class ResolveHarness:
     def check_resolve(self, request: Any) -> None:
         """Resolve: a ResolvedKernel inside the store, or an abort with a typed ErrorDetail."""
         from kerneld.server.errors import detail_from_trailers
-        from kerneld_client._proto import kerneld_pb2 as pb
+        from kerneld_client.proto import kerneld_pb2 as pb
 
         context = ServicerContext()
         with self.sandbox.guard():
@@ -408,7 +408,7 @@ class ResolveHarness:
 
     def check_resolve_many(self, request: Any) -> None:
         """ResolveMany: one result per request, each a kernel or a typed error."""
-        from kerneld_client._proto import kerneld_pb2 as pb
+        from kerneld_client.proto import kerneld_pb2 as pb
 
         with self.sandbox.guard():
             response = typed(

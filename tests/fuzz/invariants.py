@@ -351,8 +351,8 @@ def check_facts_proto(data: bytes, names: Sequence[str] = ()) -> None:
     """The daemon's path: wire bytes -> PlatformFacts (ValueError is INVALID_ARGUMENT)."""
     from google.protobuf.message import DecodeError
 
-    from kerneld_client._convert import facts_from_proto
-    from kerneld_client._proto import kerneld_pb2 as pb
+    from kerneld_client.proto import kerneld_pb2 as pb
+    from kerneld_client.wire import facts_from_proto
 
     try:
         message = pb.PlatformFacts.FromString(data)
@@ -364,8 +364,8 @@ def check_facts_proto(data: bytes, names: Sequence[str] = ()) -> None:
 
 
 def check_facts_object(facts: Any, names: Sequence[str] = ()) -> None:
-    from kerneld_client._convert import facts_from_proto, facts_to_proto
     from kerneld_client.variants import PlatformFacts, device_compatible
+    from kerneld_client.wire import facts_from_proto, facts_to_proto
 
     what = f"facts {facts!r}"
     d = typed(facts.to_dict, (), what).value

@@ -13,8 +13,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kerneld.server.errors import detail_from_trailers
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto.kerneld_pb2_grpc import KernelsStub
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto.kerneld_pb2_grpc import KernelsStub
 from tests.fixtures_daemon import ACT, C1, C2, DEP_TOP, MULTI, MULTI_VARIANTS
 from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv

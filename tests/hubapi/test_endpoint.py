@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, http_get_unix, metric
 from tests.fixtures_hub import REPO, UNTRUSTED_REPO, VARIANT, SyntheticHub, snapshot_files
 from tests.hubapi.support import endpoint_of, hub_api_daemon

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from examples.kernels.specs import ORG
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT
 from tests.hubapi.support import endpoint_of, hub_api_daemon
 from tests.hubapi.venvs import KERNELS_RELEASES, run_in_venv

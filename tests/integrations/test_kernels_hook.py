@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env, run_child
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer

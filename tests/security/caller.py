@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from kerneld_client import _caller
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU
 
 

@@ -28,8 +28,8 @@ from collections import Counter
 
 import grpc
 
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
 from tests.daemon.rpc import resolve_req
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

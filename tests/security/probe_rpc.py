@@ -18,7 +18,7 @@ import sys
 import grpc
 from google.protobuf import message_factory
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 
 TIMEOUT = 10.0
 

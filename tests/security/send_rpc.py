@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 
 TIMEOUT = 30.0
 

@@ -25,11 +25,11 @@ import pytest
 
 from kerneld.store import Store
 from kerneld_client import CorruptTree, UntrustedPath, _config, _rpc, _trust, get_kernel
-from kerneld_client._proto import kerneld_pb2 as pb
-from kerneld_client._proto import kerneld_pb2_grpc as pb_grpc
 from kerneld_client._verify import verify_tree
 from kerneld_client.loading import call
 from kerneld_client.platform import set_platform_facts
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from tests.client.support import publish_synthetic, synthetic_metadata
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, failure, ref, resolve_req
 from tests.fixtures_daemon import ACT, DEP_BOTTOM

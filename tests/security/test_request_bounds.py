@@ -27,7 +27,7 @@ import pytest
 from kerneld.server import convert
 from kerneld.store.index import Index, NegativeRow
 from kerneld.store.layout import LAYOUT_VERSION
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU, resolve_req
 from tests.fixtures_daemon import ACT
 from tests.security.support import NOBODY, needs_root

@@ -24,7 +24,7 @@ from kerneld.config import (
 )
 from kerneld.store import Store, TreeFile
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, scrub_pass
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, http_get_unix, metric, resolve_req
 from tests.fixtures_daemon import ACT, C1, DEP_BOTTOM

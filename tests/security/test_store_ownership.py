@@ -28,7 +28,7 @@ import pytest
 
 from kerneld.store import Store, StoreOwnershipError, TreeFile
 from kerneld.store.layout import check_root
-from kerneld_client._proto import kerneld_pb2 as pb
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT
 from tests.security.support import NOBODY, as_user, needs_root, public_dir
 from tests.security.test_client_verify import flip_byte

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from kerneld_client._proto import kerneld_pb2 as pb
 from kerneld_client.file_locks import OFD_READ, ofd_lock
+from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, resolve_req
 from tests.fixtures_daemon import ACT, DEP_TOP
 from tests.security.support import as_nobody, needs_root

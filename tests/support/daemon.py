@@ -56,7 +56,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kerneld_client._proto import kerneld_pb2_grpc
+from kerneld_client.proto import kerneld_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KERNELS_SERVICE = "kerneld.v1.Kernels"

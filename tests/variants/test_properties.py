@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kerneld_client._convert import facts_from_proto, facts_to_proto
 from kerneld_client.variants import (
     Backend,
     PlatformFacts,
     decide,
 )
+from kerneld_client.wire import facts_from_proto, facts_to_proto
 from tests.variants.support import (
     ALL_NAMES,
     CPU,
@@ -58,7 +58,7 @@ def test_facts_dict_and_proto_round_trip(f: PlatformFacts) -> None:
     message = facts_to_proto(f)
     assert message.HasField("cxx11_abi") == (f.cxx11_abi is not None)
     assert facts_from_proto(message) == f
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     wire = kerneld_pb2.PlatformFacts.FromString(message.SerializeToString())
     assert facts_from_proto(wire) == f
@@ -74,7 +74,7 @@ def test_proto_fields() -> None:
         "0.1",
         ["9.0"],
     )
-    from kerneld_client._convert import decision_from_proto, decision_to_proto
+    from kerneld_client.wire import decision_from_proto, decision_to_proto
 
     for d in decide(["torch-cuda", "junk", "torch-cpu"], f):
         wire = decision_to_proto(d, cached=True)
@@ -108,7 +108,7 @@ def test_from_dict_rejects_nonsense() -> None:
 
 
 def test_empty_wire_facts_mean_noarch_only() -> None:
-    from kerneld_client._proto import kerneld_pb2
+    from kerneld_client.proto import kerneld_pb2
 
     f = facts_from_proto(kerneld_pb2.PlatformFacts())
     assert (f.cpu, f.os, f.torch_version, f.backend) == ("", "", None, CPU)

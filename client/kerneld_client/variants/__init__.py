@@ -6,7 +6,7 @@ fast path and the RPC path would pick different kernels. Both call `decide()` wi
 
 The rules are those of the `kernels` package 0.17.2 (see REFERENCE.md section 2); where that page
 and the package differ, the package wins, so kerneld chooses the same variant `kernels` would.
-Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `_convert`.
+Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `wire`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
-"""Conversions between the variant/platform dataclasses and their protobuf messages.
+"""The wire format's conversions: the variant and platform types to and from their protobuf
+messages (`kerneld.v1`, generated into `kerneld_client.proto`).
 
-Kept apart from `variants` so that importing the variant logic never imports protobuf: the fast
-path of a training process needs the rules but not the wire format.
+Public, like the generated stubs: the daemon answers in these messages and the client reads
+them, so both sides convert the same way. Kept apart from `variants` so that importing the
+variant rules never imports protobuf: the warm path needs the rules, not the wire.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kerneld_client._proto import kerneld_pb2
+from kerneld_client.proto import kerneld_pb2
 from kerneld_client.variants import Decision, PlatformFacts, Variant, parse_variant
 
 __all__ = ["decision_from_proto", "decision_to_proto", "facts_from_proto", "facts_to_proto"]
