@@ -84,12 +84,12 @@ from kerneld_client.layers._kernelize import (
     ENV_ALLOW_NONDETERMINISTIC,
     ENV_DISABLE,
     ENV_DISABLE_KERNEL_MAPPING,
+    kernelize,
+)
+from kerneld_client.layers._layer_checks import (
     InvalidKernelLayer,
     NondeterministicKernel,
     declared_deterministic,
-    kernelize,
-    kernelize_report,
-    unkernelize,
 )
 from kerneld_client.layers._mapping import register_kernel_mapping, use_kernel_mapping
 from kerneld_client.layers._mode import KernelizeFallback, Mode
@@ -107,6 +107,7 @@ from kerneld_client.layers._repos import (
     LockedLayerRepository,
     clear_kernel_cache,
 )
+from kerneld_client.layers._swap import kernelize_report, unkernelize
 
 __all__ = [
     "ENV_ALLOW_NONDETERMINISTIC",

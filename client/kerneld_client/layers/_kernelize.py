@@ -13,22 +13,38 @@ layer's PyTorch forward, logs one warning per layer name, repo and cause, and is
 report (`kernelize_report(model)`). `use_fallback=False` raises instead; `KERNELD_REQUIRE=1`
 raises for every kernel the mapping selects but that cannot be used (the `kernels` DEFAULT
 policy), while layers no mapping entry applies to still stay on PyTorch.
+
+This module is the run itself: the order of the decisions for each instance, and what each
+outcome does to the instance and the report. What it asks along the way lives beside it:
+`_mapping` (which repo), `_repos` (the kernel), `_layer_checks` (may this layer replace that
+forward), `_disable` (KERNELD_DISABLE), `_causes` (what the report calls a failure) and
+`_swap` (binding and restoring `forward`, the last report of each model).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-import threading
-import weakref
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, replace
-from types import MethodType
+from collections.abc import Hashable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
-from kerneld_client.layers._decorators import CONDITION_ATTR, FUNCS_ATTR, LAYER_NAME_ATTR
+from kerneld_client.layers._causes import (
+    MISS_CAUSES,
+    Failure,
+    classify,
+    is_configuration_error,
+)
+from kerneld_client.layers._decorators import CONDITION_ATTR, LAYER_NAME_ATTR
 from kerneld_client.layers._device import Device, coerce_device
+from kerneld_client.layers._disable import DisableRule, disable_rules
+from kerneld_client.layers._layer_checks import (
+    NondeterministicKernel,
+    check_registration,
+    declared_deterministic,
+    mode_problem,
+    validated_layer,
+)
 from kerneld_client.layers._mapping import MappingMiss, select_repository
 from kerneld_client.layers._mode import (
     MODE_FALLBACK_CHAINS,
@@ -43,6 +59,7 @@ from kerneld_client.layers._repos import (
     _Repository,
     kernel_source,
 )
+from kerneld_client.layers._swap import install_forward, marked, remember_report, restore_forward
 
 if TYPE_CHECKING:
     import torch
@@ -52,11 +69,7 @@ __all__ = [
     "ENV_ALLOW_NONDETERMINISTIC",
     "ENV_DISABLE",
     "ENV_DISABLE_KERNEL_MAPPING",
-    "InvalidKernelLayer",
-    "NondeterministicKernel",
     "kernelize",
-    "kernelize_report",
-    "unkernelize",
 ]
 
 log = logging.getLogger("kerneld_client.layers")
@@ -70,277 +83,8 @@ ENV_DISABLE_KERNEL_MAPPING = _config.ENV_DISABLE_KERNEL_MAPPING
 ENV_DISABLE = _config.ENV_DISABLE
 ENV_ALLOW_NONDETERMINISTIC = _config.ENV_ALLOW_NONDETERMINISTIC
 
-#: Members a hub layer may add to `nn.Module` (`deterministic` is kerneld's addition).
-ALLOWED_LAYER_MEMBERS = frozenset({"has_backward", "can_torch_compile", "deterministic"})
-#: metadata.json key of the determinism declaration.
-METADATA_DETERMINISTIC = "deterministic"
-
-_DENIED_REASON = "denied by the host administrator"
-
-
-class InvalidKernelLayer(TypeError):
-    """A hub layer cannot replace the original: not an `nn.Module`, has state or members of its
-    own, or its `forward` signature differs."""
-
-    def __init__(self, message: str, *, signature: bool = False) -> None:
-        super().__init__(message)
-        self.signature = signature
-
-
-class NondeterministicKernel(RuntimeError):
-    """Deterministic algorithms are on and the kernel layer is not declared deterministic."""
-
-
-# ------------------------------------------------------------------------ forward swapping
-
-
-@dataclass(frozen=True)
-class _Saved:
-    """What an instance's `__dict__` said about `forward` before the first kernelize."""
-
-    had_forward: bool
-    forward: Any
-
-
-#: Instance attribute (in `__dict__`) holding the `_Saved` state; it travels with
-#: `copy.deepcopy`, so a copy of a kernelized model can be unkernelized too.
-SAVED_ATTR = "_kerneld_saved_forward"
-
-_reports: weakref.WeakKeyDictionary[Any, KernelizeReport] = weakref.WeakKeyDictionary()
-_state_lock = threading.Lock()
-
-
-def _install(module: nn.Module, layer: type[nn.Module]) -> None:
-    state = module.__dict__
-    if SAVED_ATTR not in state:
-        state[SAVED_ATTR] = _Saved("forward" in state, state.get("forward"))
-    state["forward"] = MethodType(layer.forward, module)
-
-
-def _restore(module: nn.Module, *, forget: bool = False) -> None:
-    state = module.__dict__
-    saved = state.get(SAVED_ATTR)
-    if not isinstance(saved, _Saved):
-        return
-    if saved.had_forward:
-        state["forward"] = saved.forward
-    else:
-        state.pop("forward", None)
-    if forget:
-        del state[SAVED_ATTR]
-
-
-def _marked(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
-    """(name, module) for every marked module and attached function, each once."""
-    seen: set[int] = set()
-    for name, module in model.named_modules():
-        for key, func in dict(module.__dict__.get(FUNCS_ATTR, {})).items():
-            if id(func) not in seen:
-                seen.add(id(func))
-                yield (f"{name}.{key}" if name else key), func
-        if hasattr(type(module), LAYER_NAME_ATTR) and id(module) not in seen:
-            seen.add(id(module))
-            yield (name or "<model>"), module
-
-
-def unkernelize(model: nn.Module) -> nn.Module:
-    """Put every layer instance `kernelize` touched back to its own forward."""
-    for _name, module in _marked(model):
-        _restore(module, forget=True)
-    with _state_lock:
-        _reports.pop(model, None)
-    return model
-
-
-def kernelize_report(model: nn.Module) -> KernelizeReport | None:
-    """The report of the last `kernelize` of `model` (None if never, or after `unkernelize`)."""
-    with _state_lock:
-        return _reports.get(model)
-
-
-# ------------------------------------------------------------------------ validation
-
-
-def _validate_layer(layer: Any, original: type[Any], where: str) -> type[nn.Module]:
-    """Check that `layer` can stand in for `original.forward` (the rules of `kernels`): an
-    `nn.Module` subclass without its own constructor or members beyond the declared flags, whose
-    forward has as many parameters, of the same kinds, as the original's."""
-    from torch import nn
-
-    if not isinstance(layer, type) or not issubclass(layer, nn.Module):
-        raise InvalidKernelLayer(f"{where}: `{layer!r}` is not a torch.nn.Module subclass")
-    if layer.__init__ is not nn.Module.__init__:
-        raise InvalidKernelLayer(f"{where}: the layer must not override nn.Module.__init__")
-    module_members = {name for name, _ in inspect.getmembers(nn.Module)}
-    extra = {name for name, _ in inspect.getmembers(layer)} - module_members
-    if not extra <= ALLOWED_LAYER_MEMBERS:
-        names = ", ".join(sorted(extra - ALLOWED_LAYER_MEMBERS))
-        raise InvalidKernelLayer(
-            f"{where}: the layer adds members ({names}); only "
-            f"{', '.join(sorted(ALLOWED_LAYER_MEMBERS))} are allowed"
-        )
-    try:
-        params = list(inspect.signature(layer.forward).parameters.values())
-        ref = list(inspect.signature(original.forward).parameters.values())
-    except (TypeError, ValueError) as exc:
-        raise InvalidKernelLayer(f"{where}: cannot read forward signatures: {exc}") from exc
-    if len(params) != len(ref):
-        raise InvalidKernelLayer(
-            f"{where}: forward takes {len(params)} parameters, `{original.__name__}.forward` "
-            f"takes {len(ref)}",
-            signature=True,
-        )
-    for mine, theirs in zip(params, ref, strict=True):
-        if mine.kind != theirs.kind:
-            raise InvalidKernelLayer(
-                f"{where}: forward parameter `{mine.name}` is {mine.kind.description}, but "
-                f"`{original.__name__}.forward` has `{theirs.name}` {theirs.kind.description}",
-                signature=True,
-            )
-    return layer
-
-
-_validated: dict[tuple[type[Any], type[Any]], bool] = {}
-
-
-def _validated_layer(layer: Any, original: type[Any], where: str) -> type[nn.Module]:
-    key = (layer, original) if isinstance(layer, type) else None
-    if key is not None and key in _validated:
-        return layer  # type: ignore[no-any-return]
-    checked = _validate_layer(layer, original, where)
-    if key is not None:
-        _validated[key] = True
-    return checked
-
-
-# ------------------------------------------------------------------------ determinism
-
-
-def declared_deterministic(
-    layer: type[Any], metadata: dict[str, Any] | Any, hub_layer: str
-) -> tuple[bool, str]:
-    """Whether a kernel layer declares itself deterministic, and where that came from.
-
-    The layer class attribute `deterministic` (a bool) wins; else metadata.json `deterministic`:
-    `true`/`false` for every layer of the build, or a list of the layer names that are.
-    """
-    attr = getattr(layer, "deterministic", None)
-    if isinstance(attr, bool):
-        return attr, f"layer attribute deterministic={attr}"
-    value = metadata.get(METADATA_DETERMINISTIC) if hasattr(metadata, "get") else None
-    if isinstance(value, bool):
-        return value, f'metadata.json "deterministic": {str(value).lower()}'
-    if isinstance(value, list):
-        listed = hub_layer in value
-        verb = "lists" if listed else "does not list"
-        return listed, f'metadata.json "deterministic" {verb} `{hub_layer}`'
-    return False, "the kernel does not declare itself deterministic"
-
-
-# ------------------------------------------------------------------------ KERNELD_DISABLE
-
-
-@dataclass(frozen=True)
-class _DisableRule:
-    raw: str
-    layer: str | None = None
-    repo: str | None = None
-    revision: str | None = None
-
-    def matches_layer(self, names: Iterable[str]) -> bool:
-        return self.layer is not None and self.layer in names
-
-    def matches_repo(self, repo_id: str | None, revisions: Iterable[str]) -> bool:
-        if self.repo is None or repo_id is None or self.repo != repo_id:
-            return False
-        return self.revision is None or self.revision in set(revisions)
-
-
-def _disable_rules() -> list[_DisableRule]:
-    rules = []
-    for raw in _config.raw(ENV_DISABLE).split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if "/" in entry:
-            repo, _, revision = entry.partition("@")
-            rules.append(_DisableRule(entry, repo=repo.strip(), revision=revision.strip() or None))
-        else:
-            rules.append(_DisableRule(entry, layer=entry))
-    return rules
-
 
 # ------------------------------------------------------------------------ one kernelize run
-
-
-@dataclass(frozen=True)
-class _Failure:
-    cause: Cause
-    reason: str
-    error: BaseException
-
-
-def _classify(exc: BaseException) -> tuple[Cause, str]:
-    """The report cause and reason of an exception raised while obtaining a kernel layer."""
-    from kerneld_client import errors
-    from kerneld_client.lockfile import LockfileError
-
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, errors.KernelDenied):
-        detail = exc.message if exc.message else ""
-        return Cause.DENIED, f"{_DENIED_REASON} ({detail})" if detail else _DENIED_REASON
-    table: tuple[tuple[type[BaseException], Cause], ...] = (
-        (errors.DaemonUnavailable, Cause.DAEMON_UNAVAILABLE),
-        (errors.NoCompatibleVariant, Cause.NO_COMPATIBLE_VARIANT),
-        (errors.KernelNotFound, Cause.NOT_FOUND),
-        (errors.KernelUnavailable, Cause.UNAVAILABLE),
-        (errors.UntrustedPath, Cause.UNTRUSTED_PATH),
-        (errors.KernelLoadError, Cause.LOAD_ERROR),
-        (LockfileError, Cause.LOCKFILE),
-        (ImportError, Cause.LOAD_ERROR),
-        (FileNotFoundError, Cause.NOT_FOUND),
-        (ConnectionError, Cause.DAEMON_UNAVAILABLE),
-    )
-    if isinstance(exc, InvalidKernelLayer):
-        return (Cause.SIGNATURE_MISMATCH if exc.signature else Cause.INVALID_LAYER), text
-    for kind, cause in table:
-        if isinstance(exc, kind):
-            return cause, text
-    return Cause.ERROR, f"{type(exc).__name__}: {text}"
-
-
-def _is_configuration_error(exc: BaseException) -> bool:
-    """An error no fallback can make right (a version the repo does not have): `kernelize`
-    raises it whatever `use_fallback` says, as `kernels` does."""
-    from kerneld_client.errors import VersionNotFound
-
-    return isinstance(exc, VersionNotFound)
-
-
-def _check_registration(layer: type[Any], repo_mode: Mode, layer_name: str, repo: str) -> None:
-    """A mapping entry registered for training or torch.compile whose kernel layer cannot do
-    that is a configuration error: ValueError whatever `use_fallback` says (as in `kernels`)."""
-    if Mode.TRAINING in repo_mode and not getattr(layer, "has_backward", True):
-        raise ValueError(
-            f"Function/layer from repo {repo} does not support backward.\n"
-            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
-        )
-    if Mode.TORCH_COMPILE in repo_mode and not getattr(layer, "can_torch_compile", False):
-        raise ValueError(
-            f"Function/layer from repo {repo} does not support torch.compile.\n"
-            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
-        )
-
-
-_MISS_CAUSES = {
-    "no-mapping": (Cause.NO_MAPPING, KernelizeFallback.NO_LAYER),
-    "no-device": (Cause.NO_DEVICE, KernelizeFallback.NO_DEVICE),
-    "no-compatible-properties": (
-        Cause.NO_COMPATIBLE_PROPERTIES,
-        KernelizeFallback.NO_COMPATIBLE_PROPERTIES,
-    ),
-    "no-compatible-mode": (Cause.NO_COMPATIBLE_MODE, KernelizeFallback.NO_COMPATIBLE_MODE),
-}
 
 
 class _Run:
@@ -361,14 +105,14 @@ class _Run:
         self.backend = "cpu" if device.type == "cpu" else None
         self.policy = policy
         self.disable_all = _config.flag(ENV_DISABLE_KERNEL_MAPPING)
-        self.rules = _disable_rules()
+        self.rules = disable_rules()
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.warn_only = (
             self.deterministic and torch.is_deterministic_algorithms_warn_only_enabled()
         )
         self.allow_nondeterministic = allow_nondeterministic
         self.entries: list[LayerReport] = []
-        self.failures: dict[Hashable, _Failure] = {}
+        self.failures: dict[Hashable, Failure] = {}
 
     # -- outcomes
 
@@ -389,12 +133,12 @@ class _Run:
             if error is not None:
                 raise error
             raise ValueError(f"layer `{base.layer_name}` ({base.name}): {reason}")
-        _restore(module)
+        restore_forward(module)
         self.entries.append(replace(base, status=status, cause=cause, reason=reason))
 
-    def _failure(self, key: Hashable, exc: BaseException) -> _Failure:
-        cause, reason = _classify(exc)
-        failure = _Failure(cause, reason, exc)
+    def _failure(self, key: Hashable, exc: BaseException) -> Failure:
+        cause, reason = classify(exc)
+        failure = Failure(cause, reason, exc)
         self.failures[key] = failure
         return failure
 
@@ -402,7 +146,7 @@ class _Run:
 
     def _obtain(
         self, repo: Any, original: type[Any]
-    ) -> tuple[type[nn.Module], KernelSource | None] | _Failure:
+    ) -> tuple[type[nn.Module], KernelSource | None] | Failure:
         """The validated hub layer class of `repo` for `original`, or the failure (memoised
         for this call, so 48 instances of a layer with a dead daemon cost one attempt)."""
         layer_name = str(getattr(repo, "layer_name", "?"))
@@ -432,7 +176,7 @@ class _Run:
                 layer: Any = repo.layer_class(source)
             else:
                 layer = repo.load()
-            return _validated_layer(layer, original, str(repo)), source
+            return validated_layer(layer, original, str(repo)), source
         except Exception as exc:
             return self._failure(key, exc)
 
@@ -480,7 +224,7 @@ class _Run:
         try:
             selection = select_repository(layer_name, self.device, self.mode)
         except MappingMiss as miss:
-            cause, flag = _MISS_CAUSES[miss.stage]
+            cause, flag = MISS_CAUSES[miss.stage]
             self._keep(module, base, LayerStatus.UNMAPPED, cause, miss.message, allowed_by=flag)
             return
         repo = selection.repo
@@ -503,9 +247,9 @@ class _Run:
                 return
 
         obtained = self._obtain(repo, cls)
-        if isinstance(obtained, _Failure) and _is_configuration_error(obtained.error):
+        if isinstance(obtained, Failure) and is_configuration_error(obtained.error):
             raise obtained.error
-        if isinstance(obtained, _Failure):
+        if isinstance(obtained, Failure):
             if isinstance(repo, _Repository):  # a lock file read during loading names the pin
                 base = replace(base, revision=repo.describe()[1])
             self._keep(
@@ -533,8 +277,8 @@ class _Run:
                         self._disabled(module, base, rule)
                         return
 
-        _check_registration(layer, selection.repo_mode, layer_name, str(repo))
-        problem = self._mode_problem(layer, selection.repo_mode)
+        check_registration(layer, selection.repo_mode, layer_name, str(repo))
+        problem = mode_problem(layer, self.mode, selection.repo_mode)
         if problem is not None:
             self._keep(
                 module,
@@ -568,12 +312,12 @@ class _Run:
                 return
             if not ok:
                 note = f"used in deterministic warn-only mode although {why}"
-        _install(module, layer)
+        install_forward(module, layer)
         self.entries.append(
             replace(base, status=LayerStatus.KERNELIZED, cause=Cause.NONE, reason=note)
         )
 
-    def _disabled(self, module: nn.Module, base: LayerReport, rule: _DisableRule) -> None:
+    def _disabled(self, module: nn.Module, base: LayerReport, rule: DisableRule) -> None:
         self._keep(
             module,
             base,
@@ -582,23 +326,6 @@ class _Run:
             f"{ENV_DISABLE} entry `{rule.raw}`",
             allowed_by=KernelizeFallback.ALL,
         )
-
-    def _mode_problem(self, layer: type[Any], repo_mode: Mode) -> str | None:
-        has_backward = bool(getattr(layer, "has_backward", True))
-        can_compile = bool(getattr(layer, "can_torch_compile", False))
-        wants_training = (Mode.TRAINING in self.mode) or (Mode.TRAINING in repo_mode)
-        wants_compile = (Mode.TORCH_COMPILE in self.mode) or (Mode.TORCH_COMPILE in repo_mode)
-        if wants_training and not has_backward:
-            return (
-                f"Available kernel does not support mode: {self.mode} (the kernel layer "
-                f"declares has_backward=False; mapping entry {repo_mode})"
-            )
-        if wants_compile and not can_compile:
-            return (
-                f"Available kernel does not support mode: {self.mode} (the kernel layer does "
-                f"not declare can_torch_compile=True; mapping entry {repo_mode})"
-            )
-        return None
 
     # -- end of the run
 
@@ -716,9 +443,7 @@ def kernelize(
         policy=policy,
         allow_nondeterministic=allow_nondeterministic,
     )
-    for name, module in list(_marked(model)):
+    for name, module in list(marked(model)):
         run.layer(name, module)
-    report = run.finish()
-    with _state_lock:
-        _reports[model] = report
+    remember_report(model, run.finish())
     return model
