@@ -20,6 +20,8 @@ from tests.fuzz import harnesses
 from tests.fuzz import invariants as inv
 
 Signer = Callable[[str, bytes], bytes]
+#: When the seed bundle says it was exported (2023-11-14).
+EXPORTED_AT = 1_700_000_000.0
 
 
 def variant_files(extra: Mapping[str, bytes] | None = None) -> dict[str, bytes]:
@@ -70,7 +72,11 @@ def mirror_files(
     refs_rel = refs_path(inv.REPO)
     out = {
         INFO: json.dumps({"format": "kerneld-mirror", "version": 1, "name": "fuzz"}).encode(),
-        refs_rel: refs_json(inv.REPO, {"main": inv.COMMIT, "v1": inv.COMMIT}, {}),
+        # A real export stamps its refs (an import refuses refs it cannot date); a fixed time
+        # keeps the bundles the same from run to run.
+        refs_rel: refs_json(
+            inv.REPO, {"main": inv.COMMIT, "v1": inv.COMMIT}, {}, exported_at=EXPORTED_AT
+        ),
         manifest_rel: manifest
         if manifest is not None
         else json.dumps(manifest_doc(variants), sort_keys=True).encode(),
