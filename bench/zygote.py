@@ -168,12 +168,13 @@ class JobResult:
 
 
 FRESH = r"""
-import json, os, sys, time
+import gc, json, os, sys, time
 job = json.loads(sys.argv[1])
 g = {"__name__": "bench_job"}
 p0 = time.perf_counter()
 exec(job["setup"], g)
 setup_s = time.perf_counter() - p0
+gc.collect()  # a collection the setup's imports owe would land in whichever call came next
 out = {"rank": 0, "start": time.time()}
 p0 = time.perf_counter()
 mods = [g["load"](repo) for repo in job["repos"]]
@@ -188,7 +189,13 @@ print(json.dumps({"setup_s": setup_s, "setup_extra": g.get("SETUP_EXTRA"), "rank
 def fresh_job(*, env: Mapping[str, str], setup: str, repos: Sequence[str], extra: str) -> JobResult:
     """One load in a brand-new interpreter (what a training process is), not a fork: a forked
     child pays copy-on-write faults for every object of its parent it touches (3-5x slower
-    Python code on the 2-core machine), which says nothing about a real process start."""
+    Python code on the 2-core machine), which says nothing about a real process start.
+
+    The garbage collector runs once between the setup and the timed load: importing torch
+    leaves a collection due (a generation-1 pass over its objects, about 0.9 ms here), and
+    whether it fell inside the call depended on how many objects the loader's own imports had
+    allocated, not on the call: one more module could move a whole collection into a loader's
+    figure."""
     job = {"setup": textwrap.dedent(setup), "repos": list(repos), "extra": extra}
     proc = subprocess.run(
         [sys.executable, "-c", FRESH, json.dumps(job)],

@@ -23,8 +23,6 @@ from kerneld_client.errors import KernelError
 from kerneld_client.loading.call import run
 from kerneld_client.loading.context import MISSING, LoadContext, LoadOptions, parse_request
 from kerneld_client.loading.loaded import LoadedKernel, loaded_kernels
-from kerneld_client.loading.local import folder_candidate, local_overrides
-from kerneld_client.loading.pipeline import load_candidate
 from kerneld_client.loading.published import note_newer_version
 from kerneld_client.platform import platform_facts
 from kerneld_client.variants import Decision
@@ -97,9 +95,11 @@ def has_kernel(
     del trust_remote_code  # accepted for compatibility; the daemon applies the host's policy
     req = parse_request(repo_id, version, revision)
     facts = platform_facts(backend)
+    from kerneld_client.loading.listing import has_variant
+    from kerneld_client.loading.local import local_overrides
+
     if req.repo_id in local_overrides():
         return True
-    from kerneld_client.loading.listing import has_variant
 
     try:
         return has_variant(req, facts, check_arch=check_arch)
@@ -136,6 +136,9 @@ def get_local_kernel(
     never writes bytecode into it.
     """
     del trust_remote_code, user_agent  # accepted for compatibility with `kernels`
+    from kerneld_client.loading.local import folder_candidate
+    from kerneld_client.loading.pipeline import load_candidate
+
     path = Path(repo_path)
     facts = platform_facts(backend)
     ctx = LoadContext(facts, LoadOptions(check_arch=check_arch)).entering(str(path))

@@ -15,8 +15,8 @@ import pytest
 
 from kerneld_client import get_kernel, loaded_kernels
 from kerneld_client.loading import call
+from kerneld_client.loading.call import SingleFlight
 from kerneld_client.loading.context import LoadOptions, parse_request
-from kerneld_client.loading.singleflight import SingleFlight
 
 WAIT_S = 10
 

@@ -3,13 +3,18 @@ fallback policy on failure.
 
 A repeated call with the same request and options returns the memoised module. Concurrent
 calls for the same kernel share one load (`SingleFlight`); calls for different kernels do not
-wait for each other. The fallback policy is applied per caller, after the shared load, since
-each caller may pass its own `fallback=` object and policy.
+wait for each other. (The loader used to hold one process-wide lock across a whole daemon
+fetch, up to `KERNELD_FETCH_TIMEOUT`, so a kernel being downloaded stopped every other thread's
+load, warm ones included.) The fallback policy is applied per caller, after the shared load,
+since each caller may pass its own `fallback=` object and policy.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 from kerneld_client import _config
 from kerneld_client._config import FallbackPolicy
@@ -18,8 +23,58 @@ from kerneld_client.errors import KernelError
 from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.pipeline import load
-from kerneld_client.loading.singleflight import SingleFlight
 from kerneld_client.platform import platform_facts
+
+T = TypeVar("T")
+
+
+class _Call(Generic[T]):
+    __slots__ = ("done", "error", "owner", "value")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.owner = threading.get_ident()
+        self.value: T | None = None
+        self.error: BaseException | None = None
+
+
+class SingleFlight(Generic[T]):
+    """`do(key, fn)`: run `fn` once for all the threads that ask for `key` meanwhile."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[Hashable, _Call[T]] = {}
+        os.register_at_fork(after_in_child=self._forget)
+
+    def do(self, key: Hashable, fn: Callable[[], T]) -> T:
+        with self._lock:
+            call = self._calls.get(key)
+            leader = call is None
+            if call is None:
+                call = self._calls[key] = _Call()
+        if not leader:
+            if call.owner == threading.get_ident():
+                return fn()  # re-entered on the same thread: waiting would be for ourselves
+            call.done.wait()
+            if call.error is not None:
+                raise call.error
+            return call.value  # type: ignore[return-value]
+        try:
+            call.value = fn()
+            return call.value
+        except BaseException as exc:
+            call.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._calls[key]
+            call.done.set()
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's threads (and their calls) are not there."""
+        self._lock = threading.Lock()
+        self._calls = {}
+
 
 #: (request, backend, options) -> what the first successful load of it gave.
 _memo: dict[tuple[object, ...], LoadedKernel] = {}

@@ -14,12 +14,12 @@ from kerneld_client import _config
 from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, KernelError, NoCompatibleVariant
+from kerneld_client.loading.call import SingleFlight
 from kerneld_client.loading.context import MISSING, LoadContext, as_kernel_error
 from kerneld_client.loading.hub import HubSource
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.materialize import dependency_requests, materialize
 from kerneld_client.loading.pipeline import load
-from kerneld_client.loading.singleflight import SingleFlight
 
 _hub_flights: SingleFlight[LoadedKernel] = SingleFlight()
 

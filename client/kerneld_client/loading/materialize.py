@@ -28,7 +28,7 @@ from kerneld_client.loading import loaded as registry
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.sources import Candidate, TreeVanished
-from kerneld_client.variants import device_compatible
+from kerneld_client.metadata import backend_of, kernel_depends
 
 if TYPE_CHECKING:
     from kerneld_client.loading.sources import DependencyLoader
@@ -135,8 +135,6 @@ def dependency_requests(
     refuses the kernel, as the daemon refuses to serve it, instead of failing inside it later."""
     if metadata.get("kernel-depends") is None:
         return []
-    from kerneld_client.metadata import kernel_depends
-
     try:
         depends = kernel_depends(metadata)
     except ValueError as exc:
@@ -151,11 +149,11 @@ def dependency_requests(
 
 def _check_device(metadata: Mapping[str, Any], candidate: Candidate, ctx: LoadContext) -> None:
     """Refuse, before import, a build whose `backend.archs` does not cover this device."""
-    from kerneld_client.metadata import backend_of
-
     btype, archs = backend_of(metadata)
-    if btype is None:
-        return
+    if btype is None or not archs:
+        return  # nothing declared: nothing to refuse (a CPU build declares no archs)
+    from kerneld_client.variants.devices import device_compatible
+
     ok, why = device_compatible(btype, archs, ctx.facts)
     if not ok:
         raise NoCompatibleVariant(

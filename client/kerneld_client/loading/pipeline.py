@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerneld_client import _config
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import DaemonUnavailable, KernelUnavailable
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import LoadedKernel
-from kerneld_client.loading.local import LocalSource
 from kerneld_client.loading.materialize import dependency_requests, materialize
 from kerneld_client.loading.published import PublishedIndexSource
 from kerneld_client.loading.sources import Candidate, TreeVanished
@@ -24,15 +24,16 @@ from kerneld_client.loading.sources import Candidate, TreeVanished
 if TYPE_CHECKING:
     from kerneld_client.loading.sources import DependencyLoader
 
-_LOCAL = LocalSource()
-
 
 def load(request: KernelRequest, ctx: LoadContext) -> LoadedKernel:
     """Load `request` (a kernel asked for by the caller, or a dependency of one)."""
     ctx = ctx.entering(request.repo_id)
-    local = _LOCAL.find(request, ctx)
-    if local is not None:
-        return load_candidate(local, ctx)
+    if _config.raw(_config.ENV_LOCAL_KERNELS):  # the local source costs nothing when unused
+        from kerneld_client.loading.local import LocalSource
+
+        local = LocalSource().find(request, ctx)
+        if local is not None:
+            return load_candidate(local, ctx)
     index = PublishedIndexSource()
     stale: Candidate | None = None
     candidate = index.find(request, ctx)

@@ -10,14 +10,14 @@ source is the fallback policy's, not the pipeline's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kerneld_client._types import KernelRequest
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from types import ModuleType
-    from typing import Any
+    from typing import Any, Protocol
 
     from kerneld_client import _trust
     from kerneld_client.loading.context import LoadContext
@@ -25,6 +25,15 @@ if TYPE_CHECKING:
     #: metadata.json of the tree being loaded -> its dependencies' modules, by repo: how the
     #: caller finds them (`kernel-depends` through the pipeline, or the daemon's order).
     DependencyLoader = Callable[[Mapping[str, Any]], dict[str, ModuleType]]
+
+    # For type checkers only: a Protocol class costs a warm load its creation at import.
+    class Source(Protocol):
+        """Finds the candidate for a request, or None when it has no answer (ask the next one).
+
+        A source raises a typed KernelError only for a final answer (denied, no variant fits this
+        platform, the daemon cannot be reached)."""
+
+        def find(self, request: KernelRequest, ctx: LoadContext) -> Candidate | None: ...
 
 
 class TreeVanished(Exception):
@@ -82,12 +91,3 @@ class Candidate:
 
     def __repr__(self) -> str:
         return f"Candidate({self.source}: {self.request.repo_id}@{self.request.ref} {self.variant})"
-
-
-class Source(Protocol):
-    """Finds the candidate for a request, or None when it has no answer (ask the next one).
-
-    A source raises a typed KernelError only for a final answer (denied, no variant fits this
-    platform, the daemon cannot be reached)."""
-
-    def find(self, request: KernelRequest, ctx: LoadContext) -> Candidate | None: ...
