@@ -16,6 +16,7 @@ from typing import Protocol
 from kerneld.config import Config
 from kerneld.prefetch import Cancelled, PrefetchSummary
 from kerneld.resolve import KernelSpec
+from kerneld.server.background import BackgroundThread
 from kerneld.server.errors import NotReady
 
 log = logging.getLogger("kerneld.daemon")
@@ -35,51 +36,40 @@ class TimerHost(Protocol):
     ) -> PrefetchSummary: ...
 
 
-class PrefetchTimer:
-    """The prefetch thread of one daemon; `wake()` after a config change, `stop()` at shutdown."""
+class PrefetchTimer(BackgroundThread):
+    """The prefetch thread of one daemon: at start (with `prefetch_on_start`), then every
+    `prefetch_interval`, the kernels of `[prefetch]`."""
+
+    name = "prefetch-timer"
+    stop_on = (Cancelled, NotReady)
 
     def __init__(self, core: TimerHost) -> None:
+        super().__init__()
         self.core = core
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self.cancel = threading.Event()
         """Set by `stop`: scheduled prefetches (the timer's and the ref re-checks') end."""
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="prefetch-timer", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
+        self._first = True
 
     def stop(self) -> None:
-        self._stop.set()
         self.cancel.set()
-        self._wake.set()
+        super().stop()
 
-    def _loop(self) -> None:
-        first = True
-        while not self._stop.is_set():
-            if not first or self.core.config.prefetch_on_start:
-                specs = self.core.configured_specs()
-                if specs:
-                    try:
-                        summary = self.core.prefetch(specs, cancel=self.cancel)
-                        log.info(
-                            "scheduled prefetch done: %d kernels ok, %d failed, %d variants "
-                            "fetched, %d already present",
-                            summary.kernels_ok,
-                            summary.kernels_failed,
-                            summary.variants_fetched,
-                            summary.variants_present,
-                        )
-                    except Cancelled:
-                        return
-                    except NotReady:
-                        return
-                    except Exception as exc:  # never let the timer die
-                        log.error("scheduled prefetch failed: %r", exc, exc_info=exc)
-            first = False
-            self._wake.wait(self.core.config.prefetch_interval_s)
-            self._wake.clear()
+    def turn(self) -> float:
+        first, self._first = self._first, False
+        if not first or self.core.config.prefetch_on_start:
+            specs = self.core.configured_specs()
+            if specs:
+                summary = self.core.prefetch(specs, cancel=self.cancel)
+                log.info(
+                    "scheduled prefetch done: %d kernels ok, %d failed, %d variants "
+                    "fetched, %d already present",
+                    summary.kernels_ok,
+                    summary.kernels_failed,
+                    summary.variants_fetched,
+                    summary.variants_present,
+                )
+        return self.core.config.prefetch_interval_s
+
+    def failed(self, exc: Exception) -> float:
+        log.error("scheduled prefetch failed: %r", exc, exc_info=exc)
+        return self.core.config.prefetch_interval_s

@@ -20,12 +20,12 @@ the new commit (docs/configuration.md, `[resolve] ref_ttl`).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from kerneld.prefetch import Cancelled, PrefetchSummary
 from kerneld.resolve import KernelSpec, Resolver
+from kerneld.server.background import BackgroundThread
 from kerneld.server.errors import NotReady
 from kerneld.store import Store
 from kerneld.store.index import RefRow
@@ -44,8 +44,11 @@ Prefetch = Callable[[Sequence[KernelSpec], Sequence[str]], PrefetchSummary]
 """Fetch these specs with these variant modes/names (the daemon's `prefetch`, bound)."""
 
 
-class RefRefresher:
+class RefRefresher(BackgroundThread):
     """The background re-check of refs past their TTL (one thread, one ref at a time)."""
+
+    name = "ref-refresher"
+    stop_on = (Cancelled, NotReady)  # the daemon is stopping
 
     def __init__(
         self,
@@ -57,6 +60,7 @@ class RefRefresher:
         also: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__()
         self.store = store
         self.resolver = resolver
         self.prefetch = prefetch
@@ -67,39 +71,22 @@ class RefRefresher:
         the next is due."""
         self.clock = clock
         self._retry_at: dict[tuple[str, str], float] = {}
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ref-refresher", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        """Look again now (a reload changed the TTL, a test moved the clock)."""
-        self._wake.set()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        super().stop()
+        self.join(timeout=10)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                wait = self.run_due()
-                if self.also is not None:
-                    wait = min(wait, self.also())
-            except (Cancelled, NotReady):
-                return  # the daemon is stopping
-            except Exception as exc:  # never let the refresher die
-                log.error("ref refresh failed: %r", exc, exc_info=exc)
-                wait = RETRY_S
-            self._wake.wait(max(0.05, wait))
-            self._wake.clear()
+    def turn(self) -> float:
+        wait = self.run_due()
+        if self.also is not None:
+            wait = min(wait, self.also())
+        return max(0.05, wait)
+
+    def failed(self, exc: Exception) -> float:
+        log.error("ref refresh failed: %r", exc, exc_info=exc)
+        return RETRY_S
 
     # ---- one pass ------------------------------------------------------------------------
 
@@ -108,7 +95,7 @@ class RefRefresher:
         now = self.clock()
         due, next_at = self.due(now)
         for row in due:
-            if self._stop.is_set():
+            if self.stopping:
                 break
             self.refresh(row)
         if due:

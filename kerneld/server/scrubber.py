@@ -15,13 +15,13 @@ waits for it: it holds no store lock while hashing and runs in its own thread.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
 from kerneld.resolve import Resolver
+from kerneld.server.background import BackgroundThread
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.metrics import Metrics
 from kerneld.store import DeniedError, Hold, Store
@@ -57,31 +57,17 @@ class ScrubHost(Protocol):
     def fetches(self) -> FetchHistory: ...
 
 
-class Scrubber:
-    """The scrub thread of one daemon; `wake()` after a config change, `stop()` at shutdown."""
+class Scrubber(BackgroundThread):
+    """The scrub thread of one daemon; `stop()` asks a running pass to end at its next chunk
+    (its cursor is saved, and the next start resumes there)."""
+
+    name = "scrub"
+    stop_on = (ScrubCancelled,)
 
     def __init__(self, core: ScrubHost) -> None:
+        super().__init__()
         self.core = core
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         self.last_report: ScrubReport | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="scrub", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        """Ask a running pass to end at its next chunk (its cursor is saved)."""
-        self._stop.set()
-        self._wake.set()
-
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     # ---- scheduling ----------------------------------------------------------------------
 
@@ -97,26 +83,22 @@ class Scrubber:
         since = float(last) if last else time.time()
         return max(0.0, since + interval - time.time())
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                wait = self.due_in()
-            except Exception as exc:  # the store is closing, or its index is unreadable
-                log.error("scrub: cannot read the schedule: %r", exc)
-                wait = MAX_SLEEP_S
-            if wait is None or wait > 0:
-                self._wake.wait(MAX_SLEEP_S if wait is None else min(wait, MAX_SLEEP_S))
-                self._wake.clear()
-                continue
-            try:
-                self.run_once()
-            except ScrubCancelled:
-                return
-            except Exception as exc:  # never let the thread die; try again next interval
-                self.core.metrics.scrub_runs.labels("failed").inc()
-                log.error("scrub: pass failed: %r", exc, exc_info=exc)
-                self._wake.wait(min(self.core.config.scrub_interval_s or MAX_SLEEP_S, 600.0))
-                self._wake.clear()
+    def turn(self) -> float:
+        try:
+            wait = self.due_in()
+        except Exception as exc:  # the store is closing, or its index is unreadable
+            log.error("scrub: cannot read the schedule: %r", exc)
+            return MAX_SLEEP_S
+        if wait is None or wait > 0:
+            return MAX_SLEEP_S if wait is None else min(wait, MAX_SLEEP_S)
+        self.run_once()
+        return 0.0  # the schedule says when the next pass is
+
+    def failed(self, exc: Exception) -> float:
+        """A pass failed: try again next interval."""
+        self.core.metrics.scrub_runs.labels("failed").inc()
+        log.error("scrub: pass failed: %r", exc, exc_info=exc)
+        return min(self.core.config.scrub_interval_s or MAX_SLEEP_S, 600.0)
 
     # ---- one pass ------------------------------------------------------------------------
 
