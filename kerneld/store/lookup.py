@@ -66,11 +66,7 @@ class Lookups:
         lease_ttl_s: float | None = None,
         holder: str = "",
     ) -> LookupHit | None:
-        """Map (repo, ref-or-commit, variant) to a published tree; None if not in the store.
-
-        Raises :class:`DeniedError` for denied repos/revisions. Records the resolve time (LRU)
-        and, with ``lease_ttl_s``, takes a lease that keeps the tree from GC until it expires.
-        """
+        """`Store.lookup`: the policy checks, then the tree row and its files, under the lock."""
         validate_repo(repo)
         validate_ref(revision, repo_id=repo)
         state, index, layout = self._state, self._state.index, self._state.layout
