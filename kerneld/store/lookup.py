@@ -66,7 +66,8 @@ class Lookups:
         lease_ttl_s: float | None = None,
         holder: str = "",
     ) -> LookupHit | None:
-        """`Store.lookup`: the policy checks, then the tree row and its files, under the lock."""
+        """`Store.lookup`: a signature check first if required (outside the lock), then under
+        the lock the ref, the denies, the live tree, its LRU time and the lease."""
         validate_repo(repo)
         validate_ref(revision, repo_id=repo)
         state, index, layout = self._state, self._state.index, self._state.layout
