@@ -174,21 +174,30 @@ def _check_copied(f: ManifestEntry, digest: str, size: int) -> None:
 
 def _copy_blob(store: Store, root: Path, f: ManifestEntry) -> int:
     """Copy one blob out of the store, re-hashing it; returns its size."""
-    dest = root / blob_path(f.sha256)
+    with _open_store_blob(store, f) as src:
+        return copy_blob_into(root, f.sha256, src, lambda digest, n: _check_copied(f, digest, n))
+
+
+def copy_blob_into(
+    root: Path, sha256: str, src: IO[bytes], check: Callable[[str, int], None]
+) -> int:
+    """Copy `src` into the mirror at `root` as the blob `sha256`, hashing it on the way;
+    `check(digest, size)` raises when the bytes are not the promised ones, and then nothing is
+    left behind. Atomic and durable, as every mirror file; returns the size."""
+    dest = root / blob_path(sha256)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
     h = hashlib.sha256()
     n = 0
     try:
         with os.fdopen(fd, "wb") as out:
-            with _open_store_blob(store, f) as src_fh:
-                while chunk := src_fh.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    n += len(chunk)
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                out.write(chunk)
+                n += len(chunk)
             out.flush()
             os.fsync(out.fileno())
-        _check_copied(f, h.hexdigest(), n)
+        check(h.hexdigest(), n)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except BaseException:

@@ -9,8 +9,6 @@ then the refs; a `.tar` destination is staged and packed as an export's is.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import tempfile
 import time
@@ -19,12 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld.mirror.destination import DirTarget, ExportError
+from kerneld.mirror.destination import DirTarget, ExportError, copy_blob_into
 from kerneld.mirror.documents import (
     INFO,
     Manifest,
     MirrorFormatError,
-    blob_path,
     info_json,
     manifest_path,
     parse_info,
@@ -37,7 +34,7 @@ from kerneld.mirror.keys import SigningKey, sig_path
 from kerneld.mirror.tarball import is_tar_destination, pack_tar, unpack_existing
 from kerneld.mirror.writing import write_signed
 from kerneld.publish import PublishError, immutable
-from kerneld.publish.build import CHUNK, LocalFile, LocalVariant, open_regular
+from kerneld.publish.build import LocalFile, LocalVariant, open_regular
 from kerneld.publish.refs import Ancestry, plan_ref
 from kerneld.publish.report import PublishReport
 from kerneld.upstream.base import RemoteFile
@@ -52,31 +49,16 @@ def _same_files(variant: LocalVariant, files: Sequence[RemoteFile], execs: froze
 def _copy_blob(root: Path, f: LocalFile) -> int:
     """Copy one build file into the mirror's blobs, re-hashing it (it must not have changed since
     it was checked); atomic, as every mirror file."""
-    dest = root / blob_path(f.sha256)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
-    h = hashlib.sha256()
-    n = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            with open_regular(f.source) as src:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    n += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if h.hexdigest() != f.sha256 or n != f.size:
+
+    def unchanged(digest: str, size: int) -> None:
+        if digest != f.sha256 or size != f.size:
             raise PublishError(
                 f"{f.source} changed while it was being published; no manifest names it",
                 hint="publish again once the build has finished",
             )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return n
+
+    with open_regular(f.source) as src:
+        return copy_blob_into(root, f.sha256, src, unchanged)
 
 
 @dataclass
