@@ -44,15 +44,35 @@ def _short(commit: str) -> str:
     return commit[:7] if commit else "?"
 
 
-class PrefetchView:
-    """Renders prefetch steps and collects the per-kernel results for the summary/JSON."""
+class _LiveView:
+    """A live rich display on a terminal, one plain line per event elsewhere, nothing at all
+    with --json: what every progress view shares."""
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
+        self._progress: Any = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def _line(self, text: str) -> None:
+        if self.ctx.json:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            self.ctx.say(text)
+
+
+class PrefetchView(_LiveView):
+    """Renders prefetch steps and collects the per-kernel results for the summary/JSON."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__(ctx)
         self.kernels: dict[str, dict[str, Any]] = {}
         self.order: list[str] = []
         self.finished: FetchProgress | None = None
-        self._progress: Any = None
         self._tasks: dict[tuple[str, str, str], Any] = {}
         if ctx.tty:
             from rich.console import Console
@@ -81,18 +101,6 @@ class PrefetchView:
         if self._progress is not None:
             self._progress.start()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def _line(self, text: str) -> None:
-        if self.ctx.json:
-            return
-        if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False)
-        else:
-            self.ctx.say(text)
 
     def _kernel(self, step: FetchProgress) -> dict[str, Any]:
         key = step.repo_id
@@ -175,14 +183,13 @@ class PrefetchView:
         return f"{ok} kernel(s) ok, {self.failed} failed"
 
 
-class MirrorView:
+class MirrorView(_LiveView):
     """Renders mirror export/import progress (events shaped like MirrorProgress)."""
 
     def __init__(self, ctx: Ctx, verb: str) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.verb = verb
         self.refused: list[str] = []
-        self._progress: Any = None
         self._task: Any = None
         if ctx.tty:
             from rich.console import Console
@@ -202,18 +209,6 @@ class MirrorView:
             self._progress.start()
             self._task = self._progress.add_task(self.verb, total=None, blobs=0)
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def _line(self, text: str) -> None:
-        if self.ctx.json:
-            return
-        if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False)
-        else:
-            self.ctx.say(text)
 
     def handle(self, kind: str, ev: Any) -> None:
         where = f"{ev.repo_id}@{_short(ev.commit)}" if ev.repo_id else ""
