@@ -321,7 +321,11 @@ def _same_build(existing: ModuleType, folder: Path) -> bool:
 
 
 def import_variant(
-    variant_dir: Path | str, *, cache_bytecode: bool = False, own_folder: bool = False
+    variant_dir: Path | str,
+    *,
+    cache_bytecode: bool = False,
+    own_folder: bool = False,
+    metadata: dict[str, object] | None = None,
 ) -> ModuleType:
     """Import the variant at `variant_dir` and return its package module.
 
@@ -333,9 +337,12 @@ def import_variant(
     Importing the same folder twice returns the same module, and so does another folder holding
     the same build (identical metadata.json with a file digest its files match). A different
     build whose metadata `id` is already imported is refused: it would register the same ops.
+    `metadata`: the folder's metadata.json as the caller already read it (`read_metadata`),
+    so the warm path reads it once.
     """
     folder = Path(variant_dir).resolve()
-    metadata = read_metadata(folder)
+    if metadata is None:
+        metadata = read_metadata(folder)
     name = module_name_for(folder, metadata)
     pkg = package_dir(folder, metadata, links=own_folder)
     with _lock:

@@ -111,6 +111,7 @@ def _finish(
                 real,
                 cache_bytecode=candidate.source in ("index", "daemon", "hub"),
                 own_folder=candidate.source == "local",
+                metadata=metadata,
             )
         return registry.register(
             str(real),
