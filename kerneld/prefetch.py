@@ -61,9 +61,17 @@ class ClientPlatforms:
     """The distinct platforms clients showed in `Resolve`, most recent first, kept on disk so a
     restarted daemon still prefetches for them. Bounded (`limit`), cheap to record."""
 
-    def __init__(self, path: Path | None, *, limit: int = MAX_PLATFORMS) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        limit: int = MAX_PLATFORMS,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.path = path
         self.limit = limit
+        self.on_change = on_change
+        """Called (on the recording thread) after a platform not seen before was saved."""
         self._lock = threading.Lock()
         self._seen: dict[PlatformFacts, float] = {}
         self._keys: dict[PlatformFacts, PlatformFacts] = {}
@@ -111,6 +119,8 @@ class ClientPlatforms:
             snapshot = dict(self._seen)
         log.info("new client platform: %s", key.describe())
         self._save(snapshot)
+        if self.on_change is not None:
+            self.on_change()
         return True
 
     def _save(self, seen: dict[PlatformFacts, float]) -> None:

@@ -208,7 +208,9 @@ def test_no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kplatform, "_cudart_backend", lambda: None)
     f = detect_platform_facts(torch_module=None)
     assert (f.torch_version, f.cxx11_abi, f.backend) == (None, None, Backend(B.CPU))
-    monkeypatch.setattr(kplatform, "_cudart_backend", lambda: Backend(B.CUDA, (12, 8)))
+    monkeypatch.setattr(
+        kplatform, "_cudart_backend", lambda: {"type": "cuda", "version": "12.8", "explicit": False}
+    )
     f = detect_platform_facts(torch_module=None)
     assert f.backend == Backend(B.CUDA, (12, 8))
     names = ["torch29-cxx11-cu128-x86_64-linux", "torch-cuda", "torch-universal"]
@@ -217,7 +219,7 @@ def test_no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cudart_probe_does_not_crash() -> None:
     b = kplatform._cudart_backend()
-    assert b is None or b.type is B.CUDA
+    assert b is None or b["type"] == "cuda"
 
 
 def test_broken_torch_is_treated_as_absent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -361,12 +363,12 @@ def test_set_platform_facts_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_detected_once_even_from_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def slow_detect(**kw: Any) -> PlatformFacts:
+    def slow_detect(**kw: Any) -> dict[str, Any]:
         calls.append(1)
         time.sleep(0.05)
-        return PlatformFacts(cpu="x86_64", os="linux")
+        return PlatformFacts(cpu="x86_64", os="linux").to_dict()
 
-    monkeypatch.setattr(kplatform, "detect_platform_facts", slow_detect)
+    monkeypatch.setattr(kplatform, "detect_raw", slow_detect)
     results: list[PlatformFacts] = []
     threads = [threading.Thread(target=lambda: results.append(platform_facts())) for _ in range(8)]
     for t in threads:
@@ -423,3 +425,72 @@ def test_env_var_facts_need_no_torch() -> None:
 
 def test_probe_sees_imports() -> None:
     assert "google.protobuf" in _modules_after("import kerneld_client.wire")
+
+
+@pytest.mark.parametrize(
+    "torch",
+    [
+        fake_torch(),
+        fake_torch(version="2.12.1+cu128", cuda="12.8"),
+        fake_torch(version="2.9.0a0+git", hip="6.4.43482-0f2d60242", cxx11=False),
+        fake_torch(xpu="20250301"),
+        fake_torch(mps=True),
+        fake_torch(privateuse="npu"),
+        fake_torch(tpu=True),
+        None,
+    ],
+    ids=["cpu", "cuda", "rocm", "xpu", "mps", "npu", "tpu", "no-torch"],
+)
+def test_detection_is_already_in_the_form_the_daemon_fingerprints(torch: Any) -> None:
+    """A warm load fingerprints its detection without building `PlatformFacts`; the daemon
+    fingerprints the `PlatformFacts` the client sent. Both must be the same string, so the
+    detected dict must be exactly `to_dict()` of the facts parsed from it."""
+    from kerneld_client.variants import fingerprint
+
+    raw = kplatform.detect_raw(torch_module=torch)
+    facts = PlatformFacts.from_dict(raw)
+    assert raw == facts.to_dict()
+    platform = kplatform.Platform(raw)
+    assert platform.key == fingerprint(facts.to_dict()) == kplatform.Platform.of(facts).key
+    assert platform.facts == facts
+
+
+def test_the_warm_path_platform_does_not_import_the_variant_rules() -> None:
+    """Detection and the fingerprint need none of the rules' enums and dataclasses (4 ms of
+    import); the facts are built when a slower path asks for them."""
+    code = (
+        "import sys, json\n"
+        "from kerneld_client.platform import current_platform\n"
+        "p = current_platform()\n"
+        "before = sorted(m for m in sys.modules if m.startswith('kerneld_client.variants'))\n"
+        "p.facts\n"
+        "after = 'kerneld_client.variants.choice' in sys.modules or "
+        "'kerneld_client.variants.facts' in sys.modules\n"
+        "print(json.dumps({'before': before, 'key': p.key, 'after': after}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["before"] == [
+        "kerneld_client.variants",
+        "kerneld_client.variants.fingerprints",
+        "kerneld_client.variants.versions",
+    ]
+    assert result["after"] is True
+    assert result["key"] == kplatform.Platform.of(detect_platform_facts()).key
+
+
+def test_an_explicit_backend_is_its_own_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_platform_facts(
+        PlatformFacts(
+            cpu="x86_64", os="linux", torch_version=(2, 13), backend=Backend(B.CUDA, (13, 0))
+        )
+    )
+    gpu = kplatform.current_platform()
+    cpu = kplatform.current_platform("cpu")
+    assert gpu.backend_type == "cuda" and cpu.backend_type == "cpu"
+    assert gpu.key != cpu.key and cpu.facts.backend_explicit
+    with pytest.raises(ValueError, match="Invalid backend"):
+        kplatform.current_platform("rocm")

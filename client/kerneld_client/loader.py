@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
@@ -24,8 +24,10 @@ from kerneld_client.loading.call import run
 from kerneld_client.loading.context import MISSING, LoadContext, LoadOptions, parse_request
 from kerneld_client.loading.loaded import LoadedKernel, loaded_kernels
 from kerneld_client.loading.published import note_newer_version
-from kerneld_client.platform import platform_facts
-from kerneld_client.variants import Decision
+from kerneld_client.platform import current_platform, platform_facts
+
+if TYPE_CHECKING:
+    from kerneld_client.variants import Decision
 
 __all__ = [
     "LoadedKernel",
@@ -140,9 +142,9 @@ def get_local_kernel(
     from kerneld_client.loading.pipeline import load_candidate
 
     path = Path(repo_path)
-    facts = platform_facts(backend)
-    ctx = LoadContext(facts, LoadOptions(check_arch=check_arch)).entering(str(path))
-    return load_candidate(folder_candidate(path, facts, repo_id=str(path)), ctx).module
+    platform = current_platform(backend)
+    ctx = LoadContext(platform, LoadOptions(check_arch=check_arch)).entering(str(path))
+    return load_candidate(folder_candidate(path, ctx.facts, repo_id=str(path)), ctx).module
 
 
 def load_kernel(

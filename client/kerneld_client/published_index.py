@@ -130,15 +130,20 @@ class VariantEntry:
 
 
 class CommitEntry:
-    """What the store holds for one commit, and every variant the upstream has (None: unknown)."""
+    """What the store holds for one commit, every variant the upstream has (None: unknown),
+    and per platform fingerprint the variant that platform loads (`picks`, None: none fits)."""
 
-    __slots__ = ("upstream_variants", "variants")
+    __slots__ = ("picks", "upstream_variants", "variants")
 
     def __init__(
-        self, variants: Mapping[str, VariantEntry], upstream_variants: tuple[str, ...] | None
+        self,
+        variants: Mapping[str, VariantEntry],
+        upstream_variants: tuple[str, ...] | None,
+        picks: Mapping[str, str | None] | None = None,
     ) -> None:
         self.variants = variants
         self.upstream_variants = upstream_variants
+        self.picks: Mapping[str, str | None] = picks or {}
 
 
 class RepoIndex:
@@ -266,9 +271,15 @@ def parse_repo_doc(data: bytes | str) -> RepoIndex | None:
                 not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream)
             ):
                 raise IndexFormatError(f"commit {commit}: upstream_variants must be a list")
+            picks = entry.get("picks") or {}
+            if not isinstance(picks, dict) or not all(
+                isinstance(p, str) or p is None for p in picks.values()
+            ):
+                raise IndexFormatError(f"commit {commit}: picks must map to variant names or null")
             commits[commit] = CommitEntry(
                 variants={n: _variant(n, v) for n, v in (entry.get("variants") or {}).items()},
                 upstream_variants=None if upstream is None else tuple(upstream),
+                picks=picks,
             )
         denies = tuple(
             (_str(d["revision"], "deny revision"), str(d.get("reason") or ""))

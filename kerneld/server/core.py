@@ -94,12 +94,16 @@ class Core:
         """Open (lock and scan) the store and build resolution over the upstream chain."""
         cfg = self.config
         upstreams = build_upstreams(cfg)
+        self.platforms = ClientPlatforms(
+            cfg.store_path / "daemon" / "platforms.json", on_change=self._publish_picks
+        )
         store = Store.open(
             cfg.store_path,
             cap_bytes=cfg.cap_bytes,
             min_free_bytes=cfg.min_free_bytes,
             min_age_s=cfg.gc_min_age_s,
             orphan_grace_s=cfg.orphan_grace_s,
+            client_platforms=self.platforms.all(),  # their picks, in the index it republishes
         )
         store.quarantine_max_bytes = cfg.quarantine_max_bytes
         store.set_provenance(provenance_check(cfg))
@@ -107,7 +111,6 @@ class Core:
             store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
             self.hardware = detect(self.hardware_root)
-            self.platforms = ClientPlatforms(cfg.store_path / "daemon" / "platforms.json")
             fetcher = Fetcher(store, upstreams)
             resolver = Resolver(
                 store,
@@ -153,6 +156,19 @@ class Core:
         self._resolver = resolver
         self.metrics.watch_store(self.gauges)
         return store
+
+    def _publish_picks(self) -> None:
+        """A client showed a new platform: publish its picks, so its next processes load
+        without ranking variants. Off the RPC's thread: in a large store rewriting every
+        repo's document takes a while (and jobs meanwhile rank for themselves)."""
+
+        def publish() -> None:
+            store = self._store
+            if store is not None:  # the latest set: a burst of new platforms rewrites once
+                store.set_client_platforms(self.platforms.all())
+
+        with contextlib.suppress(RuntimeError):  # the daemon is stopping
+            self.pool.submit(publish)
 
     def close(self) -> None:
         self.stop_timer()

@@ -23,6 +23,9 @@ Per-repo document, format version 1 (all paths are relative to the store root)::
         "<40 hex>": {
           "upstream_variants": ["torch-cpu", ...] | null,   # every variant the upstream has,
                                                             # when known (null: unknown)
+          "picks": {"torch2.13-cxx11-cpu-x86_64-linux": "torch-cpu" | null, ...},
+                                    # optional: per fingerprint of a platform clients showed,
+                                    # the variant it loads (null: none fits; see picks.py)
           "variants": {
             "torch-cpu": {
               "tree": "v1/trees/<64 hex>",       # the variant folder, read-only
@@ -51,8 +54,9 @@ How a client uses it (see :func:`lookup` below, the reference implementation):
 1. Read ``<org>/<name>.json``; a missing file or an unknown ``version`` is a miss (ask the daemon).
 2. ``version=N`` means ref ``vN``; a ref is looked up in ``refs``; a 40-hex revision is a commit.
 3. If a deny has ``revision`` ``"*"``, the requested revision or the resolved commit: refuse.
-4. Pick the best variant for this process from ``commits[commit].variants``. If
-   ``upstream_variants`` lists a better one that is not published yet, it is a miss.
+4. Take ``picks[<this process's fingerprint>]``, else rank the variants yourself: the best of
+   ``upstream_variants`` when known, else of ``variants``. If that variant is not in
+   ``variants`` (not fetched yet), it is a miss.
 5. Open ``lock`` read-only, take the OFD read lock (``F_OFD_SETLK``, ``F_RDLCK``; not ``flock``,
    whose exclusive lock any user who can read the file could hold), check the lock path still
    names the same inode (GC unlinks a lock file while it holds the OFD write lock), check the
@@ -73,6 +77,7 @@ from kerneld_client.published_index import DENIES_FORMAT, FORMAT, VERSION, parse
 
 from .index import Index
 from .layout import DIR_MODE_PUBLIC, FILE_MODE_PUBLIC, Layout, fsync_dir
+from .picks import Picker
 
 # The format's constants and its parser live in the client (one definition for both sides).
 __all__ = [
@@ -91,11 +96,17 @@ __all__ = [
 
 
 def build_repo_doc(
-    index: Index, layout: Layout, repo: str, generation: int, *, require_signed: bool = False
+    index: Index,
+    layout: Layout,
+    repo: str,
+    generation: int,
+    *,
+    require_signed: bool = False,
+    picker: Picker | None = None,
 ) -> dict[str, Any]:
     """`repo`'s document; with `require_signed` (``[provenance] policy = "require"``) a variant
     whose tree is not recorded as verified is left out, so a job asks the daemon, which says
-    why it refuses."""
+    why it refuses. `picker` adds each commit's picks for the platforms clients showed."""
     commits: dict[str, dict[str, Any]] = {}
     upstream = index.all_upstream_variants(repo)
     for v in index.live_variants_of(repo):
@@ -119,6 +130,10 @@ def build_repo_doc(
                 "issuer": v.provenance.issuer,
             }
         entry["variants"][v.variant] = variant
+    if picker is not None and picker.platforms:
+        for entry in commits.values():
+            upstream = entry["upstream_variants"]
+            entry["picks"] = picker.picks(entry["variants"] if upstream is None else upstream)
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,

@@ -9,7 +9,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from kerneld_client.variants import PlatformFacts
+
 from . import faults, published_index
+from .picks import Picker
 from .state import StoreState
 
 
@@ -42,7 +45,12 @@ class PublishedIndexWriter:
             for repo in repos:
                 path = layout.repo_index_path(repo)
                 doc = published_index.build_repo_doc(
-                    index, layout, repo, generation, require_signed=state.require_signed
+                    index,
+                    layout,
+                    repo,
+                    generation,
+                    require_signed=state.require_signed,
+                    picker=state.picker,
                 )
                 if not doc["refs"] and not doc["commits"] and not doc["denies"]:
                     published_index.remove(path)
@@ -54,6 +62,18 @@ class PublishedIndexWriter:
                 if not (skip_unchanged and published_index.unchanged(path, doc)):
                     published_index.atomic_write_json(path, doc)
         faults.point("index.published")
+
+    def set_platforms(self, platforms: Iterable[PlatformFacts]) -> None:
+        """Publish the picks of these platforms (those clients showed) instead of the current
+        ones; every repo's document is rewritten when the set of fingerprints changed."""
+        picker = Picker(platforms)
+        state = self._state
+        with state.lock:
+            if picker.platforms.keys() == state.picker.platforms.keys():
+                return
+            state.picker = picker
+            if not state.read_only and not state.closed:
+                self.publish(state.index.repos(), skip_unchanged=True)
 
     def rebuild(self) -> None:
         """Drop the files of repos the index no longer knows and rewrite those that differ

@@ -1,5 +1,6 @@
 """What the parts of a store share, and nothing else: its directory, its index, the one lock,
-whether it may be changed, and the site's GC policy and signature check.
+whether it may be changed, the site's GC policy and signature check, and the platforms whose
+picks the published index carries.
 
 `Store` is a facade over small parts (ingest, publishing, names, leasing, the collector, the
 quarantine, repair), each holding this state and only the other parts it uses. Every index
@@ -17,6 +18,7 @@ from .errors import ReadOnlyStoreError
 from .gc import GcPolicy
 from .index import Index
 from .layout import Layout
+from .picks import Picker
 
 if TYPE_CHECKING:
     from .signatures import ProvenanceCheck
@@ -31,6 +33,8 @@ class StoreState:
     """The GC policy; callers replace it (``Store.policy``) for one collection with a target."""
     check: ProvenanceCheck | None = None
     """Who signed a variant, checked once per new tree at publish (``Store.provenance``)."""
+    picker: Picker = field(default_factory=Picker)
+    """The platforms clients showed, whose picks the published index carries (``picks``)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     closed: bool = False
 

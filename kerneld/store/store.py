@@ -30,7 +30,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from . import gc as gc_mod
 from . import verify as verify_mod
@@ -58,6 +58,7 @@ from .manifest import TreeFile, VariantMetadata
 from .names import Names
 from .ownership import opening_step, root_owner, take_ownership
 from .paths import tree_hex
+from .picks import Picker
 from .published_index_writer import PublishedIndexWriter
 from .publishing import Publisher, TreeInfo
 from .quarantine import Quarantine
@@ -66,6 +67,9 @@ from .repair import Invalidated, Repairer
 from .signatures import ProvenanceCheck, Signatures
 from .space import Space, Usage
 from .state import StoreState
+
+if TYPE_CHECKING:
+    from kerneld_client.variants import PlatformFacts
 
 log = logging.getLogger("kerneld.store")
 
@@ -150,14 +154,12 @@ class Store:
 
     @property
     def generation(self) -> int:
-        """The published index generation: bumped by every change a resolution depends on (refs,
-        variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
+        """The published index generation (``PublishedIndexWriter.generation``)."""
         return self._writer.generation
 
     @property
     def quarantine_max_bytes(self) -> int:
-        """The quarantine's bound (``[store] quarantine_max``; the daemon sets it from its
-        config, 0: none). Checked whenever an entry is added."""
+        """The quarantine's bound (``[store] quarantine_max``, 0: none), checked on each add."""
         return self._quarantine.max_bytes
 
     @quarantine_max_bytes.setter
@@ -182,6 +184,7 @@ class Store:
         require_metadata_digest: bool = False,
         use_hardlinks: bool = True,
         auto_gc: bool = True,
+        client_platforms: Iterable[PlatformFacts] = (),
     ) -> Store:
         """Open (creating if needed) the store at ``root``.
 
@@ -213,6 +216,7 @@ class Store:
         owner, index, uid = take_ownership(layout)
         try:
             store = cls(layout, index, owner, policy, owner_uid=uid, **options)  # type: ignore[arg-type]
+            store._state.picker = Picker(client_platforms)  # before recovery republishes
             with opening_step("clean up after the last run", layout.root, layout.root):
                 recover(
                     store._state, store._collector, store._writer, partial_grace_s=partial_grace_s
@@ -270,10 +274,7 @@ class Store:
         git_sha1: str | None = None,
         **ctx: str | None,
     ) -> BlobInfo:
-        """Ingest a whole file from bytes, an iterable of chunks or a binary file object.
-
-        If the blob is already present nothing is read (``created=False``).
-        """
+        """Ingest a whole file (bytes, chunks or a file object); a present blob is not read."""
         return self._ingest.ingest(source, size=size, sha256=sha256, git_sha1=git_sha1, **ctx)
 
     def ingest_file(
@@ -310,6 +311,10 @@ class Store:
         """Install the ingest check (see ``provenance``) and republish the published index, which
         leaves out unverified trees while signatures are required."""
         self._signatures.install(check)
+
+    def set_client_platforms(self, platforms: Iterable[PlatformFacts]) -> None:
+        """Publish each platform's pick (``picks.py``); the index is rewritten if they changed."""
+        self._writer.set_platforms(platforms)
 
     def provenance_of(self, digest: str) -> ProvenanceRecord | None:
         """The ingest check's record for a tree (``sha256:<hex>`` or hex); None: not checked."""
@@ -462,10 +467,8 @@ class Store:
         return self._names.denies(repo)
 
     def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None:
-        """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied.
-
-        Resolution calls this before any upstream I/O, so a denied kernel is never fetched.
-        """
+        """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied
+        (resolution calls this before any upstream I/O: a denied kernel is never fetched)."""
         self._names.check_denied(repo, revision, commit)
 
     # ---- leases ----

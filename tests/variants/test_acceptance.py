@@ -166,15 +166,19 @@ def test_arch_compatible(archs: list[str], cap: str, ok: bool) -> None:
     assert why
 
 
+def _device_ok(btype: str, archs: list[str], f: PlatformFacts) -> tuple[bool, str]:
+    return device_compatible(btype, archs, f.backend.type.value, f.device_capabilities)
+
+
 def test_device_compatible() -> None:
     gpu = replace(F_CU130, device_capabilities=("9.0",))
-    assert device_compatible("cuda", ["8.0", "9.0"], gpu)[0]
-    ok, why = device_compatible("cuda", ["8.0"], gpu)
+    assert _device_ok("cuda", ["8.0", "9.0"], gpu)[0]
+    ok, why = _device_ok("cuda", ["8.0"], gpu)
     assert not ok and "9.0" in why
     # Checked only where `kernels` checks: matching backend, known devices.
-    assert device_compatible("cuda", ["8.0"], gpu.with_backend("cpu"))[0]
-    assert device_compatible("cpu", ["8.0"], gpu)[0]
-    assert device_compatible("cuda", ["8.0"], F_CU130)[0]
+    assert _device_ok("cuda", ["8.0"], gpu.with_backend("cpu"))[0]
+    assert _device_ok("cpu", ["8.0"], gpu)[0]
+    assert _device_ok("cuda", ["8.0"], F_CU130)[0]
     rocm = replace(F_ROCM, device_capabilities=("gfx942",))
-    assert device_compatible("rocm", ["gfx942"], rocm)[0]
-    assert not device_compatible("rocm", ["gfx90a"], rocm)[0]
+    assert _device_ok("rocm", ["gfx942"], rocm)[0]
+    assert not _device_ok("rocm", ["gfx90a"], rocm)[0]

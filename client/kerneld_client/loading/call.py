@@ -23,7 +23,7 @@ from kerneld_client.errors import KernelError
 from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.pipeline import load
-from kerneld_client.platform import platform_facts
+from kerneld_client.platform import current_platform
 
 T = TypeVar("T")
 
@@ -94,12 +94,12 @@ def run(
 ) -> Any:
     """The kernel's module, or what the fallback policy makes of the failure."""
     chosen = _config.fallback_policy(policy)  # ValueError for a bad name: a usage error
-    facts = platform_facts(backend)  # ValueError for a bad backend, as in `kernels`
+    platform = current_platform(backend)  # ValueError for a bad backend, as in `kernels`
     key = (request, backend, *options.memo_key())
     memo = _memo.get(key)
     if memo is not None:
         return memo.module
-    outcome = _flights.do(key, lambda: _load_once(key, request, LoadContext(facts, options)))
+    outcome = _flights.do(key, lambda: _load_once(key, request, LoadContext(platform, options)))
     if isinstance(outcome, LoadedKernel):
         return outcome.module
     from kerneld_client.loading.fallback import fall_back
@@ -107,7 +107,7 @@ def run(
     return fall_back(
         outcome,
         request,
-        LoadContext(facts, options),
+        LoadContext(platform, options),
         fallback=fallback,
         policy=chosen,
         hub_allowed=hub_allowed,

@@ -1,6 +1,6 @@
 """What a load is asked for: the checked selector, the caller's options, the dependency chain.
 
-One frozen `LoadContext` travels through every stage instead of the platform facts, the options
+One frozen `LoadContext` travels through every stage instead of the platform, the options
 and the dependency stack being passed one by one; a dependency is loaded under
 `ctx.entering(repo)`, which is where a `kernel-depends` cycle is refused.
 """
@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError, KernelLoadError
-from kerneld_client.variants import PlatformFacts
+from kerneld_client.platform import Platform
+
+if TYPE_CHECKING:
+    from kerneld_client.variants import PlatformFacts
 
 
 class _Missing:
@@ -85,16 +88,21 @@ class LoadOptions:
 
 
 class LoadContext:
-    """Platform facts, options and the chain of kernels being loaded (for cycle errors)."""
+    """The platform, options and the chain of kernels being loaded (for cycle errors)."""
 
-    __slots__ = ("facts", "options", "stack")
+    __slots__ = ("options", "platform", "stack")
 
     def __init__(
-        self, facts: PlatformFacts, options: LoadOptions, stack: tuple[str, ...] = ()
+        self, platform: Platform, options: LoadOptions, stack: tuple[str, ...] = ()
     ) -> None:
-        self.facts = facts
+        self.platform = platform
         self.options = options
         self.stack = stack
+
+    @property
+    def facts(self) -> PlatformFacts:
+        """The facts the variant rules take (imports the rules: not on the warm path)."""
+        return self.platform.facts
 
     def entering(self, repo_id: str) -> LoadContext:
         """The context for loading `repo_id` from here; KernelLoadError on a cycle."""
@@ -102,7 +110,7 @@ class LoadContext:
             raise KernelLoadError(
                 "kernel-depends cycle: " + " -> ".join((*self.stack, repo_id)), repo_id=repo_id
             )
-        return LoadContext(self.facts, self.options, (*self.stack, repo_id))
+        return LoadContext(self.platform, self.options, (*self.stack, repo_id))
 
     def dependency_request(
         self, repo_id: str, version: int | None, revision: str | None

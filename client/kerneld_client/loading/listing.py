@@ -24,7 +24,9 @@ def has_variant(request: KernelRequest, facts: PlatformFacts, *, check_arch: boo
         return False
     if check_arch and best.variant in archs:
         btype, declared = archs[best.variant]
-        return device_compatible(btype, declared, facts)[0]
+        return device_compatible(
+            btype, declared, facts.backend.type.value, facts.device_capabilities
+        )[0]
     return True
 
 

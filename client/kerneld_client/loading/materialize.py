@@ -155,7 +155,8 @@ def _check_device(metadata: Mapping[str, Any], candidate: Candidate, ctx: LoadCo
         return  # nothing declared: nothing to refuse (a CPU build declares no archs)
     from kerneld_client.variants.devices import device_compatible
 
-    ok, why = device_compatible(btype, archs, ctx.facts)
+    platform = ctx.platform
+    ok, why = device_compatible(btype, archs, platform.backend_type, platform.device_capabilities)
     if not ok:
         raise NoCompatibleVariant(
             f"the build cannot run on this device: {why}",

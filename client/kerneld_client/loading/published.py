@@ -1,10 +1,15 @@
 """The warm path's source: the daemon's published index, read without any RPC.
 
-One small JSON document per repo says which commit a ref names, what is denied, and which
-variants of each commit are in the store (and which exist upstream). A candidate comes back
+One small JSON document per repo says which commit a ref names, what is denied, which
+variants of each commit are in the store (and which exist upstream), and which one each
+platform the daemon has seen loads (`picks`, by platform fingerprint). A candidate comes back
 only when the best variant for this platform is present; when the upstream has a better one
 not cached yet, or the publisher is not trusted as published, or the document is unreadable,
 the answer is None and the daemon decides.
+
+The best variant is the published pick for this process's fingerprint. Only a platform the
+daemon has not seen yet (or a commit no variant fits, for the reasons) ranks the variants
+here, importing the variant rules to do so.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from kerneld_client.errors import (
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import provenance_seen, store_root
 from kerneld_client.loading.sources import Candidate
-from kerneld_client.variants import decide
 
 #: repo -> every `vN` upstream, as the last index document read for it said.
 _versions_seen: dict[str, tuple[int, ...] | None] = {}
@@ -81,6 +85,31 @@ def _publisher_trusted(root: _trust.StoreRoot, repo_id: str, ctx: LoadContext) -
     )
 
 
+_UNSEEN = "\0"  # not a variant name: the daemon published no pick for this platform
+
+
+def _rank(
+    request: KernelRequest, commit: str, entry: published_index.CommitEntry, ctx: LoadContext
+) -> str | None:
+    """What the daemon's pick would be: the best variant upstream when the upstream's list is
+    known (NoCompatibleVariant, with every reason, when none fits), else the best in store."""
+    from kerneld_client.variants import decide
+
+    facts = ctx.facts
+    if entry.upstream_variants is None:
+        present = decide(entry.variants, facts)
+        return present[0].variant if present and present[0].accepted else None
+    upstream = decide(entry.upstream_variants, facts)
+    if not any(d.accepted for d in upstream):
+        raise NoCompatibleVariant(
+            f"no build variant fits this platform ({facts.describe()})",
+            reasons=[VariantReason(d.variant, d.accepted, d.reason) for d in upstream],
+            repo_id=request.repo_id,
+            revision=commit,
+        )
+    return upstream[0].variant
+
+
 class PublishedIndexSource:
     """The store's published index. `root` is read once per load (None: no store here)."""
 
@@ -104,23 +133,12 @@ class PublishedIndexSource:
         commit, entry, age_s = found
         if entry is None:
             return None
-        facts = ctx.facts
-        present = decide(entry.variants, facts)
-        best_present = next((d.variant for d in present if d.accepted), None)
-        if entry.upstream_variants is not None:
-            upstream = decide(entry.upstream_variants, facts)
-            if not any(d.accepted for d in upstream):
-                raise NoCompatibleVariant(
-                    f"no build variant fits this platform ({facts.describe()})",
-                    reasons=[VariantReason(d.variant, d.accepted, d.reason) for d in upstream],
-                    repo_id=request.repo_id,
-                    revision=commit,
-                )
-            if upstream[0].variant != best_present:
-                return None  # a better variant exists upstream: the daemon will fetch it
-        if best_present is None:
-            return None
-        variant = entry.variants[best_present]
+        best = entry.picks.get(ctx.platform.key, _UNSEEN)
+        if best is None or best is _UNSEEN:  # ranked here: a new platform, or for the reasons
+            best = _rank(request, commit, entry, ctx)
+        variant = entry.variants.get(best) if best is not None else None
+        if variant is None:
+            return None  # not in the store (yet): the daemon fetches it
         provenance_seen[variant.digest] = variant.provenance
         max_age = _config.ref_max_age_s()
         return Candidate(

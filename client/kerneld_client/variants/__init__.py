@@ -6,28 +6,16 @@ fast path and the RPC path would pick different kernels. Both call `decide()` wi
 
 The rules are those of the `kernels` package 0.17.2 (see REFERENCE.md section 2); where that page
 and the package differ, the package wins, so kerneld chooses the same variant `kernels` would.
-Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `wire`. The
-device-architecture check (`devices`) is imported when first used: only builds that declare
-architectures need it, and a warm load pays for every module it imports.
+Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `wire`.
+
+Nothing is imported with the package itself: each name is imported from its submodule on first
+use, so a process that only needs `versions` or `fingerprints` (a warm load) never pays for the
+enums and dataclasses of the rules.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-from kerneld_client.variants.choice import Decision, best_variant, decide, summarize
-from kerneld_client.variants.facts import PlatformFacts, parse_version
-from kerneld_client.variants.names import (
-    UNRECOGNISED,
-    Abi,
-    Backend,
-    BackendType,
-    UnrecognisedVariant,
-    Variant,
-    VariantKind,
-    parse_backend,
-    parse_variant,
-)
 
 __all__ = [
     "UNRECOGNISED",
@@ -43,6 +31,7 @@ __all__ = [
     "best_variant",
     "decide",
     "device_compatible",
+    "fingerprint",
     "parse_backend",
     "parse_variant",
     "parse_version",
@@ -50,14 +39,56 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from kerneld_client.variants.choice import Decision, best_variant, decide, summarize
     from kerneld_client.variants.devices import arch_compatible, device_compatible
+    from kerneld_client.variants.facts import PlatformFacts
+    from kerneld_client.variants.fingerprints import fingerprint
+    from kerneld_client.variants.names import (
+        UNRECOGNISED,
+        Abi,
+        Backend,
+        BackendType,
+        UnrecognisedVariant,
+        Variant,
+        VariantKind,
+        parse_backend,
+        parse_variant,
+    )
+    from kerneld_client.variants.versions import parse_version
 
-_LAZY = {"arch_compatible", "device_compatible"}
+#: Which submodule defines each public name; a name is imported on first use.
+_WHERE = {
+    "Decision": "choice",
+    "best_variant": "choice",
+    "decide": "choice",
+    "summarize": "choice",
+    "arch_compatible": "devices",
+    "device_compatible": "devices",
+    "PlatformFacts": "facts",
+    "fingerprint": "fingerprints",
+    "UNRECOGNISED": "names",
+    "Abi": "names",
+    "Backend": "names",
+    "BackendType": "names",
+    "UnrecognisedVariant": "names",
+    "Variant": "names",
+    "VariantKind": "names",
+    "parse_backend": "names",
+    "parse_variant": "names",
+    "parse_version": "versions",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from kerneld_client.variants import devices
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(devices, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

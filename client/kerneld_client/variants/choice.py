@@ -17,9 +17,9 @@ from kerneld_client.variants.names import (
     UnrecognisedVariant,
     Variant,
     VariantKind,
-    dotted,
     parse_variant,
 )
+from kerneld_client.variants.versions import dotted
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,12 @@
 """Whether a build's declared device architectures (`metadata.json` `backend.archs`) cover
 this process's devices: checked before import, so a kernel built for another GPU never loads.
+Standard library only: a warm load of a GPU build runs this check.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-
-from kerneld_client.variants.facts import PlatformFacts
-from kerneld_client.variants.names import BackendType
 
 _CUDA_ARCH_RE = re.compile(r"([0-9]+)\.([0-9]+)([af]?)(\+PTX)?")
 _CAPABILITY_RE = re.compile(r"([0-9]+)\.([0-9]+)")
@@ -62,15 +60,16 @@ def arch_compatible(archs: Sequence[str], capability: str) -> tuple[bool, str]:
 
 
 def device_compatible(
-    backend_type: str, archs: Sequence[str], facts: PlatformFacts
+    backend_type: str, archs: Sequence[str], local_backend: str, capabilities: Sequence[str]
 ) -> tuple[bool, str]:
-    """`arch_compatible` for every device in `facts`, applied only where `kernels` checks:
-    a CUDA build on a CUDA process or a ROCm build on a ROCm process, with known devices."""
-    kinds = {BackendType.CUDA.value, BackendType.ROCM.value}
+    """`arch_compatible` for every device of a process (its backend type and its devices'
+    `capabilities`, as in `PlatformFacts`), applied only where `kernels` checks: a CUDA build
+    on a CUDA process or a ROCm build on a ROCm process, with known devices. Plain values, so
+    a warm load checks its devices without importing the variant rules."""
     btype = backend_type.lower()
-    if btype not in kinds or btype != facts.backend.type.value or not facts.device_capabilities:
+    if btype not in ("cuda", "rocm") or btype != local_backend or not capabilities:
         return True, "no device architecture check applies"
-    for cap in facts.device_capabilities:
+    for cap in capabilities:
         ok, why = arch_compatible(archs, cap)
         if not ok:
             return False, why

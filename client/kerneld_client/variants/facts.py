@@ -6,7 +6,6 @@ environment as JSON), so it can rank variants for a torch it never imports.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -18,11 +17,10 @@ from kerneld_client.variants.names import (
     VERSION_PREFIX,
     Backend,
     BackendType,
-    dotted,
     parse_backend,
 )
+from kerneld_client.variants.versions import dotted, parse_version
 
-_VERSION_PREFIX_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)*)")
 _FACT_KEYS = {
     "torch_version",
     "cxx11_abi",
@@ -35,25 +33,6 @@ _FACT_KEYS = {
     "tvm_ffi_version",
     "device_capabilities",
 }
-
-
-def parse_version(text: str | None, *, parts: int | None = None) -> tuple[int, ...] | None:
-    """Leading dotted-number prefix of a version string (`2.13.0+cpu` -> (2, 13, 0)).
-
-    With `parts`, the result is cut or zero-padded to that many components. Empty -> None.
-    """
-    if text is None or not text.strip():
-        return None
-    m = _VERSION_PREFIX_RE.match(text)
-    if m is None:
-        raise ValueError(f"not a version: {text!r}")
-    try:
-        nums = tuple(int(p) for p in m.group(1).split("."))
-    except ValueError:  # more digits than int() converts
-        raise ValueError(f"not a version: {text[:20]!r}... has too many digits") from None
-    if parts is not None:
-        nums = (nums + (0,) * parts)[:parts]
-    return nums
 
 
 def _two_part(text: str | None) -> tuple[int, int] | None:

@@ -11,6 +11,8 @@ import enum
 import re
 from dataclasses import dataclass
 
+from kerneld_client.variants.versions import dotted
+
 #: The rejection reason of a folder name that is not a build variant at all.
 UNRECOGNISED = "unrecognised variant name"
 #: Free-threaded CPython before this version cannot load abi3 extensions (arch variants).
@@ -75,11 +77,6 @@ _PLAIN_ARCH_TOKENS = {"cpu", "metal", "neuron", "tpu"}
 # Recognised `torch-<name>` noarch names (`torch-cann` parses but never matches, as in `kernels`:
 # a CANN machine loads `torch-npu`).
 NOARCH_NAMES = {t.value for t in BackendType}
-
-
-def dotted(version: tuple[int, ...] | None) -> str:
-    """(2, 13) -> "2.13", as versions are shown in reasons and names; None -> ""."""
-    return "" if version is None else ".".join(str(p) for p in version)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,70 @@
+"""The platform fingerprint the published picks are keyed by: platforms with one fingerprint
+must get the same verdict on every variant, or a warm load would take another platform's pick."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kerneld_client.variants import PlatformFacts, decide, fingerprint
+from tests.variants.support import ALL_NAMES, BACKEND_FACTS, F_CPU, F_CU130, F_FT313, F_MAC, FACTS
+
+# Replacement values for any field: some change what `decide` reads, some do not.
+OVERRIDES = st.fixed_dictionaries(
+    {},
+    optional={
+        "cpu": st.sampled_from(["x86_64", "aarch64", "x86-64"]),
+        "os": st.sampled_from(["linux", "darwin"]),
+        "torch_version": st.one_of(st.none(), st.tuples(st.just(2), st.integers(7, 15))),
+        "cxx11_abi": st.one_of(st.none(), st.booleans()),
+        "backend": BACKEND_FACTS,
+        "backend_explicit": st.booleans(),
+        "free_threaded": st.booleans(),
+        "python_version": st.tuples(st.just(3), st.integers(10, 16), st.integers(0, 9)),
+        "macos_version": st.one_of(st.none(), st.tuples(st.integers(13, 27), st.integers(0, 5))),
+        "tvm_ffi_version": st.one_of(st.none(), st.tuples(st.just(0), st.integers(0, 3))),
+        "device_capabilities": st.lists(st.sampled_from(["8.0", "9.0", "gfx942"])).map(tuple),
+    },
+)
+
+
+def _verdicts(f: PlatformFacts) -> list[tuple[str, bool]]:
+    return [(d.variant, d.accepted) for d in decide(ALL_NAMES, f)]
+
+
+@given(FACTS, OVERRIDES)
+@settings(max_examples=400, deadline=None)
+def test_one_fingerprint_one_verdict(f: PlatformFacts, overrides: dict[str, Any]) -> None:
+    """Change any facts: where the fingerprint stays the same, so does every verdict and the
+    order (a fact `decide` reads but the fingerprint leaves out fails here)."""
+    g = replace(f, **overrides)
+    if fingerprint(f.to_dict()) == fingerprint(g.to_dict()):
+        assert _verdicts(f) == _verdicts(g)
+
+
+def test_what_choice_does_not_read_is_left_out() -> None:
+    base = fingerprint(F_CU130.to_dict())
+    assert base == "torch2.13-cxx11-cuda13.0-x86_64-linux"
+    same = replace(F_CU130, device_capabilities=("9.0",), python_version=(3, 12, 9))
+    assert fingerprint(same.to_dict()) == base
+    assert fingerprint(replace(F_CU130, backend_explicit=True).to_dict()) == base
+    assert fingerprint(F_CPU.to_dict()) != base
+
+
+def test_readable_and_unambiguous() -> None:
+    assert fingerprint(F_FT313.to_dict()).endswith("-py3.13t")
+    assert "-macos26" in fingerprint(F_MAC.to_dict())
+    # A hyphen inside a fact cannot shift the fields after it.
+    a = replace(F_CPU, cpu="x86-64", os="linux")
+    b = replace(F_CPU, cpu="x86", os="64-linux")
+    assert fingerprint(a.to_dict()) != fingerprint(b.to_dict())
+
+
+def test_malformed_facts_are_a_value_error() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="not platform facts"):
+        fingerprint({"cpu": "x86_64"})
