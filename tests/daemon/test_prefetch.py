@@ -90,10 +90,16 @@ def test_timer_fetches_a_moved_version_branch(
     # The publisher moves v1 to a new build; the next timer run picks it up.
     kernels[ACT][C3] = {"torch213-cxx11-cpu-x86_64-linux": variant("_act_cpu213_v1_1")}
     write_mirror(mirror, kernels, branches={ACT: {"v1": C3}})
-    wait_until(lambda: bool(variants_in_store(d, ACT).get(C3)), d)
+    # The ref moves once the new commit's trees are in (not when the first one is): wait for it.
     with d.kernels() as stub:
-        kernel = stub.Resolve(resolve_req(ACT, 1, allow_fetch=False), timeout=TIMEOUT).kernel
-    assert kernel.commit == C3 and not kernel.fetched and kernel.metadata.id == "_act_cpu213_v1_1"
+
+        def v1() -> pb.ResolvedKernel:
+            return stub.Resolve(resolve_req(ACT, 1, allow_fetch=False), timeout=TIMEOUT).kernel
+
+        wait_until(lambda: v1().commit == C3, d)
+        kernel = v1()
+    assert variants_in_store(d, ACT)[C3] == {"torch213-cxx11-cpu-x86_64-linux"}
+    assert not kernel.fetched and kernel.metadata.id == "_act_cpu213_v1_1"
 
 
 def test_client_platforms_drive_auto_prefetch(

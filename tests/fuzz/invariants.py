@@ -378,7 +378,17 @@ def check_facts_object(facts: Any, names: Sequence[str] = ()) -> None:
     )
     typed(facts.describe, (), what)
     for backend in ("cuda", "rocm", "cpu"):
-        typed(partial(device_compatible, backend, list(names), facts), (), what)
+        typed(
+            partial(
+                device_compatible,
+                backend,
+                list(names),
+                facts.backend.type.value,
+                facts.device_capabilities,
+            ),
+            (),
+            what,
+        )
     if names:
         check_variant_names(names, [facts])
 
