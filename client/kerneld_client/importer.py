@@ -29,7 +29,6 @@ import json
 import keyword
 import marshal
 import os
-import re
 import stat
 import sys
 import threading
@@ -222,7 +221,6 @@ def module_name_for(variant_dir: Path, metadata: dict[str, object]) -> str:
 
 #: What `metadata.json` `name` may become after dashes turn into underscores: one plain ASCII
 #: identifier, hence one path component that can never be absolute, `..` or contain a slash.
-_PYTHON_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def python_name(variant_dir: Path, metadata: dict[str, object]) -> str | None:
@@ -232,7 +230,11 @@ def python_name(variant_dir: Path, metadata: dict[str, object]) -> str | None:
     if name is None:
         return None
     pyname = name.replace("-", "_") if isinstance(name, str) else None
-    if pyname is None or not _PYTHON_NAME.fullmatch(pyname) or keyword.iskeyword(pyname):
+    if (
+        pyname is None
+        or not (pyname.isascii() and pyname.isidentifier())
+        or keyword.iskeyword(pyname)
+    ):
         raise KernelLoadError(
             f"{variant_dir / 'metadata.json'}: 'name' must be a Kernel Hub name "
             f"(lowercase letters, digits and dashes), got {name!r}; refusing to import from it",

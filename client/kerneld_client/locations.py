@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 ENV_SOCKET = "KERNELD_SOCKET"
@@ -115,16 +114,39 @@ def advert_path(socket: Path) -> Path:
     return socket.with_name(socket.name + ADVERT_SUFFIX)
 
 
-@dataclass(frozen=True)
 class Advert:
-    """What a running daemon publishes beside its user socket."""
+    """What a running daemon publishes beside its user socket. (A plain slotted class: this
+    module is on the warm path, and a frozen dataclass costs most of a millisecond to define.)"""
 
-    store_root: Path
-    index_dir: Path
-    user_socket: Path
-    admin_socket: Path
-    pid: int
-    version: str
+    __slots__ = ("admin_socket", "index_dir", "pid", "store_root", "user_socket", "version")
+
+    def __init__(
+        self,
+        store_root: Path,
+        index_dir: Path,
+        user_socket: Path,
+        admin_socket: Path,
+        pid: int,
+        version: str,
+    ) -> None:
+        self.store_root = store_root
+        self.index_dir = index_dir
+        self.user_socket = user_socket
+        self.admin_socket = admin_socket
+        self.pid = pid
+        self.version = version
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Advert) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__
+        )
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, k) for k in self.__slots__))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"Advert({fields})"
 
     def to_json(self) -> str:
         return json.dumps(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,8 +51,17 @@ DENIES_FILE = "denies.json"
 #: Index documents are small; a larger one is not ours.
 MAX_INDEX_BYTES = 16 << 20
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+_HEX = "0123456789abcdef"
+
+
+def _hex(text: str, length: int) -> bool:
+    """`length` lowercase hex digits? (No regex: compiling one costs 0.1 ms per process.)"""
+    return len(text) == length and not text.strip(_HEX)
+
+
+def _digest_hex(digest: str) -> str | None:
+    """The hex of a tree digest `sha256:<64 hex>`, or None."""
+    return digest[7:] if digest.startswith("sha256:") and _hex(digest[7:], 64) else None
 
 
 PROVENANCE_KEYS = ("status", "signer", "issuer")
@@ -172,7 +180,7 @@ class RepoIndex:
         ref = self.refs.get(revision)
         if ref is not None:
             return ref[0]
-        return revision if _COMMIT.fullmatch(revision) else None
+        return revision if _hex(revision, 40) else None
 
     def deny_reason(self, revision: str, commit: str | None) -> str | None:
         """The reason of the first deny covering this request, or None."""
@@ -193,13 +201,10 @@ def repo_index_path(store_root: Path, repo: str) -> Path:
 
 def lock_path_for(store_root: Path, digest: str) -> Path:
     """The lock file of the tree with digest `sha256:<hex>` (the store's `locks/<hex>.lock`)."""
-    m = _DIGEST.fullmatch(digest)
-    if m is None:
+    hexd = _digest_hex(digest)
+    if hexd is None:
         raise IndexFormatError(f"not a tree digest: {digest!r}")
-    return store_root / "locks" / f"{m.group(1)}.lock"
-
-
-_TREE_TAIL = re.compile(r"v[0-9]+/trees/([0-9a-f]{64})")
+    return store_root / "locks" / f"{hexd}.lock"
 
 
 def tree_relpath_for(daemon_path: str | Path, digest: str) -> Path:
@@ -208,11 +213,17 @@ def tree_relpath_for(daemon_path: str | Path, digest: str) -> Path:
     The daemon's absolute path is where *it* sees the store; a job in a container sees the same
     store elsewhere (a read-only bind mount at another path), so only the tail that names the
     tree is used, and it must be the tree of `digest`."""
-    m = _DIGEST.fullmatch(digest)
-    tail = "/".join(Path(daemon_path).parts[-3:])
-    t = _TREE_TAIL.fullmatch(tail)
-    if m is None or t is None or t.group(1) != m.group(1):
+    hexd = _digest_hex(digest)
+    parts = Path(daemon_path).parts[-3:]
+    if (
+        hexd is None
+        or len(parts) != 3
+        or not (parts[0][:1] == "v" and parts[0][1:].isascii() and parts[0][1:].isdigit())
+        or parts[1] != "trees"
+        or parts[2] != hexd
+    ):
         raise IndexFormatError(f"not the store path of tree {digest!r}: {str(daemon_path)!r}")
+    tail = "/".join(parts)
     return Path(tail)
 
 

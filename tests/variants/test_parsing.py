@@ -18,6 +18,7 @@ from kerneld_client.variants import (
     VariantKind,
     parse_backend,
     parse_variant,
+    parse_version,
 )
 from tests.variants.support import (
     CPU,
@@ -128,3 +129,23 @@ def test_huge_numbers_are_unrecognised_not_a_crash() -> None:
     assert isinstance(
         parse_variant("torch2" + "1" * 5000 + "-cpu-x86_64-linux"), UnrecognisedVariant
     )
+
+
+@given(
+    st.text(alphabet=st.sampled_from(list(" \t\u2003.0123456789+abc\u0663x")), max_size=12)
+    | st.text(max_size=12)
+)
+@settings(max_examples=500, deadline=None)
+def test_version_parsing_is_the_documented_pattern(text: str) -> None:
+    """`parse_version` is hand-written (a compiled pattern cost every process 0.1 ms): it must
+    take exactly what `\\s*([0-9]+(?:\\.[0-9]+)*)` takes at the start of the string."""
+    import re
+
+    m = re.match(r"\s*([0-9]+(?:\.[0-9]+)*)", text)
+    if not text.strip():
+        assert parse_version(text) is None
+    elif m is None:
+        with pytest.raises(ValueError, match="not a version"):
+            parse_version(text)
+    else:
+        assert parse_version(text) == tuple(int(p) for p in m.group(1).split("."))

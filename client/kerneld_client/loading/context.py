@@ -7,7 +7,6 @@ and the dependency stack being passed one by one; a dependency is loaded under
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -29,15 +28,29 @@ class _Missing:
 
 MISSING: Final = _Missing()
 
-# Hub repo ids: the characters the Hub allows; ".." is refused too (it names index files).
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# Hub repo ids: `org/name`, each 1-96 of the characters the Hub allows, starting with a letter or
+# digit; ".." is refused too (it names index files). Checked without a regex: compiling one
+# cost 0.15 ms in every process.
+_REPO_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-"
+
+
+def _repo_part(part: str) -> bool:
+    return 0 < len(part) <= 96 and part[0] in _REPO_CHARS[:62] and not part.strip(_REPO_CHARS)
+
+
+def valid_repo_id(repo_id: object) -> bool:
+    """Is `repo_id` an `org/name` the Hub could have (and not a path trick)?"""
+    if not isinstance(repo_id, str) or ".." in repo_id:
+        return False
+    org, _, name = repo_id.partition("/")
+    return _repo_part(org) and _repo_part(name)
 
 
 def parse_request(
     repo_id: str, version: int | None, revision: str | None, *, required: bool = True
 ) -> KernelRequest:
     """Validate the selector as `kernels` does: exactly one of version and revision."""
-    if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id) or ".." in repo_id:
+    if not valid_repo_id(repo_id):
         raise ValueError(f"repo_id must look like 'org/name', got {repo_id!r}")
     if version is not None and revision is not None:
         raise ValueError("Only one of `revision` or `version` must be specified.")
