@@ -6,7 +6,8 @@ whose copy-on-write faults would slow the loader's Python several-fold), which i
 loading `kerneld-examples/activation` v1 (the compiled CPU
 variant, a native library registering three ops):
 
-1. kerneld warm: `get_kernel` over the daemon's published index (no RPC; grpc never imported);
+1. kerneld warm: `get_kernel` over the daemon's published index and its pick for this platform (no
+   RPC, no ranking; grpc never imported), also once more step by step (`s1_steps`);
 2. kerneld RPC path: the same with KERNELD_REF_MAX_AGE=0, so the ref is a question for the
    daemon: grpc import, a channel on the unix socket, Resolve, then the same checks and import;
 3. floor: `importlib` of a byte-identical copy of the same variant folder, bytecode cached;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from bench import s1_steps
 from bench.common import fmt_stat, kernels_env, log, median, ratios, table
 from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from bench.zygote import JobResult, fresh_job
@@ -55,7 +57,11 @@ def load(repo):
     MOD = get_kernel(repo, version=1, policy="error")
     return MOD
 def INFO():
-    return {"source": kerneld_client.loaded_kernels()[0].source, "grpc": "grpc" in sys.modules}
+    return {
+        "source": kerneld_client.loaded_kernels()[0].source,
+        "grpc": "grpc" in sys.modules,
+        "ranked": "kerneld_client.variants.choice" in sys.modules,
+    }
 """
     + CHECK
 )
@@ -157,8 +163,17 @@ def run(ctx: Ctx) -> Section:
             (k_rtt(a.rtt_ms), hf, online, a.rtt_ms),
             (K_OFFLINE, {**hf, "HF_HUB_OFFLINE": "1"}, offline, 0.0),
         ]
+        steps: list[JobResult] = []
         try:
             for run_i in range(-1, a.warm_runs):  # -1: warm-up processes
+                job = fresh_job(
+                    env=s1_steps.env_for(env),
+                    setup=s1_steps.setup_code(CHECK),
+                    repos=[REPO],
+                    extra="info()",
+                )
+                if run_i >= 0:
+                    steps.append(job)
                 for name, e, code, rtt in loaders:
                     if run_i < 0 and name not in (KD_WARM, KD_RPC, FLOOR_ROW):
                         continue  # kernels' cache and bytecode were filled above
@@ -188,7 +203,9 @@ def run(ctx: Ctx) -> Section:
         ],
         "`import kernels`": [j.setup_extra["import_ms"] for j in rows[K_ONLINE]],
     }
-    return report(ctx, rows)
+    sec = report(ctx, rows)
+    sec.lines += s1_steps.report(steps, sec.data["calls"][KD_WARM])
+    return sec
 
 
 def call_ms(job: JobResult) -> float:
@@ -200,8 +217,10 @@ def call_ms(job: JobResult) -> float:
 def check_paths(rows: dict[str, list[JobResult]]) -> None:
     warm = [j.ranks[0].extra for j in rows[KD_WARM]]
     rpc = [j.ranks[0].extra for j in rows[KD_RPC]]
-    if not all(x["source"] == "index" and not x["grpc"] for x in warm):
-        raise RuntimeError(f"kerneld warm did not load from the index without grpc: {warm}")
+    if not all(x["source"] == "index" and not x["grpc"] and not x["ranked"] for x in warm):
+        raise RuntimeError(
+            f"kerneld warm did not load the published pick without grpc or ranking: {warm}"
+        )
     if not all(x["source"] == "daemon" and x["grpc"] for x in rpc):
         raise RuntimeError(f"kerneld RPC path did not ask the daemon: {rpc}")
 
@@ -274,6 +293,22 @@ def report(ctx: Ctx, rows: dict[str, list[JobResult]]) -> Section:
             f"{median(speedup):.1f}x (kernels {median(calls[K_ONLINE]):.1f} ms vs kerneld "
             f"{median(warm):.2f} ms per call; with imports "
             f"{median(ratios(totals[K_ONLINE], totals[KD_WARM])):.1f}x)",
+        ),
+    ]
+    loader_and_call = [t - f for t, f in zip(totals[KD_WARM], floor, strict=True)]
+    rpc = calls[KD_RPC]
+    sec.goals += [
+        Goal(
+            "kerneld warm import + call <= floor + 2 ms (issue 22)",
+            median(loader_and_call) <= 2.0,
+            f"{median(totals[KD_WARM]):.1f} ms vs floor {median(floor):.2f} ms: "
+            f"+{median(loader_and_call):.1f} ms (what remains: the step-by-step tables below)",
+        ),
+        Goal(
+            "the first RPC-path call <= 40 ms after `import torch` (issue 22)",
+            median(rpc) <= 40.0,
+            f"{median(rpc):.1f} ms (the loader's import before it: "
+            f"{median(totals[KD_RPC]) - median(rpc):.1f} ms)",
         ),
     ]
     sec.data = {"calls": calls}
