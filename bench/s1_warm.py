@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from bench import s1_steps
+from bench import s1_fork, s1_steps
 from bench.common import fmt_stat, kernels_env, log, median, ratios, table
 from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from bench.zygote import JobResult, fresh_job
@@ -33,6 +33,7 @@ from examples.kernels.specs import ORG
 from tests.support.daemon import DaemonProcess
 
 REPO = f"{ORG}/activation"
+RELU2 = f"{ORG}/relu2"
 
 CHECK = """
 def info():
@@ -190,6 +191,8 @@ def run(ctx: Ctx) -> Section:
                             for n, j in rows.items()
                         )
                     )
+            ctx.zygote.job(env=env, setup=kd, repos=[RELU2], extra="0")  # cold: into the store
+            forks = s1_fork.measure(env, REPO, RELU2, a.warm_runs)
         finally:
             latency(0.0)
     shutil.rmtree(work, ignore_errors=True)
@@ -205,6 +208,9 @@ def run(ctx: Ctx) -> Section:
     }
     sec = report(ctx, rows)
     sec.lines += s1_steps.report(steps, sec.data["calls"][KD_WARM])
+    fork_lines, fork_goals = s1_fork.report(forks)
+    sec.lines += fork_lines
+    sec.goals += fork_goals
     return sec
 
 
