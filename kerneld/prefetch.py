@@ -57,6 +57,17 @@ def _normalise(facts: PlatformFacts) -> PlatformFacts:
     return replace(facts, device_capabilities=(), python_version=(py[0], py[1], 0))
 
 
+def platforms_file(store_root: Path) -> Path:
+    """Where the daemon keeps the platforms its clients showed (inside its store directory)."""
+    return store_root / "daemon" / "platforms.json"
+
+
+def saved_client_platforms(store_root: Path) -> list[PlatformFacts]:
+    """The platforms the store's daemon saved: a tool that opens the store while the daemon
+    is stopped republishes the index with their picks, as the daemon would."""
+    return ClientPlatforms(platforms_file(store_root)).all()
+
+
 class ClientPlatforms:
     """The distinct platforms clients showed in `Resolve`, most recent first, kept on disk so a
     restarted daemon still prefetches for them. Bounded (`limit`), cheap to record."""

@@ -148,8 +148,13 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[An
     root = store_path(ctx)
     if not create and not Layout(root).db.exists():
         raise CtlError(f"no kerneld store at {root}", hint="give the store's path with --store")
+    platforms = []
+    if writable:  # republishing the index: with the picks the daemon publishes
+        from kerneld.prefetch import saved_client_platforms
+
+        platforms = saved_client_platforms(root)
     try:
-        store = Store.open(root, read_only=not writable)
+        store = Store.open(root, read_only=not writable, client_platforms=platforms)
     except StoreLockedError as exc:
         raise CtlError(
             f"the store at {root} is owned by a running daemon ({exc})",

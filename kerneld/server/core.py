@@ -23,7 +23,7 @@ from pathlib import Path
 from kerneld.config import Config
 from kerneld.fetch import Fetcher
 from kerneld.hardware import Hardware, detect
-from kerneld.prefetch import ClientPlatforms, Emit, Prefetcher, PrefetchSummary
+from kerneld.prefetch import ClientPlatforms, Emit, Prefetcher, PrefetchSummary, platforms_file
 from kerneld.provenance import provenance_check
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.server import logs
@@ -95,7 +95,7 @@ class Core:
         cfg = self.config
         upstreams = build_upstreams(cfg)
         self.platforms = ClientPlatforms(
-            cfg.store_path / "daemon" / "platforms.json", on_change=self._publish_picks
+            platforms_file(cfg.store_path), on_change=self._publish_picks
         )
         store = Store.open(
             cfg.store_path,
@@ -164,8 +164,12 @@ class Core:
 
         def publish() -> None:
             store = self._store
-            if store is not None:  # the latest set: a burst of new platforms rewrites once
+            if store is None:
+                return
+            try:  # the latest set: a burst of new platforms rewrites once
                 store.set_client_platforms(self.platforms.all())
+            except Exception as exc:  # jobs without a pick rank for themselves: nothing breaks
+                log.warning("could not publish the picks of a new client platform: %r", exc)
 
         with contextlib.suppress(RuntimeError):  # the daemon is stopping
             self.pool.submit(publish)

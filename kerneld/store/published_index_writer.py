@@ -15,6 +15,9 @@ from . import faults, published_index
 from .picks import Picker
 from .state import StoreState
 
+#: Repos whose documents one step of a republish rewrites while holding the store's lock.
+_REPUBLISH_BATCH = 32
+
 
 class PublishedIndexWriter:
     """Rewrites ``index/v1``: a repo's document, ``denies.json`` and store-wide documents."""
@@ -72,8 +75,16 @@ class PublishedIndexWriter:
             if picker.platforms.keys() == state.picker.platforms.keys():
                 return
             state.picker = picker
-            if not state.read_only and not state.closed:
-                self.publish(state.index.repos(), skip_unchanged=True)
+            if state.read_only or state.closed:
+                return
+            repos = state.index.repos()
+        # A few repos at a time: the store's lock is free in between (a store of 100,000 trees
+        # has thousands of documents to rewrite, and lookups and fetches must not wait on it).
+        for start in range(0, len(repos), _REPUBLISH_BATCH):
+            with state.lock:
+                if state.closed or state.picker is not picker:
+                    return  # closing, or newer platforms: their own pass rewrites
+                self.publish(repos[start : start + _REPUBLISH_BATCH], skip_unchanged=True)
 
     def rebuild(self) -> None:
         """Drop the files of repos the index no longer knows and rewrite those that differ

@@ -357,3 +357,18 @@ def test_mirror_export_import_via_cli(tmp_path: Path, store_dir: Path) -> None:
         k["repo_id"] for k in ctl(tmp_path, "ls", "--store", str(dest), "--json").json()["kernels"]
     }
     assert ls == {K, J}
+
+
+def test_an_offline_change_keeps_the_daemons_picks(tmp_path: Path, store_dir: Path) -> None:
+    """A tool that opens the store while the daemon is stopped republishes the index: with the
+    picks of the platforms the daemon saved, not without them (every warm load would then rank
+    for itself until the daemon rewrote every document again)."""
+    from kerneld.prefetch import ClientPlatforms, platforms_file
+    from kerneld_client.variants import PlatformFacts, fingerprint
+
+    facts = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)
+    ClientPlatforms(platforms_file(store_dir)).record(facts)  # as the daemon saves them
+    r = ctl(tmp_path, "deny", "--store", str(store_dir), K, "--reason", "r", "--json")
+    assert r.rc == 0, r.stderr
+    doc = json.loads((store_dir / "index" / "v1" / "org" / "j.json").read_text())
+    assert doc["commits"][CJ]["picks"] == {fingerprint(facts.to_dict()): "torch-cpu"}
