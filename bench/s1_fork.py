@@ -18,15 +18,12 @@ forked / sequel is what the fork itself costs.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 
 from bench.common import fmt_stat, median, ratios, table
 from bench.scenario import Goal
-from bench.zygote import ROOT
+from bench.zygote import run_fresh
 
 Job = dict[str, object]
 
@@ -75,19 +72,7 @@ JOB = textwrap.dedent(
 
 def run_one(env: Mapping[str, str], mode: str, shared: str, new: str) -> Job:
     code = f"MODE = {mode!r}\nSHARED = {shared!r}\nNEW = {new!r}\n" + JOB
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"a fork job failed:\n{proc.stderr[-3000:]}")
-    out: Job = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out
+    return run_fresh(code, env)
 
 
 MODES = ("fresh", "sequel", "forked")

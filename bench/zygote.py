@@ -186,6 +186,23 @@ print(json.dumps({"setup_s": setup_s, "setup_extra": g.get("SETUP_EXTRA"), "rank
 """
 
 
+def run_fresh(code: str, env: Mapping[str, str], *argv: str) -> dict[str, Any]:
+    """Run `code` in a brand-new interpreter; its last line of output is one JSON object."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=ROOT,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"a fresh process failed:\n{proc.stderr[-3000:]}")
+    doc: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return doc
+
+
 def fresh_job(*, env: Mapping[str, str], setup: str, repos: Sequence[str], extra: str) -> JobResult:
     """One load in a brand-new interpreter (what a training process is), not a fork: a forked
     child pays copy-on-write faults for every object of its parent it touches (3-5x slower
@@ -199,18 +216,7 @@ def fresh_job(*, env: Mapping[str, str], setup: str, repos: Sequence[str], extra
     allocated. (`gc.collect()` instead would leave every loader's call 0.5 ms slower on cold CPU
     caches.)"""
     job = {"setup": textwrap.dedent(setup), "repos": list(repos), "extra": extra}
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH, json.dumps(job)],
-        cwd=ROOT,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"a fresh load process failed:\n{proc.stderr[-3000:]}")
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    doc = run_fresh(FRESH, env, json.dumps(job))
     r = doc["rank"]
     rank = RankResult(0, bool(r["ok"]), r["start"], r["end"], r["dur"], None, r["extra"])
     return JobResult(r["start"], doc["setup_s"], doc["setup_extra"], [rank])

@@ -4,7 +4,6 @@ platforms clients have shown."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from tests.daemon import fakehosts
 from tests.daemon.rpc import TIMEOUT, facts, ref, resolve_req
 from tests.fixtures_daemon import ACT, C1, C3, MULTI, mirror_kernels
 from tests.fixtures_hub import REPO
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, wait_until
 from tests.support.hubserver import HubServer
 from tests.support.mirrors import variant, write_mirror
 
@@ -22,13 +21,6 @@ def variants_in_store(d: DaemonProcess, repo: str) -> dict[str, set[str]]:
     with d.admin() as admin:
         listing = admin.List(pb.ListRequest(repo_ids=[repo]), timeout=TIMEOUT)
     return {r.commit: {v.variant for v in r.variants} for k in listing.kernels for r in k.revisions}
-
-
-def wait_until(check: Callable[[], bool], d: DaemonProcess, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, d.logs()
-        time.sleep(0.05)
 
 
 def test_start_prefetches_what_the_detected_gpus_run(

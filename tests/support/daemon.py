@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -450,3 +450,11 @@ class DaemonProcess:
     def admin(self) -> Iterator[kerneld_pb2_grpc.AdminStub]:
         with self.channel(admin=True) as channel:
             yield kerneld_pb2_grpc.AdminStub(channel)
+
+
+def wait_until(check: Callable[[], bool], d: DaemonProcess, timeout: float = 10) -> None:
+    """Poll `check` until it holds; past `timeout`, fail with the daemon's log."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, d.logs()
+        time.sleep(0.05)
