@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import queue
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,6 +137,22 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
+def _open_partial(part_path: Path) -> int:
+    """Open (creating) a partial file for writing. A commit makes the file read-only (0444)
+    before moving it into ``blobs/``; a daemon killed in between leaves a read-only partial
+    that its next run, which is not root, could not open: ours to make writable again (its
+    bytes are re-hashed on resume like any other partial's)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(part_path, flags, 0o600)
+    except PermissionError:
+        st = os.lstat(part_path)  # FileNotFoundError: not the case above; let it propagate
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise
+        os.chmod(part_path, 0o600)
+        return os.open(part_path, flags, 0o600)
+
+
 class BlobWriter:
     """A resumable writer that commits against an expected digest.
 
@@ -165,7 +182,7 @@ class BlobWriter:
         self._sha1 = hashlib.sha1(usedforsecurity=False) if expected.git_sha1 else None
         if self._sha1 is not None:
             self._sha1.update(git_blob_header(expected.size))
-        fd = os.open(part_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = _open_partial(part_path)
         if not try_flock(fd):
             os.close(fd)
             raise IngestInProgressError(
