@@ -13,7 +13,10 @@ Rules that keep a training job safe:
   (a hung daemon is found within it); only if the daemon answers that the kernel must be
   downloaded is it asked again, allowed to fetch, under KERNELD_FETCH_TIMEOUT.
 
-Answers come back as plain dataclasses; errors as the typed errors of `errors`.
+Answers come back as plain slotted classes; errors as the typed errors of `errors`. A Resolve
+imports neither the variant rules nor a dataclass: the platform goes out in the form
+`platform.Platform` already holds (`PlatformFacts.to_dict()`), and the daemon's verdicts come
+back as the one variant it ranks first.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,10 +47,10 @@ from kerneld_client.errors import (
     VariantReason,
     VersionNotFound,
 )
-from kerneld_client.variants import Decision, PlatformFacts
 
 if TYPE_CHECKING:
     from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.variants import Decision, PlatformFacts
 
 __all__ = [
     "ERROR_TRAILER",
@@ -70,24 +72,65 @@ _down_reason = ""
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
 class Resolved:
-    """A tree the daemon resolved (a `kerneld.v1.ResolvedKernel`), dependencies first."""
+    """A tree the daemon resolved (a `kerneld.v1.ResolvedKernel`), dependencies first.
 
-    repo_id: str
-    ref: str
-    commit: str
-    variant: str
-    path: Path
-    digest: str
-    metadata_id: str
-    backend_type: str
-    archs: tuple[str, ...]
-    decisions: tuple[Decision, ...]
-    stale: bool
-    fetched: bool
-    upstream: str
-    dependencies: tuple[Resolved, ...] = field(default_factory=tuple)
+    `best` is the variant the daemon's rules rank first for this platform (cached or not), or
+    None when none fits. A plain slotted class: a frozen dataclass costs about a millisecond
+    to define, and this module is imported on every process's first RPC."""
+
+    __slots__ = (
+        "archs",
+        "backend_type",
+        "best",
+        "commit",
+        "dependencies",
+        "digest",
+        "fetched",
+        "metadata_id",
+        "path",
+        "ref",
+        "repo_id",
+        "stale",
+        "upstream",
+        "variant",
+    )
+
+    def __init__(
+        self,
+        *,
+        repo_id: str,
+        ref: str,
+        commit: str,
+        variant: str,
+        path: Path,
+        digest: str,
+        metadata_id: str,
+        backend_type: str,
+        archs: tuple[str, ...],
+        best: str | None,
+        stale: bool,
+        fetched: bool,
+        upstream: str,
+        dependencies: tuple[Resolved, ...] = (),
+    ) -> None:
+        self.repo_id = repo_id
+        self.ref = ref
+        self.commit = commit
+        self.variant = variant
+        self.path = path
+        self.digest = digest
+        self.metadata_id = metadata_id
+        self.backend_type = backend_type
+        self.archs = archs
+        self.best = best
+        self.stale = stale
+        self.fetched = fetched
+        self.upstream = upstream
+        self.dependencies = dependencies
+
+    def __repr__(self) -> str:
+        return f"Resolved({self.repo_id}@{self.commit} {self.variant} -> {self.path})"
 
 
 # ------------------------------------------------------------------------------- back-off
@@ -373,7 +416,7 @@ def _resolved(msg: kerneld_pb2.ResolvedKernel) -> Resolved:
         metadata_id=meta.id,
         backend_type=meta.backend_type,
         archs=tuple(meta.backend_archs),
-        decisions=_decisions(msg.variants),
+        best=next((d.variant for d in msg.variants if d.accepted), None),
         stale=msg.stale,
         fetched=msg.fetched,
         upstream=msg.upstream,
@@ -388,20 +431,21 @@ def _client_id() -> str:
 def resolve(
     socket_path: Path,
     req: KernelRequest,
-    facts: PlatformFacts,
+    platform: Mapping[str, Any],
     *,
     allow_fetch: bool,
     trust_remote_code: bool = False,
 ) -> Resolved:
-    """Resolve through the daemon (see the module docstring for the two steps)."""
+    """Resolve through the daemon (see the module docstring for the two steps); `platform` is
+    the process's facts in `PlatformFacts.to_dict()` form (`platform.Platform.raw`)."""
     _ready(socket_path, req)
     _import_grpc()
     from kerneld_client.proto import kerneld_pb2
-    from kerneld_client.wire import facts_to_proto
+    from kerneld_client.wire import platform_to_proto
 
     base = kerneld_pb2.ResolveRequest(
         kernel=_kernel_ref(req),
-        platform=facts_to_proto(facts),
+        platform=platform_to_proto(platform),
         client=_client_id(),
         trust_remote_code=trust_remote_code,
     )
@@ -435,8 +479,7 @@ def resolve(
                 revision=req.ref,
             ) from None
         return ask(True, _config.fetch_timeout_s())
-    best = next((d.variant for d in first.decisions if d.accepted), None)
-    if allow_fetch and best is not None and best != first.variant:
+    if allow_fetch and first.best is not None and first.best != first.variant:
         # Served from what is cached, but a better variant exists upstream: fetch that one; if
         # that is not possible (fetch policy, upstream down), the cached one still works.
         try:

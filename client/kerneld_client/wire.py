@@ -2,23 +2,38 @@
 messages (`kerneld.v1`, generated into `kerneld_client.proto`).
 
 Public, like the generated stubs: the daemon answers in these messages and the client reads
-them, so both sides convert the same way. Kept apart from `variants` so that importing the
-variant rules never imports protobuf: the warm path needs the rules, not the wire.
+them, so both sides convert the same way. Kept apart from `variants`, so that importing the
+variant rules never imports protobuf; this module imports the rules only in the conversions that
+need them (a Resolve sends the platform without them).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from kerneld_client.proto import kerneld_pb2
-from kerneld_client.variants import Decision, PlatformFacts, Variant, parse_variant
 
-__all__ = ["decision_from_proto", "decision_to_proto", "facts_from_proto", "facts_to_proto"]
+if TYPE_CHECKING:
+    from kerneld_client.variants import Decision, PlatformFacts
+
+__all__ = [
+    "decision_from_proto",
+    "decision_to_proto",
+    "facts_from_proto",
+    "facts_to_proto",
+    "platform_to_proto",
+]
 
 
 def facts_to_proto(facts: PlatformFacts) -> kerneld_pb2.PlatformFacts:
     """`PlatformFacts` -> `kerneld.v1.PlatformFacts` (string versions, empty when unknown)."""
-    d = facts.to_dict()
+    return platform_to_proto(facts.to_dict())
+
+
+def platform_to_proto(d: Mapping[str, Any]) -> kerneld_pb2.PlatformFacts:
+    """Facts in `PlatformFacts.to_dict()` form -> `kerneld.v1.PlatformFacts`. The client's RPC
+    path sends what `platform.Platform` detected this way, without the variant rules."""
     message = kerneld_pb2.PlatformFacts(
         torch_version=d["torch_version"],
         backend=kerneld_pb2.Backend(
@@ -34,13 +49,15 @@ def facts_to_proto(facts: PlatformFacts) -> kerneld_pb2.PlatformFacts:
         tvm_ffi_version=d["tvm_ffi_version"],
         device_capabilities=d["device_capabilities"],
     )
-    if facts.cxx11_abi is not None:
-        message.cxx11_abi = facts.cxx11_abi
+    if d["cxx11_abi"] is not None:
+        message.cxx11_abi = d["cxx11_abi"]
     return message
 
 
 def facts_from_proto(message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
     """`kerneld.v1.PlatformFacts` -> `PlatformFacts`; ValueError for facts that make no sense."""
+    from kerneld_client.variants import PlatformFacts
+
     data: dict[str, Any] = {
         "torch_version": message.torch_version,
         "cxx11_abi": message.cxx11_abi if message.HasField("cxx11_abi") else None,
@@ -74,6 +91,8 @@ def decision_to_proto(decision: Decision, *, cached: bool = False) -> kerneld_pb
 
 def decision_from_proto(message: kerneld_pb2.VariantDecision) -> Decision:
     """`kerneld.v1.VariantDecision` -> `Decision` (the `cached` flag is not part of it)."""
+    from kerneld_client.variants import Decision, Variant, parse_variant
+
     parsed = parse_variant(message.variant)
     return Decision(
         variant=message.variant,

@@ -37,6 +37,13 @@ def sockets():
 """
 )
 
+#: The variant rules' modules: the daemon ranks, so neither path of a plain load imports them.
+RULES = {
+    "kerneld_client.variants.choice",
+    "kerneld_client.variants.facts",
+    "kerneld_client.variants.names",
+}
+
 
 @pytest.fixture
 def hub_daemon(
@@ -68,12 +75,16 @@ took = time.perf_counter() - t
 info = loaded_kernels()[0]
 print(json.dumps({{"ops": check_activation(m, 1), "source": info.source, "took": took,
                   "path": str(info.path), "grpc": "grpc" in sys.modules,
+                  "rules": sorted(set(sys.modules) & {RULES!r}),
                   "sockets_before": before, "sockets_after": sockets()}}))
 """
     )
     cold = run_client(script, env)
     assert cold["ops"] == ["silu_and_mul", "gelu_tanh_and_mul", "rms_norm"]
     assert cold["source"] == "daemon" and cold["grpc"] is True
+    # The RPC sends the platform as detected: the variant rules (milliseconds to import) and
+    # their dataclasses stay out of a process that only asks the daemon.
+    assert cold["rules"] == []
     assert Path(cold["path"]).is_relative_to(hub_daemon.store_root.resolve())
     assert cold["sockets_after"] == cold["sockets_before"], "a gRPC channel was left open"
     fetched = [r.path for r in example_server.requests if r.kind == "resolve_get"]

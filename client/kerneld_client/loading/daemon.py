@@ -40,7 +40,7 @@ class DaemonSource:
             resolved = _rpc.resolve(
                 locations.default_socket(),
                 request,
-                ctx.facts,
+                ctx.platform.raw,
                 allow_fetch=ctx.options.allow_fetch,
                 trust_remote_code=ctx.options.trusts(request.repo_id),
             )
