@@ -63,6 +63,44 @@ def test_bytecode_writes_prevented_even_when_writable(tmp_path: Path) -> None:
     assert not list(folder.rglob("*.pyc"))
 
 
+def test_bytecode_cache_hit_reads_no_source_and_a_changed_file_recompiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cached trees (`cache_bytecode=True`) keep compiled code in the per-user cache, keyed by
+    each source file's identity: a hit reads no source, and a rewritten file (same size, new
+    content) is compiled again instead of running the old code."""
+    from kerneld_client import importer
+
+    monkeypatch.setenv("KERNELD_BYTECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    folder = _variant(tmp_path, "_demo_cached", value=1)
+    read: list[str] = []
+    get_data = importer._NoBytecodeSourceLoader.get_data
+
+    def recording(self: importer._NoBytecodeSourceLoader, path: str) -> bytes:
+        read.append(path)
+        return get_data(self, path)
+
+    monkeypatch.setattr(importer._NoBytecodeSourceLoader, "get_data", recording)
+
+    def fresh_import() -> int:
+        for name in [m for m in sys.modules if m.split(".")[0] == "_demo_cached"]:
+            del sys.modules[name]
+        read.clear()
+        return import_variant(folder, cache_bytecode=True).VALUE
+
+    assert fresh_import() == 1 and len(read) == 4  # compiled: every source read once
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert len(cached) == 4
+    assert fresh_import() == 1 and read == []  # all four from the cache
+    ops = folder / "_ops.py"
+    st = ops.stat()
+    ops.write_text("def value():\n    return 2\n")  # the same size
+    os.utime(ops, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert fresh_import() == 2 and read == [str(ops)]
+    assert len(list((tmp_path / "cache").iterdir())) == 5
+
+
 def test_nested_layout(tmp_path: Path) -> None:
     module = import_variant(_variant(tmp_path, "_nested_1", value=3, nested=True))
     assert module.VALUE == 3

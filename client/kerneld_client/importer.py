@@ -15,14 +15,16 @@ and the hub fallback's verified folders) compiled code is kept in a per-user cac
 tree instead: `$KERNELD_BYTECODE_CACHE`, else `~/.cache/kerneld/bytecode` (written only when
 Python may write bytecode, i.e. without PYTHONDONTWRITEBYTECODE; `KERNELD_BYTECODE_CACHE=off`
 disables it). Other folders (a local checkout being edited) are compiled in memory each time.
-Entries are named by a hash of the interpreter's magic number, the source path and the source
-bytes, so a changed source never meets stale code; a cache file must belong to this user and not
-be writable by others, and anything unreadable is ignored (the source is compiled).
+Entries are named by the interpreter's magic number, a checksum of the source path and the
+source file's identity (inode, size, mtime in ns; CPython's own pyc check uses size and mtime),
+so a hit reads no source at all. A cached tree never changes (a store tree is named by its
+digest and verified), so a file that somehow did would at worst run the verified code it had.
+A cache file must belong to this user and not be writable by others, and anything unreadable is
+ignored (the source is compiled).
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -32,6 +34,7 @@ import os
 import stat
 import sys
 import threading
+import zlib
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING
@@ -87,11 +90,15 @@ def _default_bytecode_dir() -> Path | None:
     return folder
 
 
-def _bytecode_key(path: str, source: bytes) -> str:
-    h = hashlib.sha256(importlib.util.MAGIC_NUMBER)
-    h.update(os.fsencode(path) + b"\0")
-    h.update(source)
-    return h.hexdigest()
+_MAGIC = importlib.util.MAGIC_NUMBER.hex()
+
+
+def _bytecode_key(path: str, st: os.stat_result) -> str:
+    """`<magic>-<crc32 of the path>-<inode>-<size>-<mtime ns>`. No cryptographic hash: the
+    first sha256 of a process costs ~50 us, more than the rest of a cache hit, and a key needs
+    no secrecy (a cached code object must also name `path` as its file, `_cached_code`)."""
+    crc = zlib.crc32(os.fsencode(path))
+    return f"{_MAGIC}-{crc:08x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
 def _cached_code(path: str, key: str) -> CodeType | None:
@@ -144,13 +151,12 @@ class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
-        source = self.get_data(path)
         if not _under(path, _cached_roots):
-            return compile(source, path, "exec", dont_inherit=True, optimize=-1)
-        key = _bytecode_key(path, source)
+            return compile(self.get_data(path), path, "exec", dont_inherit=True, optimize=-1)
+        key = _bytecode_key(path, os.stat(path))
         code = _cached_code(path, key)
         if code is None:
-            code = compile(source, path, "exec", dont_inherit=True, optimize=-1)
+            code = compile(self.get_data(path), path, "exec", dont_inherit=True, optimize=-1)
             _store_code(key, code)
         return code
 
@@ -260,11 +266,22 @@ def package_dir(variant_dir: Path, metadata: dict[str, object], *, links: bool =
     be symlinks to elsewhere (the Hugging Face cache's snapshot folders link every file into
     its blob store); only for the caller's own folders, never for the store's trees.
     """
-    folder = variant_dir.resolve()
-    pyname = python_name(variant_dir, metadata)
+    return _package_dir(variant_dir.resolve(), metadata, links=links)
+
+
+def _package_dir(folder: Path, metadata: dict[str, object], *, links: bool) -> Path:
+    """`package_dir` of a resolved `folder`. An entry that is no symlink is inside by
+    construction, so only links cost a `resolve()` (path by path, ~30 us each)."""
+    pyname = python_name(folder, metadata)
     candidates = [folder] if pyname is None else [folder, folder / pyname]
     for candidate in candidates:
         init = candidate / "__init__.py"
+        try:
+            st = os.lstat(init)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (candidate is folder or not candidate.is_symlink()):
+            return candidate
         if not init.is_file():
             continue
         real = _inside(candidate, folder)
@@ -274,7 +291,7 @@ def package_dir(variant_dir: Path, metadata: dict[str, object], *, links: bool =
             )
         return real
     raise KernelLoadError(
-        f"{variant_dir} has neither __init__.py nor <python name>/__init__.py; "
+        f"{folder} has neither __init__.py nor <python name>/__init__.py; "
         "not a Kernel Hub build variant"
     )
 
@@ -346,7 +363,7 @@ def import_variant(
     if metadata is None:
         metadata = read_metadata(folder)
     name = module_name_for(folder, metadata)
-    pkg = package_dir(folder, metadata, links=own_folder)
+    pkg = _package_dir(folder, metadata, links=own_folder)
     with _lock:
         existing = sys.modules.get(name)
         if existing is not None:
