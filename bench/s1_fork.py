@@ -14,6 +14,11 @@ timing one call for `relu2` v1:
   DataLoader parent should) and forked; the child loads `relu2` v1 (and asks for `activation`
   v1 again: the memo must answer, with no RPC and no import).
 forked / sequel is what the fork itself costs.
+
+The floor (`importlib` of copies of the same two variant folders, in the same three modes)
+runs beside it: a plain import of a new kernel pays the fork's copy-on-write faults too (the
+dlopen and the op registration write into torch's pages), so its forked / fresh ratio is the
+least any loader can have, and kerneld's own cost in the child is what it adds to the floor.
 """
 
 from __future__ import annotations
@@ -27,13 +32,33 @@ from bench.zygote import run_fresh
 
 Job = dict[str, object]
 
+KERNELD = """
+import kerneld_client
+get_kernel = kerneld_client.get_kernel  # the package is lazy: imports the warm path now
+get = lambda repo: get_kernel(repo, version=1, policy="error")
+loaded_sources = lambda: sorted({k.source for k in kerneld_client.loaded_kernels()})
+"""
+
+#: The floor: importlib of a writable copy of the variant folder (bytecode next to it), once
+#: per module id, as a memo would.
+FLOOR = """
+import importlib.util
+def get(repo):
+    module_id, folder = FOLDERS[repo]
+    if module_id not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_id, folder + "/__init__.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_id] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_id]
+loaded_sources = lambda: ["floor"]
+"""
+
 JOB = textwrap.dedent(
     """
     import gc, json, os, sys, time
     import torch
-    import kerneld_client
-    get_kernel = kerneld_client.get_kernel  # the package is lazy: imports the warm path now
-    get = lambda repo: get_kernel(repo, version=1, policy="error")
+    # LOADER
     parent_kernel = None if MODE == "fresh" else get(SHARED)
     gc.freeze()
     def load_new():
@@ -50,13 +75,12 @@ JOB = textwrap.dedent(
         same = get(SHARED)
         same_ms = (time.perf_counter() - t0) * 1e3
         new_ms = load_new()
-        loaded = kerneld_client.loaded_kernels()
         out = {
             "new_ms": new_ms,
             "same_ms": same_ms,
             "same_module": same is parent_kernel,
             "grpc": "grpc" in sys.modules,
-            "sources": sorted({k.source for k in loaded}),
+            "sources": loaded_sources(),
         }
         os.write(write, json.dumps(out).encode())
         os._exit(0)
@@ -70,19 +94,27 @@ JOB = textwrap.dedent(
 )
 
 
-def run_one(env: Mapping[str, str], mode: str, shared: str, new: str) -> Job:
-    code = f"MODE = {mode!r}\nSHARED = {shared!r}\nNEW = {new!r}\n" + JOB
-    return run_fresh(code, env)
+def run_one(
+    env: Mapping[str, str], loader: str, mode: str, shared: str, new: str, floors: Floors
+) -> Job:
+    head = f"MODE = {mode!r}\nSHARED = {shared!r}\nNEW = {new!r}\nFOLDERS = {dict(floors)!r}\n"
+    return run_fresh(head + JOB.replace("# LOADER\n", loader), env)
 
 
 MODES = ("fresh", "sequel", "forked")
+#: repo -> (module id, a writable copy of its variant folder): the floor's kernels.
+Floors = Mapping[str, tuple[str, str]]
 
 
-def measure(env: Mapping[str, str], shared: str, new: str, runs: int) -> list[dict[str, Job]]:
-    """`runs` runs of the three modes after one warm-up run, in turn."""
+def measure(
+    env: Mapping[str, str], shared: str, new: str, runs: int, floors: Floors
+) -> list[dict[str, Job]]:
+    """`runs` runs of the three modes, kerneld's and the floor's (`floor-<mode>`), after one
+    warm-up run, in turn."""
     out = []
     for i in range(runs + 1):
-        run = {mode: run_one(env, mode, shared, new) for mode in MODES}
+        run = {mode: run_one(env, KERNELD, mode, shared, new, floors) for mode in MODES}
+        run |= {f"floor-{m}": run_one(env, FLOOR, m, shared, new, floors) for m in MODES}
         if i:
             out.append(run)
     return out
@@ -97,16 +129,22 @@ def report(runs: Sequence[dict[str, Job]]) -> tuple[list[str], list[Goal]]:
     children = [r["forked"] for r in runs]
     if not all(c["same_module"] and not c["grpc"] for c in children):
         raise RuntimeError(f"a forked child asked the daemon or imported twice: {children}")
-    ms = {mode: [_ms(r[mode]["new_ms"]) for r in runs] for mode in MODES}
+    ms = {mode: [_ms(r[mode]["new_ms"]) for r in runs] for mode in runs[0]}
     same = [_ms(c["same_ms"]) for c in children]
     vs_fresh = ratios(ms["forked"], ms["fresh"])
     vs_sequel = ratios(ms["forked"], ms["sequel"])
+    floor_vs_fresh = ratios(ms["floor-forked"], ms["floor-fresh"])
+    # What kerneld adds to the floor, in the child and in a fresh process.
+    own_forked = [k - f for k, f in zip(ms["forked"], ms["floor-forked"], strict=True)]
+    own_fresh = [k - f for k, f in zip(ms["fresh"], ms["floor-fresh"], strict=True)]
+    own_ratio = ratios(own_forked, own_fresh)
     lines = [
         "",
         "**Forked workers.** One call for `relu2` v1 in a fresh process (its first kernel), in "
         "a process that loaded `activation` v1 first (*sequel*), and in a child forked from "
         "that process after `gc.freeze()` (*forked*), which also asks for `activation` v1 "
-        f"again. Median (min-max) of {len(runs)} runs:",
+        "again; the floor does the same with `importlib` on copies of the two variant folders. "
+        f"Median (min-max) of {len(runs)} runs:",
         "",
         *table(
             ["", "ms"],
@@ -120,6 +158,13 @@ def report(runs: Sequence[dict[str, Job]]) -> tuple[list[str], list[Goal]]:
                     fmt_stat(vs_sequel, 2, "x"),
                 ),
                 ("the parent's kernel again, in the child (the memo)", fmt_stat(same, 3)),
+                ("floor, a new kernel: fresh process", fmt_stat(ms["floor-fresh"], 2)),
+                ("floor, a new kernel: forked child", fmt_stat(ms["floor-forked"], 2)),
+                ("floor: forked / fresh (paired)", fmt_stat(floor_vs_fresh, 2, "x")),
+                (
+                    "kerneld's own cost (minus the floor): forked / fresh (paired)",
+                    fmt_stat(own_ratio, 2, "x"),
+                ),
             ],
         ),
     ]
@@ -130,7 +175,8 @@ def report(runs: Sequence[dict[str, Job]]) -> tuple[list[str], list[Goal]]:
             median(vs_fresh) <= 2.0,
             f"same module, no grpc in {len(children)} of {len(children)} children; a new kernel "
             f"{median(ms['forked']):.2f} ms forked vs {median(ms['fresh']):.2f} ms fresh = "
-            f"{median(vs_fresh):.2f}x",
+            f"{median(vs_fresh):.2f}x (the floor itself: {median(floor_vs_fresh):.2f}x; "
+            f"kerneld's own cost: {median(own_ratio):.2f}x)",
         )
     ]
     return lines, goals

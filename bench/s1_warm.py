@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from bench import s1_fork, s1_steps
 from bench.common import fmt_stat, kernels_env, log, median, ratios, table
@@ -126,16 +127,10 @@ def run(ctx: Ctx) -> Section:
         cold = ctx.zygote.job(env=env, setup=kd, repos=[REPO], extra="info()")
         assert cold.ranks[0].extra["source"] == "daemon", cold.ranks[0].extra
 
-        doc = json.loads((daemon.store_root / "index" / "v1" / ORG / "activation.json").read_text())
-        commit = doc["refs"]["v1"]["commit"]
-        entry = doc["commits"][commit]["variants"][ctx.built.arch_variant]
-        floor_dir = work / "floor"
-        shutil.copytree(daemon.store_root / entry["tree"], floor_dir)
-        for p in [floor_dir, *floor_dir.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
-        floor = FLOOR.replace("MODULE_ID", repr(entry["metadata_id"])).replace(
-            "FOLDER", repr(str(floor_dir))
+        commit, module_id, floor_dir = floor_copy(
+            daemon.store_root, REPO, ctx.built.arch_variant, work / "floor"
         )
+        floor = FLOOR.replace("MODULE_ID", repr(module_id)).replace("FOLDER", repr(floor_dir))
 
         hf = kernels_env(ctx.base_env(), server.url, work / "hf-home")
         online = KERNELS.replace("SELECTOR", "version=1")
@@ -192,7 +187,11 @@ def run(ctx: Ctx) -> Section:
                         )
                     )
             ctx.zygote.job(env=env, setup=kd, repos=[RELU2], extra="0")  # cold: into the store
-            forks = s1_fork.measure(env, REPO, RELU2, a.warm_runs)
+            _, relu2_id, relu2_dir = floor_copy(
+                daemon.store_root, RELU2, ctx.built.arch_variant, work / "floor-relu2"
+            )
+            floors = {REPO: (module_id, floor_dir), RELU2: (relu2_id, relu2_dir)}
+            forks = s1_fork.measure(env, REPO, RELU2, a.warm_runs, floors)
         finally:
             latency(0.0)
     shutil.rmtree(work, ignore_errors=True)
@@ -212,6 +211,19 @@ def run(ctx: Ctx) -> Section:
     sec.lines += fork_lines
     sec.goals += fork_goals
     return sec
+
+
+def floor_copy(store: Path, repo: str, variant: str, dest: Path) -> tuple[str, str, str]:
+    """(v1's commit, module id, folder): a writable copy of `repo` v1's `variant` tree, which
+    the floor imports with plain importlib (its bytecode lands next to it, as usual)."""
+    org, name = repo.split("/")
+    doc = json.loads((store / "index" / "v1" / org / f"{name}.json").read_text())
+    commit = doc["refs"]["v1"]["commit"]
+    entry = doc["commits"][commit]["variants"][variant]
+    shutil.copytree(store / entry["tree"], dest)
+    for p in [dest, *dest.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return commit, str(entry["metadata_id"]), str(dest)
 
 
 def call_ms(job: JobResult) -> float:
