@@ -273,9 +273,44 @@ def report(ctx: Ctx, results: list[dict[str, Any]]) -> Section:
             f"p50 {statistics.median(small['resolve_p50']):.3f} ms at {small['trees']:,} trees, "
             f"{statistics.median(big['resolve_p50']):.3f} ms at {big['trees']:,} "
             f"({growth:.2f}x)",
-        )
+        ),
+        *_scale_goals(results),
     ]
     return sec
+
+
+#: Issue 22's index-scale goals, at this many trees.
+GOAL_TREES = 100_000
+GOAL_READY_S = 3.0
+GOAL_GC_S = 5.0
+GOAL_RSS_MIB = 80.0
+
+
+def _scale_goals(results: list[dict[str, Any]]) -> list[Goal]:
+    """Ready, GC and RSS at 100,000 trees (issue 22); n/a when the run had no such size."""
+    at = next((r for r in results if r["trees"] == GOAL_TREES), None)
+    where = f"at {GOAL_TREES:,} trees"
+    if at is None:
+        return [Goal(f"{where}: ready, GC, RSS (issue 22)", None, "size not run")]
+    gc_real = statistics.median(at["gc_real"])
+    return [
+        Goal(
+            f"{where}: the daemon ready in <= {GOAL_READY_S:g} s (issue 22)",
+            at["ready_s"] <= GOAL_READY_S,
+            f"{at['ready_s']:.2f} s (its rows inserted in {at['build_s']:.1f} s: the machine's "
+            "speed)",
+        ),
+        Goal(
+            f"{where}: a real GC in <= {GOAL_GC_S:g} s (issue 22)",
+            gc_real <= GOAL_GC_S,
+            f"{gc_real:.2f} s (median of {len(at['gc_real'])}), deleting 1%",
+        ),
+        Goal(
+            f"{where}: RSS <= {GOAL_RSS_MIB:g} MiB (issue 22)",
+            at["rss_idle"] <= GOAL_RSS_MIB,
+            f"{at['rss_idle']:.0f} MiB idle after ready, {at['rss_after']:.0f} MiB after the GCs",
+        ),
+    ]
 
 
 def plot(sec: Section, out_dir: Path) -> list[str]:
