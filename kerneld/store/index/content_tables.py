@@ -3,27 +3,18 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 
 from .database import Database
-from .rows import BlobRow, ProvenanceRecord, TreeRow
+from .rows import BlobRow, ProvenanceRecord, TreeRow, decode_archs
 
 _TREE_COLUMNS_NO_MANIFEST = (
     "digest, size, files, copied_bytes, metadata_id, backend, archs, state, created_at, "
     "last_resolved"
 )
-
-
-@functools.lru_cache(maxsize=1024)
-def _archs(text: str) -> tuple[str, ...]:
-    """A tree's `archs` column, decoded once per distinct value: a store has a handful of them
-    (`[]`, one list per CUDA build), and GC reads every tree row (json.loads was 0.5 s of a
-    100,000-tree dry run)."""
-    return tuple(json.loads(text))
 
 
 def _tree(row: sqlite3.Row) -> TreeRow:
@@ -35,7 +26,7 @@ def _tree(row: sqlite3.Row) -> TreeRow:
         manifest=bytes(row["manifest"]),
         metadata_id=row["metadata_id"],
         backend=row["backend"],
-        archs=list(_archs(row["archs"])),
+        archs=decode_archs(row["archs"]),
         state=row["state"],
         created_at=row["created_at"],
         last_resolved=row["last_resolved"],

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from .database import Database
-from .rows import LiveVariantRow, ProvenanceRecord, RefRow, VariantRow
+from .rows import LiveVariantRow, ProvenanceRecord, RefRow, VariantRow, decode_archs
 
 
 class NameTables(Database):
@@ -50,7 +50,7 @@ class NameTables(Database):
                 r[2],
                 r[3],
                 r[4],
-                json.loads(r[5]),
+                decode_archs(r[5]),
                 None if r[6] is None else ProvenanceRecord(r[6], r[7], r[8], r[9], r[10]),
             )
             for r in rows
