@@ -114,11 +114,16 @@ _MIGRATIONS: dict[int, str] = {
 #: wall). The indexes keep the bounds on what callers make the daemon store (leases per holder,
 #: expired rows) cheap to enforce. ``provenance`` is one row per tree whose sigstore bundle was
 #: checked at ingest (kerneld/provenance.py); a tree's digest covers the bundle and the files, so
-#: the answer belongs to the tree, whichever repo or revision publishes it.
+#: the answer belongs to the tree, whichever repo or revision publishes it. The ``state``
+#: indexes find the few dead rows among many live ones: GC purges and recovery ask for them a
+#: batch at a time, and each ask scanned every row (145 ms at 100,000 trees, 17 asks to purge
+#: 1,000 trees). Building them on an existing 100,000-tree store takes about a second, once.
 _ADDITIONS = (
     "CREATE INDEX IF NOT EXISTS leases_holder ON leases (holder, expires_at)",
     "CREATE INDEX IF NOT EXISTS leases_expires ON leases (expires_at)",
     "CREATE INDEX IF NOT EXISTS negative_expires ON negative (expires_at)",
+    "CREATE INDEX IF NOT EXISTS trees_state ON trees (state, digest)",
+    "CREATE INDEX IF NOT EXISTS blobs_state ON blobs (state, sha256)",
     """CREATE TABLE IF NOT EXISTS provenance (
         tree TEXT PRIMARY KEY,
         status TEXT NOT NULL,
