@@ -9,8 +9,10 @@ torch-universal)` variant, one `v1` ref per repo. The synthetic trees have index
 files): Resolve, GC planning and the published index never read tree files, and GC deletes
 missing files without complaint.
 
-A real daemon is then started on that store (time to ready = opening, recovering and
-publishing the published index of every repo) and asked:
+A real daemon is then started on that store twice: the first start writes the published index
+document of every repo (the rows went in behind the store's back), the restart finds them
+written and compares them (time to ready = opening, recovering and checking the published
+index). The restarted daemon is asked:
 
 - Resolve of the real kernel: `--index-runs` rounds of `--resolve-calls` calls (p50 and p99);
 - GarbageCollect dry-run, `--index-runs` times (client wall time of the RPC, whose answer lists
@@ -132,18 +134,26 @@ def one_size(ctx: Ctx, trees: int) -> dict[str, Any]:
     if user is not None:  # the daemon runs as its own user (as root: `kerneld`), as deployed
         pw = account(user)
         hand_over(store_root, pw.pw_uid, pw.pw_gid)
-    daemon = DaemonProcess(
-        work / "daemon",
-        store=store_root,
-        hub_endpoint=ctx.server.url,
-        config=S6_CONFIG,
-        ready_timeout=600,
-    )
+
+    def started(name: str) -> tuple[DaemonProcess, float]:
+        d = DaemonProcess(
+            work / name,
+            store=store_root,
+            hub_endpoint=ctx.server.url,
+            config=S6_CONFIG,
+            ready_timeout=600,
+        )
+        t0 = time.perf_counter()
+        d.start()
+        return d, time.perf_counter() - t0
+
+    # The first start writes every repo's published document (the rows went in behind the
+    # store's back); the restart is what a daemon with this many trees pays from then on.
+    first, out["first_ready_s"] = started("daemon-first")
+    first.close()
+    daemon, out["ready_s"] = started("daemon")
     opts = [("grpc.max_receive_message_length", MAX_MSG)]
     try:
-        t0 = time.perf_counter()
-        daemon.start()
-        out["ready_s"] = time.perf_counter() - t0
         time.sleep(1.0)
         out["rss_idle"] = rss_mib(daemon.pid)
         req = pb.ResolveRequest(kernel=pb.KernelRef(repo_id=PROBE, version=1), platform=facts())
@@ -204,7 +214,8 @@ def run(ctx: Ctx) -> Section:
         results.append(one_size(ctx, trees))
         r = results[-1]
         log(
-            f"{trees} trees: built {r['build_s']:.1f} s, ready {r['ready_s']:.1f} s, Resolve p50 "
+            f"{trees} trees: built {r['build_s']:.1f} s, first start {r['first_ready_s']:.1f} s, "
+            f"ready {r['ready_s']:.1f} s, Resolve p50 "
             f"{statistics.median(r['resolve_p50']):.3f} ms, GC dry "
             f"{statistics.median(r['gc_dry']):.2f} s, real {statistics.median(r['gc_real']):.2f} s"
         )
@@ -222,7 +233,9 @@ def report(ctx: Ctx, results: list[dict[str, Any]]) -> Section:
     sec.lines = [
         "Synthetic index rows inserted in bulk through the store's SQLite index API next to one "
         "real kernel (see the module docstring of `bench/s6_index.py`); a real daemon on that "
-        "store; Resolve of the real kernel over the user socket; GarbageCollect over the "
+        "store, started twice (*first start*: it writes every repo's published document, as the "
+        "rows went in behind the store's back; *restart*: it finds them written, as any later "
+        "start does); Resolve of the real kernel over the user socket; GarbageCollect over the "
         "admin socket (client-side wall time, including the answer that lists every tree). "
         "Before each real GC, 1% of the size in unreferenced trees is inserted, so each real "
         "GC plans over every tree and deletes that 1%. Median (min-max) of "
@@ -232,7 +245,8 @@ def report(ctx: Ctx, results: list[dict[str, Any]]) -> Section:
             [
                 "trees",
                 "rows inserted s",
-                "daemon ready s",
+                "first start s",
+                "daemon ready s (restart)",
                 "RSS idle MiB",
                 "first Resolve ms",
                 "Resolve p50 ms",
@@ -245,6 +259,7 @@ def report(ctx: Ctx, results: list[dict[str, Any]]) -> Section:
                 (
                     f"{r['trees']:,}",
                     f"{r['build_s']:.1f}",
+                    f"{r['first_ready_s']:.2f}",
                     f"{r['ready_s']:.2f}",
                     f"{r['rss_idle']:.0f}",
                     f"{r['first_resolve_ms']:.1f}",
@@ -297,8 +312,9 @@ def _scale_goals(results: list[dict[str, Any]]) -> list[Goal]:
         Goal(
             f"{where}: the daemon ready in <= {GOAL_READY_S:g} s (issue 22)",
             at["ready_s"] <= GOAL_READY_S,
-            f"{at['ready_s']:.2f} s (its rows inserted in {at['build_s']:.1f} s: the machine's "
-            "speed)",
+            f"{at['ready_s']:.2f} s at a restart; its first start, writing every repo's "
+            f"published document, {at['first_ready_s']:.2f} s (the rows inserted in "
+            f"{at['build_s']:.1f} s: the machine's speed)",
         ),
         Goal(
             f"{where}: a real GC in <= {GOAL_GC_S:g} s (issue 22)",
@@ -335,7 +351,7 @@ def plot(sec: Section, out_dir: Path) -> list[str]:
     axes[0].set_title("Resolve of a cached kernel", fontsize=9)
     band(axes[1], "gc_dry", "GC dry-run")
     band(axes[1], "gc_real", "GC (deletes 1%)")
-    axes[1].plot(xs, [r["ready_s"] for r in results], "s--", label="daemon start to ready")
+    axes[1].plot(xs, [r["ready_s"] for r in results], "s--", label="daemon restart to ready")
     axes[1].set_ylabel("s")
     axes[1].set_yscale("log")
     axes[1].set_title("GC and start-up", fontsize=9)
