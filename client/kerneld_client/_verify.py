@@ -71,8 +71,9 @@ class _Hashed:
         self.extra = extra
 
 
-def _files(folder: str) -> list[tuple[str, str]]:
-    """(relative path, full path) of every non-directory entry below `folder`."""
+def _files(folder: str, *, skip_bytecode: bool = False) -> list[tuple[str, str]]:
+    """(relative path, full path) of every non-directory entry below `folder`; with
+    `skip_bytecode`, none below a `__pycache__` directory."""
     out: list[tuple[str, str]] = []
     stack = [""]
     while stack:
@@ -81,7 +82,8 @@ def _files(folder: str) -> list[tuple[str, str]]:
             for entry in entries:
                 rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append(rel)
+                    if not (skip_bytecode and entry.name == "__pycache__"):
+                        stack.append(rel)
                 else:
                     out.append((rel, entry.path))
     return out
@@ -156,9 +158,14 @@ def verify_tree(
     repo_id: str = "",
     revision: str = "",
     variant: str = "",
+    skip_bytecode: bool = False,
 ) -> TreeCheck:
     """Re-hash `folder`; CorruptTree unless it matches `digest` (``sha256:<hex>``, the store's
-    tree digest; None for a folder that has none) and metadata.json's digest, if any."""
+    tree digest; None for a folder that has none) and metadata.json's digest, if any.
+
+    `skip_bytecode` leaves `__pycache__` directories out: for a folder none of whose code will
+    run, where the question is whether its sources are a build's (a standard import, such as
+    the `kernels` package's, writes bytecode next to a Hub cache snapshot's sources)."""
     started = time.perf_counter()
     ctx = {"repo_id": repo_id, "revision": revision, "variant": variant}
     hint = (
@@ -174,7 +181,7 @@ def verify_tree(
         raise corrupt(f"the folder is not the tree {digest} names")
     root = str(folder)
     try:
-        files = _files(root)
+        files = _files(root, skip_bytecode=skip_bytecode)
         meta_path = os.path.join(root, METADATA_FILE)
         meta_raw: bytes | None = None
         if any(full == meta_path for _rel, full in files):

@@ -389,20 +389,28 @@ def test_same_id_from_another_folder(
     edited = tmp_path / "edited"
     shutil.copytree(local, edited)
     (edited / "__init__.py").write_text((local / "__init__.py").read_text() + "\nEDITED = 1\n")
+    # The same build after a standard import wrote its bytecode next to the sources (as the
+    # `kernels` package does in a Hub cache snapshot): still the same build.
+    compiled = tmp_path / "compiled"
+    shutil.copytree(local, compiled)
+    (compiled / "__pycache__").mkdir(exist_ok=True)
+    (compiled / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"bytecode")
     env = client_env(shared_store.root, tmp_path)
     out = run_client(
         PRELUDE
         + f"""
 store = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
 same = kerneld_client.get_local_kernel("{local}") is store
+compiled = kerneld_client.get_local_kernel("{compiled}") is store
 try:
     kerneld_client.get_local_kernel("{edited}")
     err = None
 except kerneld_client.KernelLoadError as exc:
     err = str(exc)
-print(json.dumps({{"same": same, "err": err}}))
+print(json.dumps({{"same": same, "compiled": compiled, "err": err}}))
 """,
         env,
     )
     assert out["same"] is True
+    assert out["compiled"] is True
     assert out["err"] and "already imported" in out["err"]
