@@ -13,10 +13,11 @@ Rules that keep a training job safe:
   (a hung daemon is found within it); only if the daemon answers that the kernel must be
   downloaded is it asked again, allowed to fetch, under KERNELD_FETCH_TIMEOUT.
 
-Answers come back as plain slotted classes; errors as the typed errors of `errors`. A Resolve
-imports neither the variant rules nor a dataclass: the platform goes out in the form
-`platform.Platform` already holds (`PlatformFacts.to_dict()`), and the daemon's verdicts come
-back as the one variant it ranks first.
+A Resolve's answer comes back as a plain slotted class (`Resolved`), a listing's as the variant
+rules' `Decision`s; errors as the typed errors of `errors`. A Resolve imports neither the
+variant rules nor a dataclass: the platform goes out in the form `platform.Platform` already
+holds (`PlatformFacts.to_dict()`), and of the daemon's verdicts it keeps the variant ranked
+first.
 """
 
 from __future__ import annotations
