@@ -7,6 +7,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`; 0 runs the suite in this process, in pytest's order.
+# Each test file goes whole to one worker, the files with slow tests first (tests/scheduling.py).
+# More workers than cores pays: most tests wait on subprocesses (daemons, jobs, pip) rather than
+# compute (bench/RESULTS.md, "The test suite").
+PYTEST_WORKERS ?= 4
 
 .PHONY: run test bootstrap lint typecheck proto proto-check bench clean
 
@@ -30,7 +35,7 @@ proto-check: bootstrap
 	$(PY) scripts/genproto --check
 
 test: lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # BENCH_ARGS adds flags, e.g. BENCH_ARGS=--quick (python -m bench.run --help lists them).
 BENCH_ARGS ?=

@@ -10,4 +10,9 @@ import os
 # Before anything imports grpc: its fork handlers off in this process (tests/support/daemon.py).
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
-pytest_plugins = ["tests.fixtures_examples", "tests.fixtures_hub", "tests.fixtures_daemon"]
+pytest_plugins = [
+    "tests.fixtures_examples",
+    "tests.fixtures_hub",
+    "tests.fixtures_daemon",
+    "tests.scheduling",
+]

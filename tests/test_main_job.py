@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from examples.kernels.built import BuiltExamples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +46,7 @@ def _requests(lines: list[str]) -> int:
     raise AssertionError(f"no upstream request count in {lines}")
 
 
+@pytest.mark.slow
 def test_main_job_runs(built_examples: BuiltExamples) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "examples.main_job"],

@@ -261,6 +261,7 @@ print(json.dumps({{"ops": [check_activation(m, 1) for m in mods]}}))
         assert not list(t.rglob("__pycache__")) and not list(t.rglob("*.pyc"))
 
 
+@pytest.mark.slow
 def test_bytecode_cache_garbage_is_ignored(shared_store: Populated, tmp_path: Path) -> None:
     cache = tmp_path / "bytecode"
     env = client_env(shared_store.root, tmp_path, KERNELD_BYTECODE_CACHE=str(cache))

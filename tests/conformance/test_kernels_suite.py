@@ -113,6 +113,7 @@ def standin_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]
         yield server
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_kernels_suite_passes_through_the_hook(
     suite: Path,

@@ -117,6 +117,7 @@ def test_a_refused_hub_is_recognised_at_once_and_named(
     assert "[Retry" not in log, log
 
 
+@pytest.mark.slow
 def test_a_black_hole_hub_is_answered_within_the_callers_deadline(
     make_daemon: Callable[..., DaemonProcess], black_hole: BlackHole
 ) -> None:

@@ -66,6 +66,7 @@ def _index_commit(d: DaemonProcess) -> str:
     return next(r.commit for r in refs if r.repo_id == REPO and r.ref == "v1")
 
 
+@pytest.mark.slow
 def test_a_moved_version_branch_reaches_new_jobs_within_the_ttl(
     make_daemon: Callable[..., DaemonProcess],
     hub: tuple[HubServer, GitRepo],

@@ -1,6 +1,6 @@
 """Fixtures of the Hub API tests: throw-away venvs with released `kernels` and Transformers
-(built once per session, side by side). The example kernels' Hub test server is
-`example_hub_server` (tests/fixtures_examples.py)."""
+(built once per run, side by side, by whichever xdist worker asks first). The example kernels'
+Hub test server is `example_hub_server` (tests/fixtures_examples.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.hubapi.venvs import KERNELS_RELEASES, TRANSFORMERS_RELEASE, make_venvs
+from tests.support.shared import shared_dir
 
 
 @pytest.fixture(scope="session")
@@ -17,4 +18,5 @@ def release_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from the registry; all built once, side by side."""
     wanted = [f"kernels=={r}" for r in KERNELS_RELEASES]
     wanted.append(f"transformers=={TRANSFORMERS_RELEASE}")
-    return make_venvs(tmp_path_factory.mktemp("release-venvs"), wanted)
+    with shared_dir(tmp_path_factory, "release-venvs") as root:
+        return make_venvs(root, wanted)

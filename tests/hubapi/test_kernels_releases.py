@@ -45,6 +45,7 @@ def run_job(python: Path, env: dict[str, str], **args: Any) -> dict[str, Any]:
 
 
 #: The first test to ask builds every venv (pip from the registry): minutes on a slow network.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("release", KERNELS_RELEASES)
 def test_a_kernels_release_loads_through_the_endpoint(
@@ -93,6 +94,7 @@ def kernels_cli(python: Path, command: str, project: Path, env: dict[str, str]) 
     assert proc.returncode == 0, f"kernels {command}:\n{proc.stdout}\n{proc.stderr}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kernels_lock_and_download_work_through_the_endpoint(
     release_venvs: dict[str, Path],

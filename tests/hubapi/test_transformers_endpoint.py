@@ -29,6 +29,7 @@ NORMS = 2 * 2 + 1  # two per decoder layer, and the final one
 TOLERANCE = 1e-4
 
 
+@pytest.mark.slow
 def test_use_kernels_through_the_endpoint_without_the_hook(
     make_daemon: Callable[..., DaemonProcess], example_hub_server: HubServer, tmp_path: Path
 ) -> None:
@@ -57,6 +58,7 @@ def test_use_kernels_through_the_endpoint_without_the_hook(
             assert example_hub_server.total() == 0, example_hub_server.requests
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_newest_transformers_loads_kernels_through_the_endpoint(
     release_venvs: dict[str, Path],

@@ -9,6 +9,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env, run_child
 from tests.support.daemon import DaemonProcess
@@ -72,6 +74,7 @@ def test_a_denied_kernel_is_not_fetched_by_kernels(
     assert count_warnings(out["stderr"], "KernelFallbackWarning") == 1
 
 
+@pytest.mark.slow
 def test_daemon_down_falls_back_to_kernels(
     hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
 ) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integrations.support import (
     LLAMA_KINDS,
     count_warnings,
@@ -24,6 +26,7 @@ REPOS = ["kerneld-examples/activation", "kerneld-examples/rotary"]
 TOLERANCE = 1e-4
 
 
+@pytest.mark.slow
 def test_use_kernels_through_kerneld(
     hub: HubServer, hub_daemon: DaemonProcess, tmp_path: Path
 ) -> None:

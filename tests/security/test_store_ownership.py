@@ -208,6 +208,7 @@ def _tree_files(root: Path) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.slow
 def test_the_admins_air_gapped_day_loses_nothing(base: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     root = _make_as_root(base)

@@ -137,6 +137,7 @@ def test_cdn_redirects_are_followed_without_the_token_and_cached_once(
             assert len(cdn.gets()) - before == direct  # each file once, for four hosts
 
 
+@pytest.mark.slow
 @pytest.mark.olah
 def test_olah_as_a_pull_through_mirror(
     hub_server: HubServer, hosts: Callable[..., list[DaemonProcess]], tmp_path: Path

@@ -190,6 +190,7 @@ def test_kill_at_every_step(crash_root, point):
         _check(crash_root, rnd)
 
 
+@pytest.mark.slow
 def test_kill_at_random_instants(crash_root):
     rnd = random.Random(20260101)
     for _ in range(RANDOM_RUNS):

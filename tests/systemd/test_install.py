@@ -303,6 +303,7 @@ class Laps:
         return ", ".join(f"{name} {s:.1f} s" for name, s in self.laps.items())
 
 
+@pytest.mark.slow
 def test_documented_install_under_systemd(
     container: Container,
     built_examples: BuiltExamples,
