@@ -78,6 +78,7 @@ def _metadata(wheel: Path) -> str:
         return z.read(meta).decode()
 
 
+@pytest.mark.timeout(600)  # two wheel builds and a torch install: minutes on a busy machine
 def test_the_client_installs_alone_and_loads_kernels(
     make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, tmp_path: Path
 ) -> None:

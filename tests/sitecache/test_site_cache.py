@@ -46,7 +46,10 @@ def hosts(
         out = []
         for _ in range(n):
             count += 1
-            out.append(make_daemon(f"host-{count}", hub_endpoint=endpoint))
+            # olah answers slowly on a busy machine (it asks the Hub before it serves): the
+            # default 10 s per fetch failed a run that shared two cores with five other workers.
+            config = {"fetch": {"timeout": "30s"}}
+            out.append(make_daemon(f"host-{count}", hub_endpoint=endpoint, config=config))
         return out
 
     yield start
