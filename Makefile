@@ -10,8 +10,8 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test`; 0 runs the suite in this process, in pytest's order.
 # Each test file goes whole to one worker, the files with slow tests first (tests/scheduling.py).
 # More workers than cores pays: most tests wait on subprocesses (daemons, jobs, pip) rather than
-# compute (bench/RESULTS.md, "The test suite").
-PYTEST_WORKERS ?= 4
+# compute (bench/SUITE.md: 3 workers beat 4 on two cores).
+PYTEST_WORKERS ?= 3
 
 .PHONY: run test bootstrap lint typecheck proto proto-check bench clean
 

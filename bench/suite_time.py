@@ -69,7 +69,7 @@ def report(passes: list[Pass], counts: list[int], command: str) -> str:
         "",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine_facts().items()) + ".",
         "",
-        f"| workers | wall | vs {counts[0]} workers | CPU (user+sys) | CPU / wall | result |",
+        f"| workers | wall | vs {counts[0] or 'serial'} | CPU (user+sys) | CPU / wall | result |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for n in counts:
