@@ -9,8 +9,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test`; 0 runs the suite in this process, in pytest's order.
 # Each test file goes whole to one worker, the files with slow tests first (tests/scheduling.py).
-# More workers than cores pays: most tests wait on subprocesses (daemons, jobs, pip) rather than
-# compute (bench/SUITE.md: 3 workers beat 4 on two cores).
+# One worker more than two cores pays (while one test waits on a daemon, a job or pip, another
+# computes); a fourth only adds contention (bench/SUITE.md: 3 workers beat 4 twice).
 PYTEST_WORKERS ?= 3
 
 .PHONY: run test bootstrap lint typecheck proto proto-check bench clean
