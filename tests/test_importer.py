@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import sys
@@ -196,3 +197,29 @@ def test_same_folder_imported_by_another_loader_is_reused(tmp_path: Path) -> Non
     sys.modules["_other_loader"] = module
     spec.loader.exec_module(module)
     assert import_variant(folder) is module
+
+
+def test_finders_cached_before_registration_are_replaced(tmp_path: Path) -> None:
+    """A standard finder cached for the folder or a subpackage of it (another loader imported
+    it first) would serve our import and write bytecode into the tree: registration drops them,
+    including one reached through a symlink, and a link back up does not loop."""
+    folder = _variant(tmp_path, "_demo_cached")
+    (folder / "layers" / "up").symlink_to(folder, target_is_directory=True)
+    (folder / "linked").symlink_to(folder / "layers", target_is_directory=True)
+    stale = [folder, folder / "layers", folder / "linked"]
+    for path in stale:
+        sys.path_importer_cache[str(path)] = importlib.machinery.FileFinder(
+            str(path), (importlib.machinery.SourceFileLoader, [".py"])
+        )
+    sys.dont_write_bytecode, old = False, sys.dont_write_bytecode
+    try:
+        module = import_variant(folder)
+    finally:
+        sys.dont_write_bytecode = old
+    assert module.layers.Act.name == "act"
+    for path in stale:
+        finder = sys.path_importer_cache.get(str(path))
+        assert finder is None or all(
+            loader is not importlib.machinery.SourceFileLoader for _, loader in finder._loaders
+        ), path
+    assert not list(folder.rglob("__pycache__"))

@@ -30,6 +30,7 @@ __all__ = [
     "StoreRoot",
     "check_advert",
     "check_ancestors",
+    "check_real_tree",
     "check_tree",
     "store_root",
     "trusted_uids",
@@ -203,13 +204,18 @@ def check_tree(root: StoreRoot, tree: Path) -> Path:
     Raises UntrustedPath naming the first offending path.
     """
     candidate = tree if tree.is_absolute() else Path(root.real) / tree
-    real = os.path.realpath(candidate)
+    return check_real_tree(root, os.path.realpath(candidate), tree)
+
+
+def check_real_tree(root: StoreRoot, real: str, tree: Path | str | None = None) -> Path:
+    """`check_tree` of a path the caller already resolved (`tree`: as the caller named it,
+    for the errors). Walking down from the root with `lstat` and finding a directory at every
+    step also proves that nothing on the way became a symlink since it was resolved."""
     if not _inside(real, root.real) or real == root.real:
-        raise UntrustedPath(f"{tree} is outside the store root {root.path}")
+        raise UntrustedPath(f"{tree or real} is outside the store root {root.path}")
     # Every directory from the root down to the tree: a writable one could swap the tree.
-    rel_parts = Path(real).relative_to(root.real).parts
     current = root.real
-    for part in rel_parts:
+    for part in real[len(root.real.rstrip("/")) + 1 :].split("/"):
         current = os.path.join(current, part)
         st = os.lstat(current)
         if not stat.S_ISDIR(st.st_mode):

@@ -184,13 +184,14 @@ def read_advert(socket: Path | None = None) -> Advert | None:
         return None
     fd, _ = opened
     try:
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read(MAX_ADVERT_BYTES + 1)
+        data = os.read(fd, MAX_ADVERT_BYTES + 1)  # a regular file (checked): one read is all
         if len(data) > MAX_ADVERT_BYTES:
             return None
         doc = json.loads(data.decode("utf-8"))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     if not isinstance(doc, dict) or doc.get("format") != ADVERT_FORMAT or doc.get("version") != 1:
         return None
     try:

@@ -76,7 +76,7 @@ def _store_tree(
     except (TreeGone, BlockingIOError, FileNotFoundError) as exc:
         raise TreeVanished(f"tree {candidate.digest} is being removed: {exc!r}") from exc
     try:
-        real = _trust.check_tree(root, tree)
+        real = _trust.check_real_tree(root, real_guess, tree)  # resolved once, then walked
         if _config.verify_trees():
             try:
                 _verify(real, candidate)
@@ -109,6 +109,7 @@ def _finish(
             # Store and hub-cache trees are immutable: their compiled code may be cached.
             module = importer.import_variant(
                 real,
+                real=candidate.root is not None,  # the trust checks resolved it
                 cache_bytecode=candidate.source in ("index", "daemon", "hub"),
                 own_folder=candidate.source == "local",
                 metadata=metadata,
