@@ -23,7 +23,7 @@ STEPS: Sequence[tuple[str, str, str]] = (
     ("_pub", "_publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
     ("_pub", "_rank", "ranking the variants (only a platform without a published pick)"),
     ("_loaded", "hold", "tree lock: the OFD read lock"),
-    ("_trust", "check_tree", "tree trust: its owner and modes"),
+    ("_trust", "check_real_tree", "tree trust: its owner and modes"),
     ("importer", "read_metadata", "metadata.json: read and parse"),
     ("_mat", "_check_device", "device check against the build's archs"),
     ("importer", "import_variant", "import of the variant (the floor's work, bytecode cache)"),

@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "report_suspect": "kerneld_client._report",
     "RepoInfo": "kerneld_client._types",
     "SuspectReport": "kerneld_client._types",
-    "FallbackPolicy": "kerneld_client._config",
+    "FallbackPolicy": "kerneld_client.loading.fallback",
     "KernelFallbackWarning": "kerneld_client._config",
     "CorruptTree": "kerneld_client.errors",
     "DaemonUnavailable": "kerneld_client.errors",
@@ -131,7 +131,7 @@ __all__ = [
 if TYPE_CHECKING:
     from typing import Any
 
-    from kerneld_client._config import FallbackPolicy, KernelFallbackWarning
+    from kerneld_client._config import KernelFallbackWarning
     from kerneld_client._deps import get_kernel_dep
     from kerneld_client._report import report_suspect
     from kerneld_client._types import RepoInfo, SuspectReport
@@ -183,6 +183,7 @@ if TYPE_CHECKING:
         load_kernel,
         loaded_kernels,
     )
+    from kerneld_client.loading.fallback import FallbackPolicy
     from kerneld_client.platform import platform_facts, set_platform_facts
     from kerneld_client.variants import Decision, PlatformFacts
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError
 from kerneld_client.loading.call import run
@@ -27,6 +26,7 @@ from kerneld_client.loading.published import note_newer_version
 from kerneld_client.platform import current_platform, platform_facts
 
 if TYPE_CHECKING:
+    from kerneld_client.loading.fallback import FallbackPolicy
     from kerneld_client.variants import Decision
 
 __all__ = [

@@ -19,6 +19,7 @@ import pytest
 
 from kerneld_client import (
     DaemonUnavailable,
+    FallbackPolicy,
     KernelFallbackWarning,
     _config,
     _rpc,
@@ -155,6 +156,17 @@ def test_error_policy_and_unknown_policy(client: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("KERNELD_FALLBACK", "pytorch")
     with pytest.raises(ValueError, match="unknown fallback policy"):
         get_kernel(ACTIVATION, version=1, fallback=FALLBACK)
+
+
+def test_policies_by_enum_and_by_name_agree(client: Path) -> None:
+    """`FallbackPolicy` (its class is made only once a load fails) names the same policies as
+    the strings `_config` checks, and its members work as the names do."""
+    assert [p.value for p in FallbackPolicy] == list(_config.FALLBACK_POLICIES)
+    assert _config.fallback_policy(FallbackPolicy.HUB) == "hub"
+    policy = FallbackPolicy.TORCH
+    assert get_kernel(ACTIVATION, version=1, fallback=FALLBACK, policy=policy) is FALLBACK
+    with pytest.raises(DaemonUnavailable):
+        get_kernel(ACTIVATION, version=1, fallback=FALLBACK, policy=FallbackPolicy.ERROR)
 
 
 def test_torch_policy_without_fallback_object_raises_typed_error(client: Path) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from kerneld_client import _config, loader
-from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     KernelDenied,
@@ -152,7 +151,7 @@ def through_kerneld(
             before_import=before_import,
         ),
         fallback=MISSING,
-        policy=FallbackPolicy.ERROR,
+        policy="error",
         hub_allowed=False,
     )
     for record in loader.loaded_kernels():

@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from kerneld_client import _config
-from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError
 from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.pipeline import load
 from kerneld_client.platform import current_platform
+
+if TYPE_CHECKING:
+    from kerneld_client.loading.fallback import FallbackPolicy
 
 T = TypeVar("T")
 

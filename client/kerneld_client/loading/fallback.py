@@ -7,11 +7,11 @@ Hub would say the same or, worse, serve what the admin refused.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
 from kerneld_client import _config
-from kerneld_client._config import FallbackPolicy
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, KernelError, NoCompatibleVariant
 from kerneld_client.loading.call import SingleFlight
@@ -20,6 +20,15 @@ from kerneld_client.loading.hub import HubSource
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.materialize import dependency_requests, materialize
 from kerneld_client.loading.pipeline import load
+
+
+class FallbackPolicy(str, enum.Enum):
+    """What to do when the kernel cannot be had through kerneld (`_config.FALLBACK_POLICIES`)."""
+
+    TORCH = "torch"  # return the caller's fallback object, or raise the typed error
+    HUB = "hub"  # download it in-process from the Hub (verified), then as TORCH
+    ERROR = "error"  # raise the typed error
+
 
 _hub_flights: SingleFlight[LoadedKernel] = SingleFlight()
 
@@ -30,14 +39,16 @@ def fall_back(
     ctx: LoadContext,
     *,
     fallback: object,
-    policy: FallbackPolicy,
+    policy: str,
     hub_allowed: bool,
     trust_remote_code: bool | list[str],
     user_agent: str | dict[str, str] | None,
     remember: Callable[[LoadedKernel], object],
 ) -> Any:
-    """The module the caller gets instead, or raise (`error`, or the Hub's own failure)."""
+    """The module the caller gets instead, or raise (`error`, or the Hub's own failure).
+    `policy`: a name `_config.fallback_policy` checked."""
     what = f"{request.repo_id}@{request.ref}"
+    policy = FallbackPolicy(policy)
     if _config.require() or policy is FallbackPolicy.ERROR:
         raise error
     final_terms = isinstance(error, KernelDenied | NoCompatibleVariant)
