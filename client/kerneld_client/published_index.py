@@ -190,13 +190,17 @@ class RepoIndex:
         return None
 
 
+#: The index's folder in the store (one `joinpath`: a warm load makes these paths).
+INDEX_PARTS = ("index", f"v{VERSION}")
+
+
 def index_dir(store_root: Path) -> Path:
-    return store_root / "index" / f"v{VERSION}"
+    return store_root.joinpath(*INDEX_PARTS)
 
 
 def repo_index_path(store_root: Path, repo: str) -> Path:
     org, _, name = repo.partition("/")
-    return index_dir(store_root) / org / f"{name}.json"
+    return store_root.joinpath(*INDEX_PARTS, org, f"{name}.json")
 
 
 def lock_path_for(store_root: Path, digest: str) -> Path:
@@ -435,7 +439,7 @@ class Publishers:
 def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | None:
     """The published trust policy; None when there is no file. A file of another format or
     version raises IndexFormatError (ask the daemon)."""
-    data = _read_trusted(index_dir(store_root) / PUBLISHERS_FILE, owner_uid)
+    data = _read_trusted(store_root.joinpath(*INDEX_PARTS, PUBLISHERS_FILE), owner_uid)
     if data is None:
         return None
     try:

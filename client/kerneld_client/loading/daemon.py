@@ -10,7 +10,6 @@ read it from the index instead of each asking (`_coalesce`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerneld_client import _config, locations, published_index
@@ -90,7 +89,7 @@ def _candidate(root: _trust.StoreRoot, resolved: Resolved, request: KernelReques
         for dep in resolved.dependencies
     )
     try:
-        lock = published_index.lock_path_for(Path(root.real), resolved.digest)
+        lock = published_index.lock_path_for(root.real_path, resolved.digest)
         tree = published_index.tree_relpath_for(resolved.path, resolved.digest)
     except published_index.IndexFormatError as exc:
         # Whatever answered on the socket did not name a tree of the store by its digest.
@@ -112,7 +111,7 @@ def vanished(candidate: Candidate, exc: Exception) -> KernelUnavailable:
     """What a tree the daemon named but this process cannot find means for the job."""
     root, tree = candidate.root, candidate.path
     assert root is not None  # the daemon names store trees
-    if not (Path(root.real) / tree.parent).is_dir():
+    if not (root.real_path / tree.parent).is_dir():
         return KernelUnavailable(
             f"kerneld answered with a tree of its store, but {root.path} (this process's "
             f"store root) holds no {tree.parent}/: the daemon's store is not there",

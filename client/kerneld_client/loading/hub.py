@@ -8,7 +8,6 @@ cache must belong to this user: its trees are then trusted like the store's (`Ca
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from kerneld_client import _config, _trust, published_index
 from kerneld_client._types import KernelRequest
@@ -75,6 +74,6 @@ def _host_denies() -> list[tuple[str, str, str]]:
     if root is None:
         return []
     try:
-        return published_index.read_denies(Path(root.real), owner_uid=root.owner_uid)
+        return published_index.read_denies(root.real_path, owner_uid=root.owner_uid)
     except (PermissionError, published_index.IndexFormatError):
         return []

@@ -87,7 +87,7 @@ class LoadedKernel:
             return None
         try:
             doc = published_index.read_repo_index(
-                Path(root.real), self.repo_id, owner_uid=root.owner_uid
+                root.real_path, self.repo_id, owner_uid=root.owner_uid
             )
         except (OSError, published_index.IndexFormatError):
             return None

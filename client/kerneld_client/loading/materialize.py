@@ -61,7 +61,7 @@ def _store_tree(
     root = candidate.root
     assert root is not None  # a store candidate always names its store
     tree = candidate.path
-    abs_tree = tree if tree.is_absolute() else Path(root.real) / tree
+    abs_tree = tree if tree.is_absolute() else root.real_path / tree
     real_guess = os.path.realpath(abs_tree)
     existing = registry.registered(real_guess)
     if existing is not None:

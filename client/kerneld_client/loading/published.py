@@ -46,7 +46,7 @@ def read_commit(
     KernelUnavailable when the store is closed to this user, UntrustedPath otherwise."""
     try:
         doc = published_index.read_repo_index(
-            Path(root.real), request.repo_id, owner_uid=root.owner_uid
+            root.real_path, request.repo_id, owner_uid=root.owner_uid
         )
     except PermissionError as exc:
         if exc.errno == errno.EACCES:  # the store is not readable by this user: not untrusted
@@ -77,7 +77,7 @@ def _publisher_trusted(root: _trust.StoreRoot, repo_id: str, ctx: LoadContext) -
     A store without the file was never served by a daemon that checks publishers (kerneld
     writes it whenever it opens the store): its index is trusted as it was before the check."""
     try:
-        publishers = published_index.read_publishers(Path(root.real), owner_uid=root.owner_uid)
+        publishers = published_index.read_publishers(root.real_path, owner_uid=root.owner_uid)
     except (OSError, published_index.IndexFormatError):
         return False
     return publishers is None or publishers.trusts(
@@ -149,7 +149,7 @@ class PublishedIndexSource:
             commit=commit,
             digest=variant.digest,
             root=root,
-            lock=Path(root.real) / variant.lock,
+            lock=root.real_path / variant.lock,
             stale=max_age is not None and age_s is not None and age_s > max_age,
         )
 
@@ -185,7 +185,7 @@ def upstream_versions(repo_id: str) -> tuple[int, ...] | None:
     if root is None:
         return None
     try:
-        doc = published_index.read_repo_index(Path(root.real), repo_id, owner_uid=root.owner_uid)
+        doc = published_index.read_repo_index(root.real_path, repo_id, owner_uid=root.owner_uid)
     except (OSError, published_index.IndexFormatError):
         return None
     return None if doc is None else doc.versions
