@@ -133,6 +133,23 @@ def test_symlink_out_of_the_store_is_refused(store_copy: Populated, tmp_path: Pa
     _not_imported(store_copy.root, commit)
 
 
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_a_tree_swapped_for_a_symlink_is_refused(
+    store_copy: Populated, tmp_path: Path, where: str
+) -> None:
+    """kerneld never links a tree: a tree folder replaced by a symlink to the very same files,
+    moved elsewhere in the store or out of it, is refused (the warm path does not resolve the
+    tree's path; its walk down from the root finds the link)."""
+    commit = store_copy.commits[(ACTIVATION, "v1")]
+    tree, _ = _activation_tree(store_copy.root, commit)
+    moved = store_copy.root / "v1" / "moved" if where == "inside" else tmp_path / "moved"
+    shutil.move(tree, moved)
+    tree.symlink_to(moved, target_is_directory=True)
+    with pytest.raises(UntrustedPath, match="is not a directory"):
+        get_kernel(ACTIVATION, version=1, policy="error")
+    _not_imported(store_copy.root, commit)
+
+
 @pytest.mark.parametrize("how", ["relative", "absolute"])
 def test_index_path_outside_the_root_is_refused(
     store_copy: Populated, tmp_path: Path, how: str

@@ -62,7 +62,10 @@ def _store_tree(
     assert root is not None  # a store candidate always names its store
     tree = candidate.path
     abs_tree = tree if tree.is_absolute() else root.real_path / tree
-    real_guess = os.path.realpath(abs_tree)
+    # Below the real root, a relative path without `..` is real unless one of its folders is
+    # a symlink, which the trust walk after the lock refuses: only other paths are resolved.
+    clean = not tree.is_absolute() and ".." not in tree.parts
+    real_guess = str(abs_tree) if clean else os.path.realpath(abs_tree)
     existing = registry.registered(real_guess)
     if existing is not None:
         return existing
