@@ -6,7 +6,8 @@ Rules that keep a training job safe:
   missing socket or one nobody listens on means "daemon down" at once, and that is remembered
   for KERNELD_BACKOFF seconds, so later calls in the process do not pay for it again;
 - one channel per call, closed before the call returns: nothing of grpc's is open across a
-  `fork()` the caller may do next;
+  `fork()` the caller may do next; a child forked after grpc was imported never uses it
+  (`_daemon_gate`, which also keeps the back-off and the probe);
 - every call carries this process's caller token (`_caller`);
 - every call has a deadline: KERNELD_TIMEOUT (1 s) for calls that download nothing. A resolve
   that needs a download is asked in two steps: first without fetching, under the short deadline
@@ -24,20 +25,17 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
-import stat
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kerneld_client import _config
+from kerneld_client import _config, _daemon_gate
 from kerneld_client._caller import caller_metadata, forget_token
+from kerneld_client._daemon_gate import daemon_down_reason, reset_backoff
 from kerneld_client._types import KernelRequest, SuspectReport
 from kerneld_client.errors import (
-    GROUP_HINT,
     DaemonUnavailable,
     KernelDenied,
     KernelError,
@@ -65,10 +63,6 @@ __all__ = [
 
 ERROR_TRAILER = "kerneld-error-bin"
 _SERVICE = "/kerneld.v1.Kernels/"
-
-_state_lock = threading.Lock()
-_down_until = 0.0
-_down_reason = ""
 
 T = TypeVar("T")
 
@@ -132,63 +126,6 @@ class Resolved:
 
     def __repr__(self) -> str:
         return f"Resolved({self.repo_id}@{self.commit} {self.variant} -> {self.path})"
-
-
-# ------------------------------------------------------------------------------- back-off
-
-
-def daemon_down_reason() -> str | None:
-    """Why the daemon is being skipped right now, or None when it may be asked."""
-    with _state_lock:
-        if time.monotonic() < _down_until:
-            return _down_reason
-    return None
-
-
-def _mark_down(reason: str) -> None:
-    global _down_until, _down_reason
-    with _state_lock:
-        _down_until = time.monotonic() + _config.backoff_s()
-        _down_reason = reason
-
-
-def reset_backoff() -> None:
-    """Forget that the daemon was down (tests; a launcher that just started it)."""
-    global _down_until, _down_reason
-    with _state_lock:
-        _down_until = 0.0
-        _down_reason = ""
-
-
-def _probe(path: Path, timeout: float) -> None:
-    """Fail fast, without grpc, if nothing can be listening on `path`."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise DaemonUnavailable(
-            f"no kerneld socket at {path}", hint="is kerneld running?"
-        ) from None
-    except OSError as exc:
-        raise DaemonUnavailable(f"cannot reach {path}: {exc}") from exc
-    if not stat.S_ISSOCK(st.st_mode):
-        raise DaemonUnavailable(f"{path} is not a socket")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(str(path))
-    except ConnectionRefusedError:
-        raise DaemonUnavailable(
-            f"nothing listens on {path} (stale socket)", hint="is kerneld running?"
-        ) from None
-    except PermissionError as exc:
-        raise DaemonUnavailable(
-            f"no permission to connect to {path}",
-            hint=GROUP_HINT,
-        ) from exc
-    except OSError as exc:
-        raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc
-    finally:
-        sock.close()
 
 
 # ------------------------------------------------------------------------------- calls
@@ -308,7 +245,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
             text = f"kerneld at {socket_path} {what or 'is unavailable'}: {message}"
             if not fetching:  # a slow download is no reason to stop asking the daemon
-                _mark_down(text)
+                _daemon_gate.mark_down(text)
             return DaemonUnavailable(text, **ctx)
         if code == grpc.StatusCode.NOT_FOUND:
             return KernelNotFound(message, **ctx)
@@ -332,7 +269,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     if c == kerneld_pb2.UNTRUSTED_PUBLISHER:
         return UntrustedPublisher(message, **ctx)
     if c == kerneld_pb2.NOT_READY:
-        _mark_down(f"kerneld at {socket_path} is not ready: {message}")
+        _daemon_gate.mark_down(f"kerneld at {socket_path} is not ready: {message}")
         return DaemonUnavailable(message, **ctx)
     return KernelUnavailable(message, variant=detail.variant, **ctx)
 
@@ -352,15 +289,22 @@ def _guarded(
 
 
 def _ready(socket_path: Path, req: KernelRequest) -> None:
+    if _daemon_gate.forked_after_grpc():
+        raise DaemonUnavailable(
+            _daemon_gate.FORKED_REASON,
+            repo_id=req.repo_id,
+            revision=req.ref,
+            hint=_daemon_gate.FORKED_HINT,
+        )
     reason = daemon_down_reason()
     if reason is not None:
         raise DaemonUnavailable(
             f"{reason} (not retried for a while)", repo_id=req.repo_id, revision=req.ref
         )
     try:
-        _probe(socket_path, _config.timeout_s())
+        _daemon_gate.probe(socket_path, _config.timeout_s())
     except DaemonUnavailable as exc:
-        _mark_down(exc.message)
+        _daemon_gate.mark_down(exc.message)
         raise DaemonUnavailable(
             exc.message, repo_id=req.repo_id, revision=req.ref, hint=exc.hint
         ) from None
@@ -551,11 +495,13 @@ def report_suspect(
     """
     wait = _config.timeout_s() if timeout is None else timeout
     deadline = time.monotonic() + wait
+    if _daemon_gate.forked_after_grpc():
+        return SuspectReport("unavailable", _daemon_gate.FORKED_REASON, tree_digest=digest)
     down = daemon_down_reason()
     if down is not None:
         return SuspectReport("unavailable", f"{down} (not retried for a while)", tree_digest=digest)
     try:
-        _probe(socket_path, wait)
+        _daemon_gate.probe(socket_path, wait)
         _import_grpc()
         import grpc
 
