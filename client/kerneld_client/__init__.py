@@ -9,11 +9,27 @@ the warm path; grpc is imported only if the daemon has to be asked.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 # Not `from typing import TYPE_CHECKING`: typing costs milliseconds in a bare interpreter.
 TYPE_CHECKING = False
 
 __version__ = "0.1.0"
+
+#: Set in a child forked after grpc was imported, by kerneld or by any other library: gRPC can
+#: hang for ever in such a child, so `_daemon_gate` never asks kerneld from it. Kept here, not
+#: in `_daemon_gate` (imported only with the RPC path), so that the fact is noted from the
+#: package's import on, whoever imported grpc.
+_forked_after_grpc = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_grpc
+    _forked_after_grpc = _forked_after_grpc or "grpc" in sys.modules
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {

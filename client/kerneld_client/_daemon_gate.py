@@ -2,11 +2,12 @@
 
 Three reasons not to: the daemon was found down moments ago (the back-off: KERNELD_BACKOFF
 seconds in which later calls do not pay for it again), nothing listens on its socket (the probe:
-a plain AF_UNIX connect, microseconds), or this process was forked after grpc was imported.
-The parent's gRPC threads are not in such a child, and a lock one of them held at the fork stays
-held: under load, 0.3-0.8% of such children hung for ever creating a channel, before any deadline
-applies. gRPC's own fork support (`GRPC_ENABLE_FORK_SUPPORT=1`) still hung and slowed every fork.
-Such a child never uses gRPC: the parent's kernels and the published index still serve it.
+a plain AF_UNIX connect, microseconds), or this process was forked after grpc was imported
+(by kerneld or any other library; the package notes it at each fork). The parent's gRPC threads
+are not in such a child, and a lock one of them held at the fork stays held: under load,
+0.3-0.8% of such children hung for ever creating a channel, before any deadline applies. gRPC's
+own fork support (`GRPC_ENABLE_FORK_SUPPORT=1`) still hung and slowed every fork. Such a child
+never uses gRPC: the parent's kernels and the published index still serve it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 from pathlib import Path
 
+import kerneld_client
 from kerneld_client import _config
 from kerneld_client.errors import GROUP_HINT, DaemonUnavailable
 
@@ -33,8 +34,8 @@ __all__ = [
 ]
 
 FORKED_REASON = (
-    "this process was forked from one that had used gRPC, which can hang for ever in a forked "
-    "child; kerneld is not asked from here"
+    "this process was forked from one that had imported gRPC, which can hang for ever in a "
+    "forked child; kerneld is not asked from here"
 )
 FORKED_HINT = (
     "load the kernel in the parent before it forks (its children reuse it without asking), or "
@@ -44,12 +45,10 @@ FORKED_HINT = (
 _state_lock = threading.Lock()
 _down_until = 0.0
 _down_reason = ""
-_forked_after_grpc = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_grpc, _state_lock
-    _forked_after_grpc = _forked_after_grpc or "grpc" in sys.modules
+    global _state_lock
     _state_lock = threading.Lock()  # a parent's thread may have held it at the fork
 
 
@@ -58,7 +57,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def forked_after_grpc() -> bool:
     """Was this process forked (it or an ancestor) after grpc had been imported?"""
-    return _forked_after_grpc
+    return kerneld_client._forked_after_grpc
 
 
 def daemon_down_reason() -> str | None:

@@ -185,11 +185,59 @@ print(json.dumps({{"child": child, "parent_v2": check_activation(v2, 2),
     assert "error" not in child, child
     assert child["ops"][0] == "silu_and_mul" and child["relu"] == ["relu2"]
     assert child["src"] == ["daemon", "index"]  # the parent's relu2; activation v1 from the index
-    assert "forked from one that had used gRPC" in child["refused"]
+    assert "forked from one that had imported gRPC" in child["refused"]
     assert "'spawn' or 'forkserver'" in child["refused"]  # what to do instead
     assert child["refused_s"] < 0.5  # at once: no probe, no channel
     assert out["parent_v2"][-1] == "gelu_and_mul" and out["parent_src"][-1] == "daemon"
     assert out["open_at_end"] == out["open_after_rpc"] == 0
+
+
+def test_a_child_forked_after_another_library_imported_grpc_never_uses_it(
+    hub_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The same guard when kerneld never made an RPC in the parent but another library had
+    grpc in use at the fork (a channel of its own, as Ray or a cloud SDK keeps): the child
+    is refused at once, without a channel; the parent asks kerneld as before."""
+    env = _env(hub_daemon, tmp_path)
+    out = run_client(
+        PRELUDE
+        + f"""
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+channel = grpc.insecure_channel("unix:" + os.environ["KERNELD_SOCKET"])
+health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+assert "kerneld_client._rpc" not in sys.modules
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    t0 = time.monotonic()
+    try:
+        kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
+        res = {{"loaded": True}}
+    except kerneld_client.DaemonUnavailable as exc:
+        res = {{"refused": str(exc), "refused_s": time.monotonic() - t0,
+               "rpc_imported": "kerneld_client._rpc" in sys.modules}}
+    except BaseException as exc:
+        res = {{"error": repr(exc)}}
+    os.write(w, json.dumps(res).encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+os.waitpid(pid, 0)
+relu = kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
+print(json.dumps({{"child": json.loads(data), "health": health.status,
+                  "parent": check_relu2(relu), "src": loaded_kernels()[0].source}}))
+""",
+        env,
+    )
+    child = out["child"]
+    assert out["health"] == 1  # SERVING: the other library's channel really was in use
+    assert "forked from one that had imported gRPC" in child["refused"], child
+    assert child["refused_s"] < 0.5
+    assert out["parent"] == ["relu2"] and out["src"] == "daemon"
 
 
 def test_typed_errors_and_dependencies_from_the_daemon(
