@@ -332,10 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] or shlex.split(os.environ.get("BENCH_ARGS", ""))
     args = parse_args(argv)
     load0 = os.getloadavg()[0]
+    out_dir = args.out.parent
+    out_dir.mkdir(parents=True, exist_ok=True)  # before the run: a bad --out fails at once
     log(f"profile {'quick' if args.quick else 'full'}; scenarios {', '.join(args.only)}")
     sections, seconds = run_all(args)
-    out_dir = args.out.parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     from bench import s2_cold, s6_index, s7_hosts
 
     for sec in sections:

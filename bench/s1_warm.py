@@ -26,7 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench import s1_fork, s1_steps
+from bench import s1_fork, s1_merged, s1_steps
 from bench.common import fmt_stat, kernels_env, log, median, ratios, table
 from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from bench.zygote import JobResult, fresh_job
@@ -192,6 +192,8 @@ def run(ctx: Ctx) -> Section:
             )
             floors = {REPO: (module_id, floor_dir), RELU2: (relu2_id, relu2_dir)}
             forks = s1_fork.measure(env, REPO, RELU2, a.warm_runs, floors)
+            warm_modules = list(steps[0].ranks[0].extra["imports"])  # in import order
+            merged = s1_merged.measure(env, warm_modules, a.warm_runs, work)
         finally:
             latency(0.0)
     shutil.rmtree(work, ignore_errors=True)
@@ -207,6 +209,13 @@ def run(ctx: Ctx) -> Section:
     }
     sec = report(ctx, rows)
     sec.lines += s1_steps.report(steps, sec.data["calls"][KD_WARM])
+    call_over_floor = median(
+        [
+            w - f
+            for w, f in zip(sec.data["calls"][KD_WARM], sec.data["calls"][FLOOR_ROW], strict=True)
+        ]
+    )
+    sec.lines += s1_merged.report(merged, len(warm_modules), call_over_floor)
     fork_lines, fork_goals = s1_fork.report(forks)
     sec.lines += fork_lines
     sec.goals += fork_goals
