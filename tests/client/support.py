@@ -234,3 +234,26 @@ def check_relu2(mod):
     torch.testing.assert_close(mod.relu2(torch.empty_like(x), x), torch.relu(x) ** 2)
     return ["relu2"]
 """
+
+
+# For client scripts that fork: `in_child(fn)` runs `fn` in a forked child and returns what it
+# returned as {"ok": value} (JSON-able), or {"error": repr} if it raised.
+IN_CHILD = """
+def in_child(fn):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            payload = json.dumps({"ok": fn()})
+        except BaseException as exc:
+            payload = json.dumps({"error": repr(exc)})
+        os.write(w, payload.encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.waitpid(pid, 0)
+    return json.loads(data)
+"""

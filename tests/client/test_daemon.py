@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.support import ACTIVATION, OPS_CHECK, RELU2, client_env, run_client
+from tests.client.support import (
+    ACTIVATION,
+    IN_CHILD,
+    OPS_CHECK,
+    RELU2,
+    client_env,
+    run_client,
+)
 from tests.fixtures_daemon import ACT, DEP_BOTTOM, DEP_TOP
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
@@ -19,6 +26,7 @@ from tests.support.hubserver import HubServer
 PRELUDE = (
     "import json, os, sys, time, warnings\n"
     + OPS_CHECK
+    + IN_CHILD
     + """
 import kerneld_client
 from kerneld_client import loaded_kernels
@@ -151,29 +159,17 @@ import time
 relu = kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
 assert loaded_kernels()[0].source == "daemon" and "grpc" in sys.modules
 open_after_rpc = sockets()
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(r)
+def child():
+    act = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+    res = {{"ops": check_activation(act, 1), "relu": check_relu2(relu),
+           "src": [k.source for k in loaded_kernels()]}}
+    t0 = time.monotonic()
     try:
-        act = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
-        res = {{"ops": check_activation(act, 1), "relu": check_relu2(relu),
-               "src": [k.source for k in loaded_kernels()]}}
-        t0 = time.monotonic()
-        try:
-            kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
-        except kerneld_client.DaemonUnavailable as exc:
-            res.update(refused=str(exc), refused_s=time.monotonic() - t0)
-    except BaseException as exc:
-        res = {{"error": repr(exc)}}
-    os.write(w, json.dumps(res).encode())
-    os._exit(0)
-os.close(w)
-data = b""
-while chunk := os.read(r, 65536):
-    data += chunk
-os.waitpid(pid, 0)
-child = json.loads(data)
+        kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
+    except kerneld_client.DaemonUnavailable as exc:
+        res.update(refused=str(exc), refused_s=time.monotonic() - t0)
+    return res
+child = in_child(child)
 v2 = kerneld_client.get_kernel("{ACTIVATION}", version=2, policy="error")
 print(json.dumps({{"child": child, "parent_v2": check_activation(v2, 2),
                   "parent_src": [k.source for k in loaded_kernels()],
@@ -181,8 +177,8 @@ print(json.dumps({{"child": child, "parent_v2": check_activation(v2, 2),
 """,
         env,
     )
-    child = out["child"]
-    assert "error" not in child, child
+    assert "error" not in out["child"], out["child"]
+    child = out["child"]["ok"]
     assert child["ops"][0] == "silu_and_mul" and child["relu"] == ["relu2"]
     assert child["src"] == ["daemon", "index"]  # the parent's relu2; activation v1 from the index
     assert "forked from one that had imported gRPC" in child["refused"]
@@ -207,33 +203,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 channel = grpc.insecure_channel("unix:" + os.environ["KERNELD_SOCKET"])
 health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
 assert "kerneld_client._rpc" not in sys.modules
-r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.close(r)
+def child():
     t0 = time.monotonic()
     try:
         kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
-        res = {{"loaded": True}}
+        return {{"loaded": True}}
     except kerneld_client.DaemonUnavailable as exc:
-        res = {{"refused": str(exc), "refused_s": time.monotonic() - t0,
-               "rpc_imported": "kerneld_client._rpc" in sys.modules}}
-    except BaseException as exc:
-        res = {{"error": repr(exc)}}
-    os.write(w, json.dumps(res).encode())
-    os._exit(0)
-os.close(w)
-data = b""
-while chunk := os.read(r, 65536):
-    data += chunk
-os.waitpid(pid, 0)
+        return {{"refused": str(exc), "refused_s": time.monotonic() - t0}}
+child = in_child(child)
 relu = kerneld_client.get_kernel("{RELU2}", version=1, policy="error")
-print(json.dumps({{"child": json.loads(data), "health": health.status,
+print(json.dumps({{"child": child, "health": health.status,
                   "parent": check_relu2(relu), "src": loaded_kernels()[0].source}}))
 """,
         env,
     )
-    child = out["child"]
+    assert "ok" in out["child"], out["child"]
+    child = out["child"]["ok"]
     assert out["health"] == 1  # SERVING: the other library's channel really was in use
     assert "forked from one that had imported gRPC" in child["refused"], child
     assert child["refused_s"] < 0.5

@@ -18,6 +18,7 @@ from examples.kernels.built import BuiltExamples
 from kerneld.store.locks import is_held
 from tests.client.support import (
     ACTIVATION,
+    IN_CHILD,
     OPS_CHECK,
     RELU2,
     Populated,
@@ -293,25 +294,8 @@ def test_kernel_held_across_fork_and_loaded_after_fork(
     env = client_env(shared_store.root, tmp_path)
     out = run_client(
         PRELUDE
+        + IN_CHILD
         + f"""
-def in_child(fn):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            payload = json.dumps({{"ok": fn()}})
-        except BaseException as exc:
-            payload = json.dumps({{"error": repr(exc)}})
-        os.write(w, payload.encode())
-        os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.waitpid(pid, 0)
-    return json.loads(data)
-
 before = in_child(lambda: check_relu2(kerneld_client.get_kernel("{RELU2}", version=1)))
 act = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
 after = in_child(lambda: [
