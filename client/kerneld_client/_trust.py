@@ -151,15 +151,30 @@ def check_advert(path: Path) -> tuple[int, os.stat_result] | None:
 
 class StoreRoot:
     """A store root, resolved once: its real path (`real`, and as a Path: every file of the
-    store is found from it, and a Path costs microseconds to make) and its owner's uid."""
+    store is found from it, and a Path costs microseconds to make), its owner's uid, and the
+    identity of the directory that was checked (`unchanged`)."""
 
-    __slots__ = ("owner_uid", "path", "real", "real_path")
+    __slots__ = ("checked", "owner_uid", "path", "real", "real_path")
 
-    def __init__(self, path: Path, real: str, owner_uid: int) -> None:
+    def __init__(self, path: Path, real: str, owner_uid: int, checked: tuple[int, ...]) -> None:
         self.path = path
         self.real = real
         self.real_path = Path(real)
         self.owner_uid = owner_uid
+        self.checked = checked
+
+    def unchanged(self) -> bool:
+        """Is the root still the directory that was checked, with the same owner and mode? (Its
+        change time moves with any chmod, chown or entry added or removed; a replaced directory
+        is another inode.) One `lstat`."""
+        try:
+            return _identity(os.lstat(self.real)) == self.checked
+        except OSError:
+            return False
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def store_root(path: Path) -> StoreRoot:
@@ -182,7 +197,7 @@ def store_root(path: Path) -> StoreRoot:
             hint="chmod go-w it; only the daemon may write its store",
         )
     check_ancestors(real, st.st_uid, f"store root {path}", trusted)
-    return StoreRoot(path, real, st.st_uid)
+    return StoreRoot(path, real, st.st_uid, _identity(st))
 
 
 def _inside(path: str, root: str) -> bool:

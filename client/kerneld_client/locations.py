@@ -207,6 +207,22 @@ def read_advert(socket: Path | None = None) -> Advert | None:
         return None
 
 
+def store_identity() -> tuple[object, ...] | None:
+    """What names the store `default_store()` would name, cheaply (one `lstat`, no read and no
+    check): $KERNELD_STORE, else the daemon's advert (its path, and its inode and change time,
+    which a new daemon or a change of its content, owner or mode renews). None when neither
+    names it (no daemon: the defaults, which may change at any moment)."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return (ENV_STORE, env)
+    advert = str(advert_path(default_socket()))
+    try:
+        st = os.lstat(advert)
+    except OSError:
+        return None
+    return (advert, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+
+
 def default_store() -> Path:
     """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
 

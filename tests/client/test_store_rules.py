@@ -24,12 +24,14 @@ from kerneld_client import (
     UntrustedPath,
     _config,
     _rpc,
+    _trust,
     get_kernel,
     get_kernel_dep,
     has_kernel,
     loaded_kernels,
+    locations,
 )
-from kerneld_client.loading import call
+from kerneld_client.loading import call, loaded
 from kerneld_client.platform import platform_facts, set_platform_facts
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from tests.client.support import (
@@ -234,6 +236,70 @@ def _pure_kernel(kid: str, name: str, *, body: str = "", **meta: object) -> dict
         **meta,  # type: ignore[arg-type]
     )
     return files
+
+
+def test_the_store_root_is_checked_once_and_again_when_it_changes(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full check of the store root (its real path, owner, mode and every directory above
+    it) runs once per process and store: a job's next kernel, or a forked worker's, does not pay
+    it again. A chmod of the root, or another KERNELD_STORE, is checked in full at the next
+    load; what lies below the root is checked on every load regardless."""
+    monkeypatch.setattr(loaded, "_root_memo", None)
+    checked: list[Path] = []
+    full_check = _trust.store_root
+
+    def counting(path: Path) -> _trust.StoreRoot:
+        checked.append(path)
+        return full_check(path)
+
+    monkeypatch.setattr(_trust, "store_root", counting)
+    repos = {}
+    for kid in ("_once_a", "_once_b", "_once_c", "_once_d"):
+        repos[kid] = f"{ORG}/{kid.strip('_').replace('_', '-')}"
+        files = _pure_kernel(kid, kid.strip("_"))
+        publish_synthetic(env, repos[kid], COMMIT, {"torch-universal": files}, refs={"v1": COMMIT})
+    assert get_kernel(repos["_once_a"], version=1, policy="error").KID == "_once_a"
+    assert get_kernel(repos["_once_b"], version=1, policy="error").KID == "_once_b"
+    assert len(checked) == 1
+
+    env.chmod(0o777)  # the root itself changed: checked again, and refused
+    with pytest.raises(UntrustedPath, match="store root"):
+        get_kernel(repos["_once_c"], version=1, policy="error")
+    env.chmod(0o755)
+    assert get_kernel(repos["_once_c"], version=1, policy="error").KID == "_once_c"
+    assert len(checked) == 3
+
+    alias = tmp_path / "alias"  # another name for the same store: a new full check
+    alias.symlink_to(env)
+    monkeypatch.setenv("KERNELD_STORE", str(alias))
+    assert get_kernel(repos["_once_d"], version=1, policy="error").KID == "_once_d"
+    assert checked[-1] == alias and len(checked) == 4
+    assert "_once_a" in sys.modules and "_once_d" in sys.modules
+
+
+def test_the_store_identity_follows_the_daemons_advert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without KERNELD_STORE, the advert names the store: a daemon that writes a new one (a
+    restart, another store), or a chmod or chown of it, changes the identity the check is
+    memoised under; the same advert untouched keeps it. No advert: no identity (no memo)."""
+    monkeypatch.delenv("KERNELD_STORE", raising=False)
+    sock = tmp_path / "run" / "kerneld.sock"
+    sock.parent.mkdir()
+    monkeypatch.setenv("KERNELD_SOCKET", str(sock))
+    advert = locations.advert_path(sock)
+    assert locations.store_identity() is None
+    advert.write_text('{"format": "x"}')
+    first = locations.store_identity()
+    assert first is not None and first == locations.store_identity()
+    advert.chmod(0o600)
+    chmodded = locations.store_identity()
+    assert chmodded != first
+    replacement = tmp_path / "run" / "new.json"
+    replacement.write_text('{"format": "x"}')
+    os.replace(replacement, advert)  # how the daemon writes it: a new inode
+    assert locations.store_identity() not in (first, chmodded)
 
 
 def test_better_variant_upstream_is_a_miss(env: Path) -> None:

@@ -155,12 +155,34 @@ def release(real_tree: str) -> None:
         os.close(fd)
 
 
+#: (what named the store, the checked root): see `store_root`.
+_root_memo: tuple[tuple[object, ...], _trust.StoreRoot] | None = None
+
+
 def store_root() -> _trust.StoreRoot | None:
-    """The store this process reads, checked; None when there is none on this host."""
+    """The store this process reads, checked; None when there is none on this host.
+
+    Checked in full once per process and store, not on every load. Each load compares what
+    names the store (`locations.store_identity`: $KERNELD_STORE, or the advert's inode and
+    change time, which a restarted daemon renews) and the root directory itself (its inode and
+    change time, which any chmod or chown moves) with what was checked; any difference is a
+    full check again. What is not looked at again, the directories above the root and above
+    the advert, only root or their owners can change, and both are trusted. Everything below the
+    root (index documents, trees) is still checked on every load. A forked worker inherits the
+    verdict: reading and checking the advert again cost such a child 0.4-0.7 ms of
+    copy-on-write faults per load (`bench/s1_fork.py`)."""
+    global _root_memo
+    identity = locations.store_identity()
+    memo = _root_memo
+    if memo is not None and identity is not None and memo[0] == identity and memo[1].unchanged():
+        return memo[1]
     try:
-        return _trust.store_root(locations.default_store())
+        root = _trust.store_root(locations.default_store())
     except FileNotFoundError:
         return None
+    if identity is not None:
+        _root_memo = (identity, root)
+    return root
 
 
 def _after_fork_in_child() -> None:
