@@ -176,13 +176,19 @@ def read_advert(socket: Path | None = None) -> Advert | None:
     written (foreign owner, writable, or in a directory someone else can write) is refused with
     UntrustedPath instead of being ignored: falling back to a default store would hide the attack.
     """
+    read = _read_advert(advert_path(socket or default_socket()))
+    return None if read is None else read[0]
+
+
+def _read_advert(path: Path) -> tuple[Advert, tuple[object, ...]] | None:
+    """`read_advert`, and the advert's identity as `store_identity` gives it (from the `fstat`
+    of the file it read)."""
     from kerneld_client import _trust  # imports _config, which imports this module
 
-    path = advert_path(socket or default_socket())
     opened = _trust.check_advert(path)
     if opened is None:
         return None
-    fd, _ = opened
+    fd, st = opened
     try:
         data = os.read(fd, MAX_ADVERT_BYTES + 1)  # a regular file (checked): one read is all
         if len(data) > MAX_ADVERT_BYTES:
@@ -195,7 +201,7 @@ def read_advert(socket: Path | None = None) -> Advert | None:
     if not isinstance(doc, dict) or doc.get("format") != ADVERT_FORMAT or doc.get("version") != 1:
         return None
     try:
-        return Advert(
+        advert = Advert(
             store_root=Path(doc["store_root"]),
             index_dir=Path(doc["index_dir"]),
             user_socket=Path(doc["user_socket"]),
@@ -205,10 +211,15 @@ def read_advert(socket: Path | None = None) -> Advert | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
+    return advert, _file_identity(str(path), st)
+
+
+def _file_identity(path: str, st: os.stat_result) -> tuple[object, ...]:
+    return (path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
 
 
 def store_identity() -> tuple[object, ...] | None:
-    """What names the store `default_store()` would name, cheaply (one `lstat`, no read and no
+    """What names the store `named_store()` would name, cheaply (one `lstat`, no read and no
     check): $KERNELD_STORE, else the daemon's advert (its path, and its inode and change time,
     which a new daemon or a change of its content, owner or mode renews). None when neither
     names it (no daemon: the defaults, which may change at any moment)."""
@@ -217,20 +228,25 @@ def store_identity() -> tuple[object, ...] | None:
         return (ENV_STORE, env)
     advert = str(advert_path(default_socket()))
     try:
-        st = os.lstat(advert)
+        return _file_identity(advert, os.lstat(advert))
     except OSError:
         return None
-    return (advert, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+
+
+def named_store() -> tuple[Path, tuple[object, ...] | None]:
+    """`default_store()`, and what named it as `store_identity()` gives it (None: the
+    defaults), from the same read."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return Path(env), (ENV_STORE, env)
+    read = _read_advert(advert_path(default_socket()))
+    if read is not None:
+        return read[0].store_root, read[1]
+    return (SYSTEM_STORE if SYSTEM_STORE.exists() else user_cache_dir() / "store"), None
 
 
 def default_store() -> Path:
     """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
 
     UntrustedPath when the daemon's advert could have been written by another user."""
-    env = os.environ.get(ENV_STORE)
-    if env:
-        return Path(env)
-    advert = read_advert()
-    if advert is not None:
-        return advert.store_root
-    return SYSTEM_STORE if SYSTEM_STORE.exists() else user_cache_dir() / "store"
+    return named_store()[0]

@@ -289,15 +289,27 @@ def test_the_store_identity_follows_the_daemons_advert(
     sock.parent.mkdir()
     monkeypatch.setenv("KERNELD_SOCKET", str(sock))
     advert = locations.advert_path(sock)
-    assert locations.store_identity() is None
-    advert.write_text('{"format": "x"}')
+    assert locations.store_identity() is None and locations.named_store()[1] is None
+    doc = {
+        "format": locations.ADVERT_FORMAT,
+        "version": 1,
+        "store_root": str(tmp_path / "store"),
+        "index_dir": str(tmp_path / "store" / "index"),
+        "user_socket": str(sock),
+        "admin_socket": str(sock.with_name("admin.sock")),
+        "pid": os.getpid(),
+        "daemon_version": "0",
+    }
+    advert.write_text(json.dumps(doc))
     first = locations.store_identity()
+    # the full check's own read gives the same identity, so later loads find the memo
+    assert locations.named_store() == (tmp_path / "store", first)
     assert first is not None and first == locations.store_identity()
     advert.chmod(0o600)
     chmodded = locations.store_identity()
     assert chmodded != first
     replacement = tmp_path / "run" / "new.json"
-    replacement.write_text('{"format": "x"}')
+    replacement.write_text(json.dumps(doc))
     os.replace(replacement, advert)  # how the daemon writes it: a new inode
     assert locations.store_identity() not in (first, chmodded)
 

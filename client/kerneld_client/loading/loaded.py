@@ -172,12 +172,12 @@ def store_root() -> _trust.StoreRoot | None:
     verdict: reading and checking the advert again cost such a child 0.4-0.7 ms of
     copy-on-write faults per load (`bench/s1_fork.py`)."""
     global _root_memo
-    identity = locations.store_identity()
     memo = _root_memo
-    if memo is not None and identity is not None and memo[0] == identity and memo[1].unchanged():
+    if memo is not None and memo[0] == locations.store_identity() and memo[1].unchanged():
         return memo[1]
+    path, identity = locations.named_store()  # the advert's own fstat: no second lstat
     try:
-        root = _trust.store_root(locations.default_store())
+        root = _trust.store_root(path)
     except FileNotFoundError:
         return None
     if identity is not None:
