@@ -244,13 +244,14 @@ def passwd_file_uid(name: str) -> int | None:
     except OSError:
         return None
     try:
-        data = os.read(fd, _USERS_FILE_MAX_BYTES)
+        size = os.fstat(fd).st_size
+        if size > _USERS_FILE_MAX_BYTES:
+            return None  # let NSS read that
+        data = os.read(fd, size + 1)  # its size, not the cap: a 4 MiB buffer costs an mmap
     except OSError:
         return None
     finally:
         os.close(fd)
-    if len(data) >= _USERS_FILE_MAX_BYTES:
-        return None  # not all of it: let NSS decide
     text = b"\n" + data
     start = text.find(b"\n" + name.encode("utf-8", "surrogateescape") + b":")
     if start < 0:
