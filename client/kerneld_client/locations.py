@@ -22,6 +22,7 @@ from pathlib import Path
 
 ENV_SOCKET = "KERNELD_SOCKET"
 ENV_ADMIN_SOCKET = "KERNELD_ADMIN_SOCKET"
+#: The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
 ENV_STORE = "KERNELD_STORE"
 
 SYSTEM_RUN_DIR = Path("/run/kerneld")
@@ -218,19 +219,11 @@ def _file_identity(path: str, st: os.stat_result) -> tuple[object, ...]:
     return (path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
 
 
-def store_identity() -> tuple[object, ...] | None:
-    """What names the store `named_store()` would name, cheaply (one `lstat`, no read and no
-    check): $KERNELD_STORE, else the daemon's advert (its path, and its inode and change time,
-    which a new daemon or a change of its content, owner or mode renews). None when neither
-    names it (no daemon: the defaults, which may change at any moment)."""
-    env = os.environ.get(ENV_STORE)
-    if env:
-        return (ENV_STORE, env)
-    advert = str(advert_path(default_socket()))
-    try:
-        return _file_identity(advert, os.lstat(advert))
-    except OSError:
-        return None
+def default_store() -> Path:
+    """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
+
+    UntrustedPath when the daemon's advert could have been written by another user."""
+    return named_store()[0]
 
 
 def named_store() -> tuple[Path, tuple[object, ...] | None]:
@@ -245,8 +238,16 @@ def named_store() -> tuple[Path, tuple[object, ...] | None]:
     return (SYSTEM_STORE if SYSTEM_STORE.exists() else user_cache_dir() / "store"), None
 
 
-def default_store() -> Path:
-    """The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
-
-    UntrustedPath when the daemon's advert could have been written by another user."""
-    return named_store()[0]
+def store_identity() -> tuple[object, ...] | None:
+    """What names the store `named_store()` would name, cheaply (one `lstat`, no read and no
+    check): the variable's value, else the daemon's advert (its path, and its inode and change
+    time, which a new daemon or a change of its content, owner or mode renews). None when
+    neither names it (no daemon: the defaults, which may change at any moment)."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return (ENV_STORE, env)
+    advert = str(advert_path(default_socket()))
+    try:
+        return _file_identity(advert, os.lstat(advert))
+    except OSError:
+        return None
