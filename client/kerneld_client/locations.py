@@ -216,7 +216,12 @@ def _read_advert(path: Path) -> tuple[Advert, tuple[object, ...]] | None:
 
 
 def _file_identity(path: str, st: os.stat_result) -> tuple[object, ...]:
-    return (path, st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+    return (path, st.st_dev, st.st_ino, st.st_ctime_ns)  # any write, chmod or chown moves ctime
+
+
+def _env_identity(env: str) -> tuple[object, ...]:
+    """$KERNELD_STORE as what names the store: a relative path names another one after a chdir."""
+    return (ENV_STORE, env if os.path.isabs(env) else os.path.join(os.getcwd(), env))
 
 
 def default_store() -> Path:
@@ -231,7 +236,7 @@ def named_store() -> tuple[Path, tuple[object, ...] | None]:
     defaults), from the same read."""
     env = os.environ.get(ENV_STORE)
     if env:
-        return Path(env), (ENV_STORE, env)
+        return Path(env), _env_identity(env)
     read = _read_advert(advert_path(default_socket()))
     if read is not None:
         return read[0].store_root, read[1]
@@ -245,7 +250,7 @@ def store_identity() -> tuple[object, ...] | None:
     neither names it (no daemon: the defaults, which may change at any moment)."""
     env = os.environ.get(ENV_STORE)
     if env:
-        return (ENV_STORE, env)
+        return _env_identity(env)
     advert = str(advert_path(default_socket()))
     try:
         return _file_identity(advert, os.lstat(advert))

@@ -275,6 +275,11 @@ def test_the_store_root_is_checked_once_and_again_when_it_changes(
     monkeypatch.setenv("KERNELD_STORE", str(alias))
     assert get_kernel(repos["_once_d"], version=1, policy="error").KID == "_once_d"
     assert checked[-1] == alias and len(checked) == 4
+    monkeypatch.chdir(tmp_path)  # a relative name is another store after a chdir
+    monkeypatch.setenv("KERNELD_STORE", "alias")
+    first = locations.store_identity()
+    monkeypatch.chdir(env)
+    assert locations.store_identity() != first
     assert "_once_a" in sys.modules and "_once_d" in sys.modules
 
 
