@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from kerneld.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.store import (
@@ -91,6 +91,15 @@ class FetchResult:
     bytes_downloaded: int
     files_downloaded: int
     seconds: float
+
+
+class VariantFetcher(Protocol):
+    """What a consumer of downloads needs: one verified variant in the store. The daemon's
+    `Acquire` (which holds its one `Fetcher`) and a bare `Fetcher` (store tools) provide it."""
+
+    def fetch_variant(
+        self, repo_id: str, commit: str, variant: str, *, progress: FetchProgressFn | None = None
+    ) -> FetchResult: ...
 
 
 class Fetcher:

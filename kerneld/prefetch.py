@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kerneld.fetch import FetchResult
+from kerneld.fetch import FetchResult, VariantFetcher
 from kerneld.fetch_progress import FetchProgress
 from kerneld.hardware import Hardware
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.resolve import Admit, KernelSpec, NoVariantFits, Resolver
 from kerneld.store import Hold, Store, TreeNotFoundError
 from kerneld.upstream.base import is_commit
 from kerneld.upstream.errors import EntryNotFound
@@ -261,7 +261,6 @@ class PrefetchSummary:
 
 
 Emit = Callable[[FetchProgress], None]
-FetchHook = Callable[[str, str, str, FetchResult | None, BaseException | None], None]
 
 
 class Cancelled(Exception):
@@ -270,25 +269,36 @@ class Cancelled(Exception):
 
 class Prefetcher:
     """Runs prefetches over one store and resolver; safe to run from several threads (the
-    fetcher's single-flight keeps any variant from being downloaded twice at once)."""
+    fetcher's single-flight keeps any variant from being downloaded twice at once).
+
+    In the daemon, `fetch` and `admit` are its acquire service: a prefetch passes the same
+    denies and publisher trust as a job's Resolve (and so records the publisher's verdict,
+    which the published index needs for the first job to load without asking the daemon).
+    A store tool (`kerneldctl prefetch --store`) passes a bare `Fetcher` and no policy."""
 
     def __init__(
         self,
         store: Store,
         resolver: Resolver,
+        fetch: VariantFetcher,
         *,
         hardware: Callable[[], Hardware],
         client_platforms: ClientPlatforms,
-        on_fetch: FetchHook | None = None,
+        admit: Admit | None = None,
         configured_torch: Iterable[tuple[int, int]] = (),
     ) -> None:
         self.store = store
         #: `prefetch.torch`; the daemon replaces it on reload.
         self.configured_torch = tuple(configured_torch)
         self.resolver = resolver
+        self.fetch = fetch
+        self.admit = admit
         self.hardware = hardware
         self.client_platforms = client_platforms
-        self.on_fetch = on_fetch
+
+    def reconfigure(self, *, configured_torch: Iterable[tuple[int, int]]) -> None:
+        """A reload's `prefetch.torch`."""
+        self.configured_torch = tuple(configured_torch)
 
     def run(
         self,
@@ -360,7 +370,16 @@ class Prefetcher:
         commit, stale = self.resolver.commit_for(spec, refresh=refresh, record=False)
         self.store.check_denied(repo, spec.ref, commit)
         names = self.resolver.variant_names(repo, commit)
+        if self.admit is not None:  # listed: the repo exists, its publisher may be asked about
+            self.admit(spec, commit, ())
         plan = self._plan(names, variants, torch, platforms)
+        if not plan:
+            raise NoVariantFits(
+                [],
+                repo_id=repo,
+                revision=commit,
+                detail=_no_plan(names, variants),
+            )
         send(FetchProgress("kernel-started", repo, commit, files_total=len(plan), stale=stale))
         failures: list[tuple[str, BaseException]] = []
         deps: list[KernelSpec] = []
@@ -509,15 +528,21 @@ class Prefetcher:
             if kind is not None:  # the variant's own start and end are the prefetch's
                 send(replace(event, kind=kind))
 
-        try:
-            result = self.resolver.fetcher.fetch_variant(repo, commit, variant, progress=progress)
-        except Exception as exc:
-            if self.on_fetch is not None:
-                self.on_fetch(repo, commit, variant, None, exc)
-            raise
-        if self.on_fetch is not None:
-            self.on_fetch(repo, commit, variant, result, None)
-        return result
+        return self.fetch.fetch_variant(repo, commit, variant, progress=progress)
+
+
+def _no_plan(names: Sequence[str], variants: Sequence[str]) -> str:
+    """Why a prefetch found nothing to fetch, and what to do about it."""
+    listed = ", ".join(sorted(names)) or "none"
+    if not names:
+        return "the commit has no build variants (no build/ folder, or an empty one)"
+    return (
+        f"none of its variants ({listed}) is one this host's GPUs, torch versions and the "
+        "platforms its clients showed would load; name the variants to fetch (--variant NAME "
+        "or --variant all) or the torch versions (--torch 2.13)"
+        if not [v for v in variants if v not in ("", "auto")]
+        else f"none of the requested variants exists (it has: {listed})"
+    )
 
 
 def parse_torch_versions(values: Iterable[str]) -> set[tuple[int, int]]:

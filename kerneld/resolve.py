@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kerneld.fetch import Fetcher, FetchResult, SingleFlight
+from kerneld.fetch import Fetcher, FetchResult, SingleFlight, VariantFetcher
 from kerneld.fetch_progress import FetchProgressFn
 from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
 from kerneld.upstream.base import Upstream, check_repo_id, is_commit
@@ -28,6 +28,12 @@ from kerneld_client.metadata import kernel_depends
 from kerneld_client.variants import Decision, PlatformFacts, decide
 
 log = logging.getLogger("kerneld.resolve")
+
+LISTING_RETRY_S = 30.0
+"""After every upstream failed to list a commit's variants (or a ref could not be re-checked),
+they are not asked again for this long: during an outage each job is answered from what is
+here, instead of costing every upstream its retries again (a restarted daemon has no answers
+of its own yet)."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +83,19 @@ class NoVariantFits(ResolveError):
     """No variant of the commit fits the platform (each decision says why); the client raises
     its `NoCompatibleVariant`, `kernels`' name, for it."""
 
-    def __init__(self, decisions: Sequence[Decision], *, repo_id: str, revision: str) -> None:
+    def __init__(
+        self,
+        decisions: Sequence[Decision],
+        *,
+        repo_id: str,
+        revision: str,
+        detail: str | None = None,
+    ) -> None:
         self.decisions = list(decisions)
-        detail = "; ".join(f"{d.variant}: {d.reason}" for d in self.decisions) or "no variants"
-        super().__init__(
-            f"no build variant fits this platform ({detail})", repo_id=repo_id, revision=revision
-        )
+        if detail is None:
+            said = "; ".join(f"{d.variant}: {d.reason}" for d in self.decisions) or "no variants"
+            detail = f"no build variant fits this platform ({said})"
+        super().__init__(detail, repo_id=repo_id, revision=revision)
 
 
 class FetchNotAllowed(ResolveError):
@@ -91,6 +104,12 @@ class FetchNotAllowed(ResolveError):
 
 class DependencyCycle(ResolveError):
     pass
+
+
+Admit = Callable[["KernelSpec", str, Sequence[str]], None]
+"""The daemon's policy for one kernel once its commit is known and listed (so the repo exists),
+before any variant of it is fetched: raises to refuse.
+Called with the spec, the commit and the chain of kernels that depend on it (outermost first)."""
 
 
 @dataclass(frozen=True)
@@ -134,14 +153,16 @@ class Resolver:
         *,
         ref_ttl_s: float = 300.0,
         negative_ttl_s: float = 30.0,
-        fetcher: Fetcher | None = None,
+        fetch: VariantFetcher | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`fetch` downloads a variant the store lacks: the daemon passes its acquire service
+        (policy, history); a store tool gets a plain `Fetcher` over the same upstreams."""
         self.store = store
         self.upstreams = list(upstreams)
         self.ref_ttl_s = ref_ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self.fetcher = fetcher or Fetcher(store, self.upstreams)
+        self._fetch = fetch or Fetcher(store, self.upstreams)
         self.clock = clock
         self._ref_flight: SingleFlight[tuple[str, str, bool, bool, bool], tuple[str, bool]] = (
             SingleFlight()
@@ -151,6 +172,17 @@ class Resolver:
         answer. Only these refs are served *stale*: a ref merely past its TTL is being
         re-checked in the background (`kerneld.server.refresh`), which is not a failure."""
         self._variants_flight: SingleFlight[tuple[str, str, bool], list[str]] = SingleFlight()
+        self._unlisted: dict[tuple[str, str], tuple[float, UpstreamError]] = {}
+        """(repo, commit) -> when and how every upstream last failed to list its variants."""
+
+    def reconfigure(
+        self, upstreams: Sequence[Upstream], *, ref_ttl_s: float, negative_ttl_s: float
+    ) -> None:
+        """A reload's new upstream chain and TTLs (the fetch side is the acquire service's)."""
+        self.upstreams = list(upstreams)
+        self.ref_ttl_s = ref_ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self._unlisted.clear()
 
     # -- refs ----------------------------------------------------------------------------------
 
@@ -175,6 +207,18 @@ class Resolver:
         )
         return result
 
+    def answers_locally(self, spec: KernelSpec) -> bool:
+        """Would `commit_for` answer without asking an upstream (a commit, or a ref within its
+        TTL)? A front end asks before it charges a caller for a question upstream."""
+        if spec.locked_commit is not None or is_commit(spec.ref):
+            return True
+        row = self.store.get_ref(spec.repo_id, spec.ref)
+        return row is not None and self.clock() - row.fetched_at < self.ref_ttl_s
+
+    def lists_locally(self, repo_id: str, commit: str) -> bool:
+        """Would `variant_names` answer without asking an upstream?"""
+        return self.store.upstream_variants(repo_id, commit) is not None
+
     def failing(self, repo_id: str, ref: str) -> bool:
         """Did every upstream fail the last time `ref` was asked for (served stale since)?"""
         return (repo_id, ref) in self._failing
@@ -198,6 +242,10 @@ class Resolver:
         fresh = row is not None and not refresh and self.clock() - row.fetched_at < self.ref_ttl_s
         if row is not None and (fresh or not allow_network):
             return row.commit, not fresh and self.failing(spec.repo_id, ref)
+        failed_at = self._failing.get((spec.repo_id, ref))
+        recently_failed = failed_at is not None and self.clock() - failed_at < LISTING_RETRY_S
+        if row is not None and recently_failed and not refresh:
+            return row.commit, True  # asked moments ago, in vain: not again yet
         negative = self.store.get_negative(spec.repo_id, ref)
         if negative is not None and row is None:
             cls = RepoNotFound if negative.reason.startswith("repo:") else RevisionNotFound
@@ -324,6 +372,11 @@ class Resolver:
                     revision=commit,
                 )
             return published
+        unlisted = self._unlisted.get((repo_id, commit))
+        if unlisted is not None and self.clock() - unlisted[0] < LISTING_RETRY_S:
+            if published:
+                return published
+            raise unlisted[1]
         failures: list[UpstreamError] = []
         for upstream in self.upstreams:
             try:
@@ -331,13 +384,18 @@ class Resolver:
             except UpstreamError as exc:
                 failures.append(exc)
                 continue
+            self._unlisted.pop((repo_id, commit), None)
             self.store.set_upstream_variants(repo_id, commit, names)
             return names
-        if published:
-            return published
         if not failures:
             raise UpstreamUnavailable("no upstream configured", repo_id=repo_id, revision=commit)
-        raise every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
+        error = every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
+        if len(self._unlisted) >= 4096:  # bounded: the oldest failures are the least useful
+            self._unlisted.pop(next(iter(self._unlisted)))
+        self._unlisted[(repo_id, commit)] = (self.clock(), error)
+        if published:
+            return published
+        raise error
 
     # -- resolve -------------------------------------------------------------------------------
 
@@ -352,12 +410,15 @@ class Resolver:
         holder: str = "",
         progress: FetchProgressFn | None = None,
         hold: Hold | None = None,
+        admit: Admit | None = None,
         _stack: tuple[str, ...] = (),
     ) -> Resolution:
         """Choose, and fetch if allowed, the variant of `spec` for `facts` (and of every
         kernel it depends on). With `hold`, every variant looked up or fetched is held from GC
         until the caller closes the hold: a dependency's fetch, or another request's, cannot
-        evict what this answer names before the caller has leased it."""
+        evict what this answer names before the caller has leased it. `admit` is the
+        daemon's policy, applied to each kernel as soon as its commit is known (before any of
+        its variants is fetched)."""
         if spec.repo_id in _stack:
             raise DependencyCycle(
                 "kernel-depends cycle: " + " -> ".join((*_stack, spec.repo_id)),
@@ -368,6 +429,8 @@ class Resolver:
         commit, stale = self.commit_for(spec, allow_network=allow_fetch)
         self.store.check_denied(spec.repo_id, spec.ref, commit)
         names = self.variant_names(spec.repo_id, commit, allow_network=allow_fetch)
+        if admit is not None:  # the commit is listed (here or upstream): the repo exists
+            admit(spec, commit, _stack)
         decisions = decide(names, facts)
         if variant is not None:
             chosen = [d for d in decisions if d.variant == variant]
@@ -401,7 +464,7 @@ class Resolver:
                     revision=commit,
                 )
         if hit is None:
-            fetched = self.fetcher.fetch_variant(spec.repo_id, commit, best, progress=progress)
+            fetched = self._fetch.fetch_variant(spec.repo_id, commit, best, progress=progress)
             hit = self.store.lookup(
                 spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder
             )
@@ -426,6 +489,7 @@ class Resolver:
                 holder=holder,
                 progress=progress,
                 hold=hold,
+                admit=admit,
                 _stack=(*_stack, spec.repo_id),
             )
             for dep in self.dependencies_of(hit)

@@ -73,6 +73,7 @@ def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], 
 
 def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
     from kerneld.config import ConfigError, load_config
+    from kerneld.fetch import Fetcher
     from kerneld.hardware import detect
     from kerneld.prefetch import ClientPlatforms, Prefetcher, parse_torch_versions
     from kerneld.resolve import KernelSpec, Resolver
@@ -98,9 +99,10 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
         for s in specs
     ]
     with open_store(ctx, writable=True, create=True) as store:
-        resolver = Resolver(store, upstreams)
+        fetcher = Fetcher(store, upstreams)
+        resolver = Resolver(store, upstreams, fetch=fetcher)
         prefetcher = Prefetcher(
-            store, resolver, hardware=detect, client_platforms=ClientPlatforms(None)
+            store, resolver, fetcher, hardware=detect, client_platforms=ClientPlatforms(None)
         )
         prefetcher.run(
             kernel_specs,

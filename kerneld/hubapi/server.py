@@ -35,6 +35,7 @@ from kerneld.server.core import Core
 from kerneld.server.errors import classify
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.identity import Caller
+from kerneld.server.trust import PublisherUnknown
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.proto import kerneld_pb2 as pb
 
@@ -236,7 +237,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 return self._paths_info(repo_id, unquote("/".join(rest[1:])), body, caller)
         overview = parts[1:3] == ["api", "organizations"] and parts[4:] == ["overview"]
         if overview and len(parts) == 5 and read:
-            return self._overview(unquote(parts[3]))
+            return self._overview(unquote(parts[3]), caller)
         if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
             if not read:
                 raise HubError(405, "Method Not Allowed: this endpoint is read-only")
@@ -287,10 +288,16 @@ class HubApiHandler(BaseHTTPRequestHandler):
             {"X-Repo-Commit": commit},
         )
 
-    def _overview(self, org: str) -> int:
+    def _overview(self, org: str, caller: Caller) -> int:
         """An organisation as `kernels` asks about it: `trustedKernelPublisher` is this host's
-        `[trust]` verdict for the whole organisation (the Hub's answer, or an `org/*` allow)."""
+        `[trust]` verdict for the whole organisation (the Hub's answer, or an `org/*` allow).
+        An organisation the Hub does not know is a 404, as on the Hub: `kernels` then says it
+        "could not verify publisher trust status", not that the publisher is untrusted."""
         _repo(org, "x")  # the same grammar as a repo's org
+        try:
+            trusted = self.view.org_trusted(org, caller)
+        except PublisherUnknown as exc:
+            raise HubError(404, f"kerneld: {exc.message}", "RepoNotFound") from None
         return self._send_json(
             {
                 "name": org,
@@ -298,7 +305,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 "isVerified": False,
                 "numModels": 0,
                 "numKernels": 0,
-                "trustedKernelPublisher": self.view.org_trusted(org),
+                "trustedKernelPublisher": trusted,
             }
         )
 

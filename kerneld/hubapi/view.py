@@ -9,8 +9,13 @@ the store: a file of a variant that is not here makes the daemon fetch the whole
 (single-flight, verified, under `[fetch]`), so the Hub sees one download per variant per host
 however many processes ask.
 
-Refs and revisions go through the resolver: the same TTL cache, the same stale answer when
-every upstream is down, the same denies and publisher trust as a Resolve.
+Every decision is the daemon's acquire service's (`kerneld.server.acquire`), as for a Resolve:
+field bounds, denies, publisher trust (once the repo is known to exist), the provenance gate
+(the store refuses to hand out an unverified tree), the fetch gate with its per-uid budget and
+audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
+same TTL cache, the same stale answer when every upstream is down. What every upstream failed
+to answer is not asked again for `LISTING_RETRY_S`: during an outage a job costs the upstreams
+nothing more than the first one did, restart or not.
 """
 
 from __future__ import annotations
@@ -22,16 +27,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
-from kerneld.resolve import FetchNotAllowed, KernelSpec
-from kerneld.server.core import Core
+from kerneld.config import Config
+from kerneld.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
+from kerneld.server.acquire import Acquire
 from kerneld.server.identity import Caller
-from kerneld.server.trust import UntrustedPublisher
-from kerneld.store import PublishedFile, ResourceExhaustedError
+from kerneld.server.metrics import Metrics
+from kerneld.store import PublishedFile, RefRow, ResourceExhaustedError
 from kerneld.upstream.base import Refs, RemoteFile, is_commit
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
 
@@ -99,40 +105,99 @@ class NotAKernelRepo(RepoNotFound):
     """The repo exists upstream but has no `build/` tree: the endpoint serves only kernels."""
 
 
+class HubStore(Protocol):
+    """What the endpoint reads of the store: listings, trees (gated), refs and its own notes."""
+
+    @property
+    def generation(self) -> int: ...
+
+    def published_listing(
+        self, repo: str, commit: str, variant: str
+    ) -> list[PublishedFile] | None: ...
+
+    def published_files(
+        self, repo: str, commit: str, variant: str
+    ) -> tuple[Path, list[PublishedFile]] | None: ...
+
+    def refs_of(self, repo: str) -> list[RefRow]: ...
+
+    def get_meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class HubHost(Protocol):
+    """What the endpoint needs of the daemon (kerneld.server.core.Core implements it)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def store(self) -> HubStore: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    @property
+    def acquire(self) -> Acquire: ...
+
+    def work(self) -> AbstractContextManager[None]: ...
+
+
 class HubView:
     """The store and the resolver, answering the questions Hub clients ask."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: HubHost) -> None:
         self.core = core
         self._lock = threading.Lock()
         self._refs: dict[str, tuple[Refs, float]] = {}
         self._listed: OrderedDict[tuple[str, str], dict[str, list[HubFile]]] = OrderedDict()
         self._complete: OrderedDict[tuple[str, str], tuple[int, list[HubFile]]] = OrderedDict()
+        self._failed: OrderedDict[tuple[str, str], tuple[float, UpstreamError]] = OrderedDict()
+        """(repo, commit or "refs") -> when and how every upstream last failed to list it."""
 
     # -- policy ---------------------------------------------------------------------------------
 
     def check(self, repo_id: str, revision: str, commit: str | None = None) -> None:
-        """Denies and publisher trust, as a Resolve checks them (a Hub client cannot pass
-        `trust_remote_code`: `[trust] allow` is how an admin admits another publisher)."""
-        store = self.core.store
-        store.check_denied(repo_id, revision, commit)
-        self.core.trust.check(repo_id, trust_remote_code=False)
+        """Field bounds and denies, before anything is asked (publisher trust comes once the
+        repo is known to exist: `files`, `refs`)."""
+        acquire = self.core.acquire
+        acquire.check_fields(repo_id, revision)
+        acquire.check_denied(repo_id, revision, commit)
 
-    def org_trusted(self, org: str) -> bool:
+    def _check_publisher(self, repo_id: str) -> None:
+        """A Hub client cannot pass `trust_remote_code`: `[trust] allow` is how an admin
+        admits another publisher."""
+        self.core.acquire.check_publisher(repo_id, trust_remote_code=False)
+
+    def org_trusted(self, org: str, caller: Caller | None = None) -> bool:
         """Does this host trust every kernel of `org` (what `kernels` asks the Hub's
-        organisation overview)? A verdict the Hub cannot give now is an error (503)."""
-        try:
-            self.core.trust.check(f"{org}/*", trust_remote_code=False)
-        except UntrustedPublisher:
-            return False
-        return True
+        organisation overview)? PublisherUnknown when the Hub has no such organisation (a
+        404: `kernels` then says it could not verify), PublisherUnverified when it cannot be
+        asked now (503); asking costs the caller one fetch of its budget."""
+        self.core.acquire.check_fields(f"{org}/x")
+        return self.core.acquire.org_verdict(org, caller)
 
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
-        cfg = self.core.config
-        if not cfg.fetch_allowed(repo_id):
-            return False
-        return self.core.fetch_gate.may_fetch(caller, cfg.fetch_allow_gids())
+        return self.core.acquire.may_fetch(caller, repo_id)
+
+    def _recent_failure(self, key: tuple[str, str]) -> UpstreamError | None:
+        with self._lock:
+            failed = self._failed.get(key)
+        if failed is not None and time.time() - failed[0] < LISTING_RETRY_S:
+            return failed[1]
+        return None
+
+    def _remember_failure(self, key: tuple[str, str], error: UpstreamError) -> None:
+        with self._lock:
+            self._failed[key] = (time.time(), error)
+            self._failed.move_to_end(key)
+            while len(self._failed) > MAX_LISTED_COMMITS:
+                self._failed.popitem(last=False)
 
     # -- refs -----------------------------------------------------------------------------------
 
@@ -142,13 +207,22 @@ class HubView:
         it outlives a restart (`kernels` picks `version=N`'s branch from this listing, and may
         then ask for the commit it names: no ref row is ever recorded for it); else the refs
         this store has resolved."""
+        self.check(repo_id, "main")
+        refs = self._refs_of(repo_id, caller)
+        self._check_publisher(repo_id)  # it exists: its publisher may be asked about
+        return refs
+
+    def _refs_of(self, repo_id: str, caller: Caller) -> Refs:
         ttl = self.core.config.ref_ttl_s
         with self._lock:
             cached = self._refs.get(repo_id)
         if cached is not None and time.time() - cached[1] < ttl:
             return cached[0]
         failures: list[UpstreamError] = []
-        if self.may_fetch(repo_id, caller):
+        recent = self._recent_failure((repo_id, "refs"))
+        if recent is not None:
+            failures.append(recent)
+        elif self._open_network(caller, repo_id, f"repo={repo_id} refs"):
             for upstream in self.core.resolver.upstreams:
                 try:
                     refs = upstream.list_refs(repo_id)
@@ -160,6 +234,8 @@ class HubView:
                 if cached is None or cached[0] != refs:
                     self._save_refs(repo_id, refs)
                 return refs
+            if failures and not all(isinstance(f, RepoNotFound) for f in failures):
+                self._remember_failure((repo_id, "refs"), failures[0])
         if cached is None:
             cached = self._saved_refs(repo_id)
         if cached is not None:
@@ -190,20 +266,31 @@ class HubView:
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
+    def _open_network(self, caller: Caller, repo_id: str, what: str) -> bool:
+        """Admit a question to the upstreams (the acquire service's fetch gate, budget and
+        audit line); False when the policy keeps this caller to what is here."""
+        if not self.may_fetch(repo_id, caller):
+            return False
+        self.core.acquire.open_network(caller, repo_id, what, "hub-api")
+        return True
+
     def commit(self, repo_id: str, revision: str, caller: Caller) -> str:
         """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""
+        self.check(repo_id, revision)
         spec = KernelSpec(repo_id, revision=revision)
-        self.check(repo_id, spec.ref)
-        commit, _ = self.core.resolver.commit_for(
-            spec, allow_network=self.may_fetch(repo_id, caller)
-        )
+        resolver = self.core.resolver
+        network = False
+        if not resolver.answers_locally(spec):
+            network = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
+        commit, _ = resolver.commit_for(spec, allow_network=network)
         self.check(repo_id, spec.ref, commit)
         return commit
 
     # -- listings -------------------------------------------------------------------------------
 
     def files(self, repo_id: str, commit: str, caller: Caller) -> list[HubFile]:
-        """Every file of every variant of `commit` that is here or can be listed upstream.
+        """Every file of every variant of `commit` that is here or can be listed upstream,
+        once its publisher is trusted (every route that hands out files lists them first).
 
         A complete listing (every variant) is remembered until the store changes: a job's
         `kernels` asks for it several times per kernel, and each answer would otherwise read
@@ -212,10 +299,14 @@ class HubView:
         with self._lock:
             memo = self._complete.get((repo_id, commit))
         if memo is not None and memo[0] == generation:
+            self._check_publisher(repo_id)
             return memo[1]
-        allow = self.may_fetch(repo_id, caller)
         resolver = self.core.resolver
-        try:
+        allow = self.may_fetch(repo_id, caller)
+        if allow and not resolver.lists_locally(repo_id, commit):
+            what = f"repo={repo_id} commit={commit} listing"
+            allow = self._open_network(caller, repo_id, what)
+        try:  # the resolver remembers a failed listing: an outage is not asked again at once
             names = resolver.variant_names(repo_id, commit, allow_network=allow)
         except EntryNotFound as exc:
             raise NotAKernelRepo(
@@ -224,20 +315,27 @@ class HubView:
                 repo_id=repo_id,
                 revision=commit,
             ) from exc
+        self._check_publisher(repo_id)  # the commit is listed: the repo exists
         with self._lock:
             listed = self._listed.get((repo_id, commit), {})
         out: list[HubFile] = []
         failures: list[UpstreamError] = []
         complete = True
+        recent = self._recent_failure((repo_id, commit))
+        if recent is not None:
+            failures.append(recent)
         for variant in names:
-            stored = self.core.store.published_files(repo_id, commit, variant)
+            stored = self.core.store.published_listing(repo_id, commit, variant)
             if stored is not None:
-                out.extend(HubFile.published(variant, f) for f in stored[1])
+                out.extend(HubFile.published(variant, f) for f in stored)
                 continue
-            if variant not in listed and allow:
+            if variant not in listed and allow and recent is None:
                 remote = self._list_upstream(repo_id, commit, variant, failures)
                 if remote is not None:
                     listed = self._remember(repo_id, commit, variant, remote)
+                elif failures:  # every upstream failed: the other variants would too
+                    self._remember_failure((repo_id, commit), failures[-1])
+                    recent = failures[-1]
             complete = complete and variant in listed
             out.extend(listed.get(variant, ()))
         if not out and failures:
@@ -316,7 +414,9 @@ class HubView:
         )
 
     def _tree(self, repo_id: str, commit: str, variant: str, caller: Caller) -> Path:
+        """The variant's tree: the store hands it out only past its provenance gate."""
         core = self.core
+        core.acquire.check_fields(repo_id, commit, variant)
         stored = core.store.published_files(repo_id, commit, variant)
         if stored is not None:
             return stored[0]
@@ -327,20 +427,10 @@ class HubView:
                 repo_id=repo_id,
                 revision=commit,
             )
-        cfg = core.config
-        core.fetch_gate.take(
-            caller,
-            per_minute=cfg.fetch_per_uid_rate,
-            burst=cfg.fetch_per_uid_burst,
-            what=f"{repo_id}@{commit}/{variant}",
+        core.acquire.open_network(
+            caller, repo_id, f"repo={repo_id} commit={commit} variant={variant}", "hub-api"
         )
-        with core.work():
-            try:
-                result = core.resolver.fetcher.fetch_variant(repo_id, commit, variant)
-            except Exception as exc:
-                core.fetches.record(repo_id, commit, variant, None, exc)
-                raise
-        core.fetches.record(repo_id, commit, variant, result, None)
+        result = core.acquire.fetch_variant(repo_id, commit, variant)
         stored = core.store.published_files(repo_id, commit, variant)
         if stored is None:
             raise ResourceExhaustedError(

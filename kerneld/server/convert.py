@@ -11,6 +11,20 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from kerneld.resolve import KernelSpec, Resolution
+from kerneld.server.bounds import (
+    MAX_CLIENT,
+    MAX_DEVICES,
+    MAX_DIGEST,
+    MAX_FACT,
+    MAX_LEASE_ID,
+    MAX_REASON,
+    MAX_REPO_ID,
+    MAX_REVISION,
+    MAX_VARIANT,
+    RequestTooLarge,
+    check_field,
+    clip,
+)
 from kerneld.store import Lease
 from kerneld.upstream.base import is_commit
 from kerneld_client.metadata import backend_of, kernel_depends
@@ -25,86 +39,36 @@ def ts(seconds: float) -> Timestamp:
     return stamp
 
 
-# ---- bounds on what a caller may send ------------------------------------------------------
-#
-# Every string and list of a user-socket request is bounded here, before anything is parsed,
-# remembered, logged or written: a request may be 4 MiB (the gRPC cap), and whatever the daemon
-# keeps of it (leases, the negative cache, remembered answers, platforms.json, log lines) would
-# otherwise grow by that much per call. The limits are far above what a real client sends.
-
-#: `org/name`: two Hub names of at most 96 characters (`kerneld/store/paths.py`).
-MAX_REPO_ID = 193
-#: A branch, tag or commit (`paths.py` `_REF`).
-MAX_REVISION = 255
-#: One path component.
-MAX_VARIANT = 255
-#: The self-reported caller ("pid=123 kerneld_client"), kept with every lease.
-MAX_CLIENT = 256
-#: A lease id is 32 hex digits.
-MAX_LEASE_ID = 64
-#: Each string of PlatformFacts ("x86_64", "2.13", "gfx942:sramecc+:xnack-").
-MAX_FACT = 64
-#: Devices of one process.
-MAX_DEVICES = 64
-#: A tree digest: "sha256:" and 64 hex digits.
-MAX_DIGEST = 71
-#: Why a caller suspects a tree (ReportSuspect): one line of an error message, clipped by the
-#: client; it goes into a log line and a quarantine entry.
-MAX_REASON = 512
-
-
-class RequestTooLarge(ValueError):
-    """A request field over its bound (INVALID_ARGUMENT): names the field and the limit."""
-
-
-def clip(text: str, limit: int = 96) -> str:
-    """`text` for a log line or an error message: at most `limit` characters, with its full
-    length when cut (a caller's string is never echoed whole)."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}...({len(text.encode('utf-8', 'replace'))} bytes)"
-
-
-def _bound(value: str, limit: int, field: str) -> None:
-    """RequestTooLarge when `value` is over `limit` UTF-8 bytes or holds a control character
-    (it would break a log line or a terminal)."""
-    if len(value) > limit // 4:  # a string this short cannot be over the limit
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            raise RequestTooLarge(
-                f"{field} is {size} bytes, over its limit of {limit} bytes; send the real value"
-            )
-    if not value.isprintable() and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise RequestTooLarge(f"{field} contains a control character: {clip(value, 32)!r}")
+# ---- bounds on what a caller may send: one definition for every route (bounds.py) ----------
 
 
 def check_ref(ref: pb.KernelRef, field: str = "kernel") -> None:
-    _bound(ref.repo_id, MAX_REPO_ID, f"{field}.repo_id")
-    _bound(ref.revision, MAX_REVISION, f"{field}.revision")
-    _bound(ref.locked_commit, MAX_REVISION, f"{field}.locked_commit")
+    check_field(ref.repo_id, MAX_REPO_ID, f"{field}.repo_id")
+    check_field(ref.revision, MAX_REVISION, f"{field}.revision")
+    check_field(ref.locked_commit, MAX_REVISION, f"{field}.locked_commit")
 
 
 def check_platform(facts: pb.PlatformFacts, field: str = "platform") -> None:
     for name in ("torch_version", "cpu", "os", "python_version", "macos_version"):
-        _bound(getattr(facts, name), MAX_FACT, f"{field}.{name}")
-    _bound(facts.tvm_ffi_version, MAX_FACT, f"{field}.tvm_ffi_version")
-    _bound(facts.backend.type, MAX_FACT, f"{field}.backend.type")
-    _bound(facts.backend.version, MAX_FACT, f"{field}.backend.version")
+        check_field(getattr(facts, name), MAX_FACT, f"{field}.{name}")
+    check_field(facts.tvm_ffi_version, MAX_FACT, f"{field}.tvm_ffi_version")
+    check_field(facts.backend.type, MAX_FACT, f"{field}.backend.type")
+    check_field(facts.backend.version, MAX_FACT, f"{field}.backend.version")
     devices = facts.device_capabilities
     if len(devices) > MAX_DEVICES:
         raise RequestTooLarge(
             f"{field}.device_capabilities has {len(devices)} entries; the limit is {MAX_DEVICES}"
         )
     for i, capability in enumerate(devices):
-        _bound(capability, MAX_FACT, f"{field}.device_capabilities[{i}]")
+        check_field(capability, MAX_FACT, f"{field}.device_capabilities[{i}]")
 
 
 def check_resolve(request: pb.ResolveRequest, field: str = "") -> None:
     """RequestTooLarge unless every field of a Resolve (or ResolveMany entry) is in bounds."""
     check_ref(request.kernel, f"{field}kernel")
     check_platform(request.platform, f"{field}platform")
-    _bound(request.variant, MAX_VARIANT, f"{field}variant")
-    _bound(request.client, MAX_CLIENT, f"{field}client")
+    check_field(request.variant, MAX_VARIANT, f"{field}variant")
+    check_field(request.client, MAX_CLIENT, f"{field}client")
 
 
 def check_list_variants(request: pb.ListVariantsRequest) -> None:
@@ -113,17 +77,17 @@ def check_list_variants(request: pb.ListVariantsRequest) -> None:
 
 
 def check_lease_id(lease_id: str) -> None:
-    _bound(lease_id, MAX_LEASE_ID, "lease_id")
+    check_field(lease_id, MAX_LEASE_ID, "lease_id")
 
 
 def check_report(request: pb.ReportSuspectRequest) -> str:
     """The hex digest a ReportSuspect names; RequestTooLarge for a field over its bound,
     ValueError for a digest that is not one (both INVALID_ARGUMENT)."""
-    _bound(request.tree_digest, MAX_DIGEST, "tree_digest")
-    _bound(request.repo_id, MAX_REPO_ID, "repo_id")
-    _bound(request.commit, MAX_REVISION, "commit")
-    _bound(request.variant, MAX_VARIANT, "variant")
-    _bound(request.reason, MAX_REASON, "reason")
+    check_field(request.tree_digest, MAX_DIGEST, "tree_digest")
+    check_field(request.repo_id, MAX_REPO_ID, "repo_id")
+    check_field(request.commit, MAX_REVISION, "commit")
+    check_field(request.variant, MAX_VARIANT, "variant")
+    check_field(request.reason, MAX_REASON, "reason")
     hexd = request.tree_digest.removeprefix("sha256:")
     if len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
         raise ValueError(

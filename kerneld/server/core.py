@@ -27,6 +27,7 @@ from kerneld.prefetch import ClientPlatforms, Emit, Prefetcher, PrefetchSummary,
 from kerneld.provenance import provenance_check
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.server import logs
+from kerneld.server.acquire import Acquire
 from kerneld.server.errors import NotReady
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import FetchGate
@@ -68,6 +69,7 @@ class Core:
         self.ready = False
         self._store: Store | None = None
         self._resolver: Resolver | None = None
+        self._acquire: Acquire | None = None
         self._leases: LeaseBook | None = None
         self._prefetcher: Prefetcher | None = None
         self._refresher: RefRefresher | None = None
@@ -111,13 +113,14 @@ class Core:
             store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
             self.hardware = detect(self.hardware_root)
-            fetcher = Fetcher(store, upstreams)
+            # The one fetcher, held by the acquire service: every download passes its gate.
+            acquire = Acquire(self, Fetcher(store, upstreams))
             resolver = Resolver(
                 store,
                 upstreams,
                 ref_ttl_s=cfg.ref_ttl_s,
                 negative_ttl_s=cfg.negative_ttl_s,
-                fetcher=fetcher,
+                fetch=acquire,
             )
             self._leases = LeaseBook(
                 store, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
@@ -126,9 +129,10 @@ class Core:
             self._prefetcher = Prefetcher(
                 store,
                 resolver,
+                acquire,
                 hardware=self.host,
                 client_platforms=self.platforms,
-                on_fetch=self.fetches.record,
+                admit=acquire.admitter(trust_remote_code=False),
                 configured_torch=_torch(cfg.prefetch_torch),
             )
             trust = PublisherTrust(
@@ -154,6 +158,7 @@ class Core:
         self._trust = trust
         self._store = store
         self._resolver = resolver
+        self._acquire = acquire
         self.metrics.watch_store(self.gauges)
         return store
 
@@ -190,6 +195,13 @@ class Core:
         if self._store is None:
             raise NotReady("kerneld is starting: the store is being opened and scanned")
         return self._store
+
+    @property
+    def acquire(self) -> Acquire:
+        """The gate every front end passes (bounds, deny, trust, fetch gate, the fetcher)."""
+        if self._acquire is None:
+            raise NotReady("kerneld is starting: the store is being opened and scanned")
+        return self._acquire
 
     @property
     def trust(self) -> PublisherTrust:
@@ -351,15 +363,16 @@ class Core:
         change = config_change(self.config, new)
         effective = change.effective
         if change.touches("upstreams", "fetch_attempts", "fetch_timeout_s"):
-            chain = build_upstreams(effective)
-            if self._resolver is not None:
-                self._resolver.upstreams = list(chain)
-                self._resolver.fetcher.upstreams = list(chain)
-            self.upstreams = chain
+            self.upstreams = build_upstreams(effective)
+            if self._acquire is not None:
+                self._acquire.reconfigure(self.upstreams)
             self.warm_upstreams()
         if self._resolver is not None:
-            self._resolver.ref_ttl_s = effective.ref_ttl_s
-            self._resolver.negative_ttl_s = effective.negative_ttl_s
+            self._resolver.reconfigure(
+                self.upstreams,
+                ref_ttl_s=effective.ref_ttl_s,
+                negative_ttl_s=effective.negative_ttl_s,
+            )
         if self._store is not None and change.touches(
             "cap_bytes", "min_free_bytes", "gc_min_age_s", "orphan_grace_s"
         ):
@@ -377,10 +390,11 @@ class Core:
         if self._trust is not None and change.touches(prefixes=("trust_",)):
             self._trust.reconfigure(effective)
         if self._prefetcher is not None:
-            self._prefetcher.configured_torch = _torch(effective.prefetch_torch)
+            self._prefetcher.reconfigure(configured_torch=_torch(effective.prefetch_torch))
         if self._leases is not None:
-            self._leases.per_client = effective.lease_limit_per_client
-            self._leases.total = effective.lease_limit
+            self._leases.reconfigure(
+                per_client=effective.lease_limit_per_client, total=effective.lease_limit
+            )
         if change.touches("log_level"):
             logs.set_level(effective.log_level)
         self.config = effective

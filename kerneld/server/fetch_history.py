@@ -7,6 +7,7 @@ re-fetch, the Hub API), is reported here once, as it ended: kept among the last
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -53,7 +54,8 @@ class FetchHistory:
         result: FetchResult | None,
         error: BaseException | None,
     ) -> None:
-        """One fetch that ended: with its `result`, or failed with `error`."""
+        """One fetch that ended: with its `result`, or failed with `error` (an error that two
+        layers report, the fetch and the resolution it was for, is counted once)."""
         if result is not None:
             self._records.append(
                 FetchRecord(
@@ -69,6 +71,10 @@ class FetchHistory:
             self.metrics.fetches.labels(result.upstream, "ok").inc()
             self.metrics.fetch_bytes.labels(result.upstream).inc(result.bytes_downloaded)
             return
+        if getattr(error, "_fetch_recorded", False):
+            return  # the fetch recorded it; the resolution it failed sees it again
+        with contextlib.suppress(AttributeError):  # __slots__: counted each time it comes
+            error._fetch_recorded = True  # type: ignore[union-attr]
         upstream = getattr(error, "upstream", "") or ""
         kind = (
             "integrity_error"

@@ -25,6 +25,7 @@ import grpc
 
 from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
+from kerneld.server.bounds import clip
 from kerneld.server.core import Core
 from kerneld.server.errors import abort, classify, rpc_handler
 from kerneld.server.serving import Served
@@ -93,7 +94,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
             priority=up.priority,
             reachable=up.reachable,
             # Any user may ask: an upstream's credentials (URL userinfo, tokens) never show.
-            last_error=convert.clip(logs.redact(up.last_error), MAX_STATUS_ERROR),
+            last_error=clip(logs.redact(up.last_error), MAX_STATUS_ERROR),
         )
         if up.last_success is not None:
             item.last_success.CopyFrom(convert.ts(up.last_success))
@@ -236,7 +237,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             self.core.metrics.errors.labels(method, pb.ErrorCode.Name(code)).inc()
         else:
             self._failed(method, exc, kernel, fetching=getattr(request, "allow_fetch", True))
-        abort(context, exc, repo_id=convert.clip(kernel.repo_id) if kernel is not None else "")
+        abort(context, exc, repo_id=clip(kernel.repo_id) if kernel is not None else "")
 
     def _failed(
         self,
@@ -250,7 +251,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         fetch is the expected first answer of every cold load: logged at debug, not counted
         in `kerneld_rpc_errors_total` (the docs say to alert on it)."""
         kernel = kernel if kernel is not None else pb.KernelRef()
-        failure = classify(exc, repo_id=convert.clip(kernel.repo_id))
+        failure = classify(exc, repo_id=clip(kernel.repo_id))
         expected = not fetching and failure.detail.code == pb.FETCH_NOT_ALLOWED
         if not expected:
             self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
@@ -258,8 +259,8 @@ class KernelsService(pb_grpc.KernelsServicer):
             logging.DEBUG if expected else logging.INFO,
             "%s failed repo=%s selector=%s code=%s: %s",
             method,
-            convert.clip(kernel.repo_id) or "-",
-            convert.clip(_selector(kernel)),
+            clip(kernel.repo_id) or "-",
+            clip(_selector(kernel)),
             pb.ErrorCode.Name(failure.detail.code),
             failure.detail.message,
         )

@@ -55,6 +55,11 @@ class LeaseBook:
         self._thread = threading.Thread(target=self._run, name="lease-writer", daemon=True)
         self._thread.start()
 
+    def reconfigure(self, *, per_client: int, total: int) -> None:
+        """A reload's lease limits (taken by the next flush)."""
+        self.per_client = per_client
+        self.total = total
+
     def _new_id(self) -> str:
         """128 random bits, hex; random bytes are drawn 256 ids at a time (one getrandom
         syscall instead of one per Resolve)."""

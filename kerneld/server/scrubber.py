@@ -20,9 +20,8 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.resolve import Resolver
+from kerneld.server.acquire import Acquire
 from kerneld.server.background import BackgroundThread
-from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.metrics import Metrics
 from kerneld.store import DeniedError, Hold, Store
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
@@ -36,8 +35,8 @@ MAX_SLEEP_S = 3600.0
 
 class ScrubHost(Protocol):
     """What the scrub needs of the daemon (kerneld.server.core.Core implements it): its
-    settings, store and metrics, the resolver's fetcher for re-fetches, the fetch history that
-    records them, and the in-flight work count that a shutdown drains."""
+    settings, store and metrics, the acquire service for re-fetches (it records them), and
+    the in-flight work count that a shutdown drains."""
 
     @property
     def config(self) -> Config: ...
@@ -49,12 +48,9 @@ class ScrubHost(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
-    def resolver(self) -> Resolver: ...
+    def acquire(self) -> Acquire: ...
 
     def work(self) -> AbstractContextManager[None]: ...
-
-    @property
-    def fetches(self) -> FetchHistory: ...
 
 
 class Scrubber(BackgroundThread):
@@ -199,12 +195,10 @@ class Scrubber(BackgroundThread):
                     exc,
                 )
                 continue
-            try:
-                with self.core.work():
-                    result = self.core.resolver.fetcher.fetch_variant(repo, commit, variant)
+            try:  # the acquire service records it in the fetch history
+                result = self.core.acquire.fetch_variant(repo, commit, variant)
             except Exception as exc:
                 metrics.scrub_refetches.labels("failed").inc()
-                self.core.fetches.record(repo, commit, variant, None, exc)
                 log.warning(
                     "scrub: re-fetch failed repo=%s commit=%s variant=%s error=%s; clients fall "
                     "back until it is fetched again",
@@ -216,7 +210,6 @@ class Scrubber(BackgroundThread):
                 continue
             ok += 1
             metrics.scrub_refetches.labels("ok").inc()
-            self.core.fetches.record(repo, commit, variant, result, None)
             log.info(
                 "scrub: re-fetched repo=%s commit=%s variant=%s upstream=%s bytes=%d tree=%s",
                 repo,

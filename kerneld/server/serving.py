@@ -1,10 +1,11 @@
-"""Resolve, ListVariants and leases with the daemon's policy, and the answers it remembers.
+"""Resolve, ListVariants and leases over gRPC, and the answers the daemon remembers.
 
-Both gRPC services and the prefetch timer resolve through the daemon's one `Serving`, so policy
-(publisher trust, the fetch allow-list, `[fetch] allow_groups` and its rate limit, lease
-limits), metrics and logging are applied the same way whoever asks. An answer computed before
-is remembered and reused while the store's generation is unchanged and its refs are within
-their TTL: the warm path costs one indexed read and no write.
+Every policy decision (bounds, denies, publisher trust, the fetch gate and its audit line, the
+fetch itself) is the acquire service's (`acquire.py`), the same for every front end; what is
+here is the RPC's own: the local-first answer for a caller the fetch gate refuses, leases and
+their limits, metrics and log lines. An answer computed before is remembered and reused while
+the store's generation is unchanged and its refs are within their TTL: the warm path costs one
+indexed read and no write.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from typing import Protocol
 
 from kerneld.config import Config
 from kerneld.prefetch import ClientPlatforms
-from kerneld.resolve import FetchNotAllowed, KernelSpec, NoVariantFits, Resolution, Resolver
+from kerneld.resolve import (
+    Admit,
+    FetchNotAllowed,
+    KernelSpec,
+    NoVariantFits,
+    Resolution,
+    Resolver,
+)
+from kerneld.server.acquire import Acquire
 from kerneld.server.errors import RateLimited
 from kerneld.server.fetch_history import FetchHistory
-from kerneld.server.identity import Caller, FetchGate, audit
+from kerneld.server.identity import Caller, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics
 from kerneld.server.trust import PublisherTrust, UntrustedPublisher
@@ -67,8 +76,8 @@ def _walk(res: Resolution) -> Iterator[Resolution]:
 
 class ServingHost(Protocol):
     """What serving needs of the daemon (kerneld.server.core.Core implements it): its settings
-    and metrics, the components it opened, the fetch gate and history, and the in-flight work
-    count that a shutdown drains."""
+    and metrics, the components it opened, the acquire service and the fetch history, and the
+    in-flight work count that a shutdown drains."""
 
     @property
     def config(self) -> Config: ...
@@ -92,7 +101,7 @@ class ServingHost(Protocol):
     def platforms(self) -> ClientPlatforms: ...
 
     @property
-    def fetch_gate(self) -> FetchGate: ...
+    def acquire(self) -> Acquire: ...
 
     @property
     def fetches(self) -> FetchHistory: ...
@@ -158,18 +167,16 @@ class Serving:
         )
         if hit is not None:
             return hit
-        try:
-            self.core.trust.check(spec.repo_id, trust_remote_code=trust_remote_code)
-        except UntrustedPublisher:
-            self.core.metrics.resolves.labels("untrusted").inc()
-            raise
         allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
         generation = self._generation(store)
+        admit = self.core.acquire.admitter(trust_remote_code=trust_remote_code)
         # The hold keeps every tree the answer names from GC until its leases are granted.
         with self.core.work(), store.holds.hold() as hold:
             try:
-                res, cacheable = self._gated(caller, spec, facts, allow, variant, holder, hold)
+                res, cacheable = self._gated(
+                    caller, spec, facts, allow, variant, holder, hold, admit
+                )
             except FetchNotAllowed as exc:
                 # Without allow_fetch this is the answer a cold client expects ("not here yet,
                 # ask again with a fetch"), not a failure; with it, a policy refused the fetch.
@@ -189,17 +196,6 @@ class Serving:
                         spec.repo_id, getattr(exc, "revision", "") or spec.ref, "", None, exc
                     )
                 raise
-            for r in _walk(res):  # dependencies are code the job runs too
-                if r is not res:
-                    try:
-                        self.core.trust.check(r.spec.repo_id, trust_remote_code=trust_remote_code)
-                    except UntrustedPublisher as exc:
-                        self.core.metrics.resolves.labels("untrusted").inc()
-                        raise UntrustedPublisher(
-                            f"dependency {r.spec.repo_id} of {spec.repo_id}: {exc.message}",
-                            repo_id=spec.repo_id,
-                            hint=exc.hint,
-                        ) from exc
             memo: dict[str, object] = {}
             if not res.stale and cacheable:
                 until = self._fresh_until(store, res)
@@ -209,9 +205,6 @@ class Serving:
                     self._hits.move_to_end(key)
                     while len(self._hits) > HIT_CACHE_SIZE:
                         self._hits.popitem(last=False)
-            for r in _walk(res):
-                if r.fetched is not None:
-                    self.core.fetches.record(r.spec.repo_id, r.commit, r.variant, r.fetched, None)
             return self._served(res, memo, lease_s, holder, spec)
 
     def resolve_remembered(
@@ -255,17 +248,24 @@ class Serving:
         variant: str,
         holder: str,
         hold: Hold,
+        admit: Admit,
     ) -> tuple[Resolution, bool]:
         """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
         when the store alone cannot give the answer a fetch would (a ref unknown or past its
         TTL, a variant or dependency missing, a commit never listed upstream); only those pass
-        `[fetch] allow_groups` and the caller's rate limit, each with one audit line. A refused
-        caller still gets what is cached, if anything fits."""
+        the acquire service's fetch gate (`[fetch] allow_groups`, the caller's budget, one
+        audit line). A refused caller still gets what is cached, if anything fits."""
         resolver = self.core.resolver
 
         def run(fetch: bool) -> Resolution:
             return resolver.resolve(
-                spec, facts, allow_fetch=fetch, variant=variant or None, holder=holder, hold=hold
+                spec,
+                facts,
+                allow_fetch=fetch,
+                variant=variant or None,
+                holder=holder,
+                hold=hold,
+                admit=admit,
             )
 
         if caller is None or not allow:
@@ -275,31 +275,14 @@ class Serving:
             local = run(False)
         if local is not None and self._complete(local, variant):
             return local, True
-        cfg = self.core.config
         what = f"repo={spec.repo_id} ref={spec.ref}"
         try:
-            allowed = cfg.fetch_allow_gids()
-            if not self.core.fetch_gate.may_fetch(caller, allowed):
-                raise FetchNotAllowed(
-                    "not in this host's store, and the fetch policy ([fetch] allow_groups = "
-                    f"{list(cfg.fetch_allow_groups)}) lets only members of those groups download; "
-                    f"the caller ({caller}) is not one",
-                    repo_id=spec.repo_id,
-                    revision=spec.ref,
-                )
-            self.core.fetch_gate.take(
-                caller,
-                per_minute=cfg.fetch_per_uid_rate,
-                burst=cfg.fetch_per_uid_burst,
-                what=f"{spec.repo_id}@{spec.ref}/{variant}",
-            )
+            self.core.acquire.open_network(caller, spec.repo_id, what, "Resolve")
         except (FetchNotAllowed, RateLimited) as exc:
-            served = "; served the cached build" if local is not None else ""
-            audit(caller, "Resolve", what, f"fetch refused ({type(exc).__name__}){served}")
             if local is not None:
+                audit(caller, "Resolve", what, f"served the cached build ({type(exc).__name__})")
                 return local, False
             raise
-        audit(caller, "Resolve", what, "fetch allowed")
         return run(True), True
 
     def _complete(self, res: Resolution, variant: str) -> bool:
@@ -362,13 +345,12 @@ class Serving:
         allow_fetch: bool,
         caller: Caller | None = None,
     ) -> tuple[str, bool, list[Decision]]:
-        store, resolver = self.core.store, self.core.resolver
-        allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
-        if allow and caller is not None:  # asks upstreams, downloads nothing: groups only
-            allow = self.core.fetch_gate.may_fetch(caller, self.core.config.fetch_allow_gids())
-        store.check_denied(spec.repo_id, spec.ref)
+        resolver, acquire = self.core.resolver, self.core.acquire
+        # asks upstreams, downloads nothing: the groups only, not the budget
+        allow = allow_fetch and acquire.may_fetch(caller, spec.repo_id)
+        acquire.check_denied(spec.repo_id, spec.ref)
         commit, stale = resolver.commit_for(spec, allow_network=allow)
-        store.check_denied(spec.repo_id, spec.ref, commit)
+        acquire.check_denied(spec.repo_id, spec.ref, commit)
         names = resolver.variant_names(spec.repo_id, commit, allow_network=allow)
         return commit, stale, decide(names, facts)
 
@@ -390,4 +372,6 @@ def _outcome(exc: BaseException) -> str:
         return "no_variant"
     if isinstance(exc, DeniedError):
         return "denied"
+    if isinstance(exc, UntrustedPublisher):
+        return "untrusted"
     return "error"

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kerneld.server import convert
+from kerneld.server.bounds import clip
 from kerneld.server.errors import RateLimited, ReportsRateLimited
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.store import InvalidInputError, Store
@@ -110,7 +111,7 @@ class _Flight:
 
 def _shown(text: str, limit: int = 96) -> str:
     """A caller's string for a log line: control characters replaced, clipped."""
-    return convert.clip("".join(c if c.isprintable() else "?" for c in text[: limit * 4]), limit)
+    return clip("".join(c if c.isprintable() else "?" for c in text[: limit * 4]), limit)
 
 
 def to_proto(finding: Finding) -> pb.ReportSuspectResponse:

@@ -5,11 +5,18 @@
 `trust_remote_code`. The daemon applies the same rule to every job on the host (`[trust]` in
 kerneld.toml), with an allow-list for sites whose daemon cannot ask the Hub.
 
-The Hub's answers are remembered for `[trust] ttl` and written to the published index
+The Hub's "trusted" answers are remembered for `[trust] ttl` and written to the published index
 (`index/v1/publishers.json`), for two reasons: the warm path reads the index and never asks the
 daemon, so it must see the same verdicts; and a restart during a Hub outage must not stop
 cached kernels of trusted publishers (the file is read back at start, and an answer past its
 TTL is still used while the Hub cannot be asked, as a stale ref is).
+
+What a caller can make the daemon remember is bounded: only trusted organisations are
+published (at most `MAX_TRUSTED` of them, each one the Hub vouches for), a "no" is kept in a
+small in-memory LRU (`MAX_REFUSED`) that is never published, and callers ask about an
+organisation only through the acquire service, which asks for a repo that exists (in the store,
+or resolved upstream) or charges the question to the caller's fetch budget. An organisation the
+Hub does not know reads as "could not verify", not as "untrusted".
 
 publishers.json, format version 1::
 
@@ -17,7 +24,7 @@ publishers.json, format version 1::
      "policy": "hub" | "allow-list" | "any",
      "allow": ["org/*", "org/name"],            # [trust] allow
      "honor_trust_remote_code": true,
-     "orgs": {"org": {"trusted": true, "checked_at": 1767225600.0}}}   # the Hub's answers
+     "orgs": {"org": {"trusted": true, "checked_at": 1767225600.0}}}   # the Hub's "yes"es
 
 A reader trusts a repo if the policy is "any", a pattern of `allow` matches it, or `orgs` says
 its organisation is trusted; anything else (no file, an unknown format) is a question for the
@@ -29,13 +36,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kerneld.config import Config
 from kerneld.resolve import ResolveError
-from kerneld.upstream.errors import UpstreamError, UpstreamUnavailable
+from kerneld.upstream.errors import OrgNotFound, UpstreamError, UpstreamUnavailable
 
 log = logging.getLogger("kerneld.trust")
 
@@ -46,6 +55,14 @@ FILE_NAME = "publishers.json"
 FAILED_RETRY_S = 30.0
 """After the Hub could not be asked about an organisation, it is not asked again for this
 long: an outage costs each organisation one slow request per half minute, not one per job."""
+
+MAX_TRUSTED = 4096
+"""Trusted organisations kept (and published); past it the oldest answer is dropped (a job of
+that organisation then asks the daemon, which asks the Hub again)."""
+MAX_REFUSED = 256
+"""Organisations the Hub said "no" about, or does not know, or could not be asked about: kept
+in memory only (LRU), so that made-up names can neither grow publishers.json nor the daemon."""
+_LOCKS = 64
 
 HINT_UNTRUSTED = (
     "pass trust_remote_code=True (or list the repo in trust_remote_code) if you trust its "
@@ -68,6 +85,13 @@ class PublisherUnverified(UpstreamUnavailable):
     )
 
 
+class PublisherUnknown(PublisherUnverified):
+    """The Hub has no such organisation: it can neither vouch for it nor refuse it, so the
+    kernel reads as "could not verify" (what `kernels` says when the overview fails)."""
+
+    hint = "ask an admin to add it to [trust] allow in kerneld.toml if you trust its code"
+
+
 class UntrustedPublisher(ResolveError):
     """The kernel's publisher is not trusted by this host's `[trust]` policy."""
 
@@ -84,8 +108,8 @@ class Verdict:
 
 
 AskHub = Callable[[str], bool]
-"""The Hub's answer for an organisation: is it a trusted kernel publisher? (UpstreamError when
-it cannot be asked.)"""
+"""The Hub's answer for an organisation: is it a trusted kernel publisher? (OrgNotFound when
+the Hub does not know it, another UpstreamError when it cannot be asked.)"""
 
 
 def org_of(repo_id: str) -> str:
@@ -109,9 +133,16 @@ class PublisherTrust:
         self._publish = publish
         self._clock = clock
         self._lock = threading.Lock()
-        self._asking: dict[str, threading.Lock] = {}
-        self._verdicts: dict[str, Verdict] = _read_verdicts(saved)
-        self._failed: dict[str, tuple[float, str]] = {}
+        self._asking = tuple(threading.Lock() for _ in range(_LOCKS))
+        self._verdicts: OrderedDict[str, Verdict] = OrderedDict(
+            sorted(_read_verdicts(saved).items(), key=lambda kv: kv[1].checked_at)[-MAX_TRUSTED:]
+        )
+        """Trusted organisations (published), oldest answer first."""
+        self._refused: OrderedDict[str, Verdict] = OrderedDict()
+        """The Hub's "no"s (LRU, not published)."""
+        self._failed: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        """Organisations the Hub could not be asked about (or does not know: reason "unknown"),
+        and when (LRU)."""
 
     # ---- the check ------------------------------------------------------------------------
 
@@ -125,12 +156,31 @@ class PublisherTrust:
         return (
             cfg.trust_publishers == "hub"
             and verdict is not None
-            and verdict.trusted
             and self._clock() < verdict.checked_at + cfg.trust_ttl_s
         )
 
+    def remembered(self, org: str) -> bool | None:
+        """The verdict for a whole organisation without asking anyone: True or False while an
+        answer is within its TTL (or the Hub is failing), None when only the Hub can say."""
+        cfg = self.config
+        if cfg.trust_publishers == "any" or cfg.publisher_allowed(f"{org}/*"):
+            return True
+        if cfg.trust_publishers == "allow-list":
+            return False
+        now = self._clock()
+        with self._lock:
+            verdict = self._verdicts.get(org) or self._refused.get(org)
+            failed = self._failed.get(org)
+        if verdict is not None and (
+            now < verdict.checked_at + cfg.trust_ttl_s
+            or (failed is not None and now < failed[0] + FAILED_RETRY_S)
+        ):
+            return verdict.trusted
+        return None
+
     def check(self, repo_id: str, *, trust_remote_code: bool) -> None:
-        """Return if jobs may run `repo_id`'s code; UntrustedPublisher otherwise."""
+        """Return if jobs may run `repo_id`'s code; UntrustedPublisher otherwise, or
+        PublisherUnverified when the Hub cannot say (an outage, or no such organisation)."""
         cfg = self.config
         if self._overridden(repo_id, trust_remote_code):
             return
@@ -162,18 +212,22 @@ class PublisherTrust:
             or (trust_remote_code and cfg.trust_honor_remote_code)
         )
 
+    def _remembered_verdict(self, org: str) -> tuple[Verdict | None, tuple[float, str] | None]:
+        with self._lock:
+            verdict = self._verdicts.get(org) or self._refused.get(org)
+            if org in self._refused:
+                self._refused.move_to_end(org)
+            return verdict, self._failed.get(org)
+
     def _hub_verdict(self, org: str, repo_id: str, hint: str) -> Verdict:
         now = self._clock()
-        with self._lock:
-            verdict = self._verdicts.get(org)
-            failed = self._failed.get(org)
-            asking = self._asking.setdefault(org, threading.Lock())
+        verdict, failed = self._remembered_verdict(org)
         if verdict is not None and now < verdict.checked_at + self.config.trust_ttl_s:
             return verdict
-        with asking:  # one question per organisation at a time; the others wait for its answer
-            with self._lock:
-                newer = self._verdicts.get(org)
-                failed = self._failed.get(org)
+        # One question per organisation at a time (striped: a bounded set of locks whatever
+        # the names asked about); the others wait for its answer.
+        with self._asking[zlib.crc32(org.encode()) % _LOCKS]:
+            newer, failed = self._remembered_verdict(org)
             if newer is not None and newer is not verdict:
                 return newer
             if failed is None or now >= failed[0] + FAILED_RETRY_S:
@@ -181,13 +235,21 @@ class PublisherTrust:
                     return self._ask(org)
                 except NoHubUpstream:
                     failed = (now, "")
+                except OrgNotFound:
+                    failed = (now, "unknown")
+                    self._remember_failure(org, failed)
                 except UpstreamError as exc:
                     failed = (now, str(exc))
-                    with self._lock:
-                        self._failed[org] = failed
+                    self._remember_failure(org, failed)
                     log.warning("trust check failed org=%s repo=%s: %s", org, repo_id, exc)
         if verdict is not None:  # the Hub cannot be asked: its last answer stands, as a stale ref
             return verdict
+        if failed and failed[1] == "unknown":
+            raise PublisherUnknown(
+                f"could not verify that {org} is a trusted kernel publisher: the Hub has no "
+                f"organisation {org}",
+                repo_id=repo_id,
+            )
         if failed and failed[1]:
             raise PublisherUnverified(
                 f"could not verify that {org} is a trusted kernel publisher: the Hub could not "
@@ -201,17 +263,32 @@ class PublisherTrust:
             hint=hint,
         )
 
+    def _remember_failure(self, org: str, failed: tuple[float, str]) -> None:
+        with self._lock:
+            self._failed[org] = failed
+            self._failed.move_to_end(org)
+            while len(self._failed) > MAX_REFUSED:
+                self._failed.popitem(last=False)
+
     def _ask(self, org: str) -> Verdict:
         if self.ask_hub is None:
             raise NoHubUpstream("no Hub upstream is configured")
         verdict = Verdict(bool(self.ask_hub(org)), self._clock())
         with self._lock:
-            previous = self._verdicts.get(org)
-            self._verdicts[org] = verdict
+            previous = self._verdicts.pop(org, None) or self._refused.pop(org, None)
             self._failed.pop(org, None)
+            if verdict.trusted:
+                self._verdicts[org] = verdict
+                while len(self._verdicts) > MAX_TRUSTED:
+                    self._verdicts.popitem(last=False)
+            else:
+                self._refused[org] = verdict
+                while len(self._refused) > MAX_REFUSED:
+                    self._refused.popitem(last=False)
         if previous is None or previous.trusted != verdict.trusted:
             log.info("publisher org=%s trusted=%s (the Hub's answer)", org, verdict.trusted)
-        self.publish()
+        if verdict.trusted or (previous is not None and previous.trusted):
+            self.publish()  # only the trusted set is published: a "no" changes nothing there
         return verdict
 
     def recheck_due(self) -> float:
@@ -223,9 +300,7 @@ class PublisherTrust:
             return cfg.trust_ttl_s
         now = self._clock()
         with self._lock:
-            trusted = {
-                o: v.checked_at + cfg.trust_ttl_s for o, v in self._verdicts.items() if v.trusted
-            }
+            trusted = {o: v.checked_at + cfg.trust_ttl_s for o, v in self._verdicts.items()}
             retry = {o: f[0] + FAILED_RETRY_S for o, f in self._failed.items()}
         next_at = now + cfg.trust_ttl_s
         for org, expires in trusted.items():
@@ -236,8 +311,7 @@ class PublisherTrust:
             try:
                 self._ask(org)
             except UpstreamError as exc:  # its last answer stands meanwhile
-                with self._lock:
-                    self._failed[org] = (now, str(exc))
+                self._remember_failure(org, (now, str(exc)))
                 log.warning("trust re-check failed org=%s: %s; asked again later", org, exc)
                 next_at = min(next_at, now + FAILED_RETRY_S)
         return max(0.0, next_at - self._clock())
@@ -248,7 +322,7 @@ class PublisherTrust:
         cfg = self.config
         with self._lock:
             orgs = {
-                org: {"trusted": v.trusted, "checked_at": v.checked_at}
+                org: {"trusted": True, "checked_at": v.checked_at}
                 for org, v in sorted(self._verdicts.items())
             }
         return {
@@ -274,14 +348,15 @@ class PublisherTrust:
 
 
 def _read_verdicts(saved: Mapping[str, Any] | None) -> dict[str, Verdict]:
-    """The Hub's answers from a previous run's publishers.json (nothing if it is not ours)."""
+    """The Hub's "yes"es from a previous run's publishers.json (nothing if it is not ours; a
+    "no" written by an older kerneld is asked again)."""
     if not saved or saved.get("format") != FORMAT or saved.get("version") != VERSION:
         return {}
     out: dict[str, Verdict] = {}
     orgs = saved.get("orgs")
     if isinstance(orgs, dict):
         for org, raw in orgs.items():
-            if isinstance(raw, dict) and isinstance(raw.get("trusted"), bool):
+            if isinstance(raw, dict) and raw.get("trusted") is True:
                 checked = raw.get("checked_at")
                 if isinstance(checked, int | float):
                     out[str(org)] = Verdict(raw["trusted"], float(checked))

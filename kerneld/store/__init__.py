@@ -32,7 +32,7 @@ from .errors import (
 )
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
-from .index import ProvenanceRecord
+from .index import ProvenanceRecord, RefRow
 from .interfaces import (
     BlobProvider,
     FetchTarget,
@@ -88,6 +88,7 @@ __all__ = [
     "ProvenanceRecord",
     "PublishedFile",
     "ReadOnlyStoreError",
+    "RefRow",
     "ResolveTarget",
     "ResourceExhaustedError",
     "SchemaError",

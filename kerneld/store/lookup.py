@@ -116,15 +116,37 @@ class Lookups:
     def published_files(
         self, repo: str, commit: str, variant: str
     ) -> tuple[Path, list[PublishedFile]] | None:
-        """(tree path, files) of a published variant, each file with the id its upstream
-        announced; None when the variant is not here. The Hub API endpoint lists these."""
+        """(tree path, files) of a published variant: the tree handed out, so the provenance
+        gate applies as in `lookup` (ProvenanceError for an unverified tree while signatures
+        are required, for every caller); None when the variant is not here."""
+        state = self._state
+        if state.require_signed:  # not under the lock: the first check imports sigstore
+            self._signatures.check_unrecorded(repo, commit, variant)
+        with state.lock:
+            tree = self.published_tree(repo, commit, variant)
+            if tree is None:
+                return None
+            if state.require_signed:
+                self._signatures.refuse_unverified(
+                    tree.digest, repo_id=repo, commit=commit, variant=variant
+                )
+            ids = state.index.upstream_ids(repo, commit, variant)
+        return state.layout.tree_path(tree.digest), _files(tree, ids)
+
+    def published_listing(self, repo: str, commit: str, variant: str) -> list[PublishedFile] | None:
+        """What a published variant holds (names, sizes, ids), without its path: a listing
+        hands out no code, so it shows a tree the provenance gate would refuse to hand out
+        (its bytes are refused, with the reason, when asked for); None when not here."""
         with self._state.lock:
             tree = self.published_tree(repo, commit, variant)
             if tree is None:
                 return None
             ids = self._state.index.upstream_ids(repo, commit, variant)
-        files = [
-            PublishedFile(e.path, e.size, e.sha256, e.mode, ids.get(e.path))
-            for e in parse_manifest(tree.manifest)
-        ]
-        return self._state.layout.tree_path(tree.digest), files
+        return _files(tree, ids)
+
+
+def _files(tree: TreeRow, ids: dict[str, str]) -> list[PublishedFile]:
+    return [
+        PublishedFile(e.path, e.size, e.sha256, e.mode, ids.get(e.path))
+        for e in parse_manifest(tree.manifest)
+    ]

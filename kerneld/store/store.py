@@ -346,8 +346,14 @@ class Store:
         self, repo: str, commit: str, variant: str
     ) -> tuple[Path, list[PublishedFile]] | None:
         """(tree path, files) of a published variant, each file with the id its upstream
-        announced; None when the variant is not here. The Hub API endpoint lists these."""
+        announced; None when the variant is not here. Gated as `lookup` is: ProvenanceError for
+        an unverified tree while signatures are required."""
         return self._lookups.published_files(repo, commit, variant)
+
+    def published_listing(self, repo: str, commit: str, variant: str) -> list[PublishedFile] | None:
+        """The files of a published variant (no path: nothing handed out, no provenance gate);
+        None when the variant is not here. The Hub API endpoint lists these."""
+        return self._lookups.published_listing(repo, commit, variant)
 
     def refs_of(self, repo: str) -> list[RefRow]:
         """Every ref of `repo` this store has recorded (what it can answer without upstreams)."""

@@ -22,6 +22,11 @@ class RepoNotFound(UpstreamError):
     """The upstream has no such kernel repository (or it is private/gated to us)."""
 
 
+class OrgNotFound(RepoNotFound):
+    """The Hub has no such organisation: nobody vouches for it, and nobody refuses it either
+    (a publisher-trust question it cannot answer, not a "no")."""
+
+
 class RevisionNotFound(UpstreamError):
     """The repository exists but the branch, tag or commit does not."""
 

@@ -51,6 +51,7 @@ from kerneld.upstream.base import (
 from kerneld.upstream.errors import (
     EntryNotFound,
     MalformedAnswer,
+    OrgNotFound,
     RepoNotFound,
     RevisionNotFound,
     UpstreamProtocolError,
@@ -218,7 +219,9 @@ class HubUpstream:
                 info = self._api.get_organization_overview(org)
             except HfHubHTTPError as exc:
                 if exc.response is not None and exc.response.status_code == 404:
-                    return False  # no such organisation: nobody vouches for it
+                    raise OrgNotFound(
+                        f"the Hub has no organisation {org}", upstream=self.name, repo_id=f"{org}/*"
+                    ) from None
                 raise
             return getattr(info, "trustedKernelPublisher", False) is True
 

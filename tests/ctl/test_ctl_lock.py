@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kerneld.fetch import Fetcher
 from kerneld.resolve import KernelSpec, Resolver
 from kerneld.store import Store
 from kerneld.upstream.hub import HubUpstream
@@ -45,14 +46,15 @@ def filled_store(
     root = tmp_path_factory.mktemp("lock-store") / "store"
     with Store.open(root) as store:
         hub = HubUpstream(endpoint=lock_hub_server.url, token=False)
-        resolver = Resolver(store, [hub])
+        fetcher = Fetcher(store, [hub])
+        resolver = Resolver(store, [hub], fetch=fetcher)
         for repo, version in ((TOP, 1), (DEP_A, 1), (DEP_A, 2), (DEP_B, 2)):
             commit, _ = resolver.commit_for(KernelSpec(repo, version=version))
             for variant in resolver.variant_names(repo, commit):
                 if variant != "docs":
-                    resolver.fetcher.fetch_variant(repo, commit, variant)
+                    fetcher.fetch_variant(repo, commit, variant)
         commit = lock_hub.commits[DEP_B]["v1"]
-        resolver.fetcher.fetch_variant(DEP_B, commit, "torch-universal")
+        fetcher.fetch_variant(DEP_B, commit, "torch-universal")
     return root
 
 

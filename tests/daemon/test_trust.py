@@ -76,7 +76,8 @@ def test_the_hubs_trusted_publishers_are_served_and_others_refused(
             resolve_req(UNTRUSTED_REPO, 1, trust_remote_code=True), timeout=TIMEOUT
         )
         assert trusted.kernel.path
-    assert _publishers(d)["orgs"].keys() == {"kerneld-trusted", UNTRUSTED_ORG}
+    # Only a "yes" is published (the warm path needs no other); a "no" stays in the daemon.
+    assert _publishers(d)["orgs"].keys() == {"kerneld-trusted"}
     assert metric(http_get_unix(metrics), "kerneld_resolves_total", result="untrusted") == 2
 
     # Jobs: the trusted kernel loads warm from the index; the untrusted one, although its tree
@@ -104,9 +105,9 @@ def test_a_publisher_that_loses_the_hubs_trust_is_refused_after_the_ttl(
     # Jobs load warm without asking the daemon: the daemon re-asks the Hub by itself once the
     # answer is past its TTL, and withdraws the published verdict.
     deadline = time.monotonic() + 15
-    while _publishers(d)["orgs"]["kerneld-trusted"]["trusted"] and time.monotonic() < deadline:
+    while "kerneld-trusted" in _publishers(d)["orgs"] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _publishers(d)["orgs"]["kerneld-trusted"]["trusted"] is False
+    assert "kerneld-trusted" not in _publishers(d)["orgs"]
     assert _job(d, tmp_path, REPO)["error"] == "UntrustedPublisher"
     with d.kernels() as kernels:
         _, detail = failure(kernels.Resolve, resolve_req(REPO, 1))
@@ -119,12 +120,16 @@ def test_a_hub_outage_keeps_known_publishers_across_a_restart(
     d = make_daemon(hub_endpoint=hub_server.url, config={"trust": {"allow": [], "ttl": "1s"}})
     with d.kernels() as kernels:
         assert kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel.path
+        # In the store, for a job that trusted its code: the daemon never asked about its org.
+        asked = resolve_req(UNTRUSTED_REPO, 1, trust_remote_code=True)
+        assert kernels.Resolve(asked, timeout=TIMEOUT).kernel.path
     d.restart()
     hub_server.inject(Fault("*", "error", status=503))
     time.sleep(1.2)  # the remembered answer is past its TTL and cannot be renewed
     with d.kernels() as kernels:
         assert kernels.Resolve(resolve_req(REPO, 1), timeout=TIMEOUT).kernel.path
-        # Never asked before and the Hub is down: an outage, not a verdict; says why.
+        # A kernel that exists (in the store), its publisher never asked about, and the Hub
+        # down: an outage, not a verdict; says why.
         status, detail = failure(kernels.Resolve, resolve_req(UNTRUSTED_REPO, 1))
         assert status == grpc.StatusCode.UNAVAILABLE
         assert detail.code == pb.UPSTREAM_UNAVAILABLE
