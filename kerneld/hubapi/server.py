@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
@@ -32,7 +33,7 @@ from kerneld.config import SocketConfig
 from kerneld.hubapi.peers import admit, tcp_peer_uid, unix_peer, user_db_caller
 from kerneld.hubapi.view import HubFile, HubView, git_blob_id
 from kerneld.server.core import Core
-from kerneld.server.errors import classify
+from kerneld.server.errors import RateLimited, classify
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.identity import Caller
 from kerneld.server.trust import PublisherUnknown
@@ -481,6 +482,9 @@ def _hub_error(exc: BaseException, parts: list[str]) -> HubError:
     """The Hub answer for a failure: the daemon's one classification (`classify`), as HTTP."""
     failure = classify(exc)
     detail = failure.detail
+    if isinstance(exc, RateLimited):  # the Hub's own answer to "too many requests"
+        wait = str(max(1, math.ceil(exc.retry_after_s)))
+        return HubError(429, f"kerneld: {detail.message}", None, **{"Retry-After": wait})
     status, code = _HTTP.get(detail.code, (500, None))
     message = f"kerneld: {detail.message}"
     if detail.hint and "kerneldctl" not in message:  # a store error already says what to do

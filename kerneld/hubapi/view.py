@@ -35,6 +35,7 @@ from typing import BinaryIO, Protocol
 from kerneld.config import Config
 from kerneld.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
 from kerneld.server.acquire import Acquire
+from kerneld.server.errors import RateLimited
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.store import PublishedFile, RefRow, ResourceExhaustedError
@@ -219,10 +220,11 @@ class HubView:
         if cached is not None and time.time() - cached[1] < ttl:
             return cached[0]
         failures: list[UpstreamError] = []
+        refusal: FetchNotAllowed | RateLimited | None = None
         recent = self._recent_failure((repo_id, "refs"))
         if recent is not None:
             failures.append(recent)
-        elif self._open_network(caller, repo_id, f"repo={repo_id} refs"):
+        elif (refusal := self._open_network(caller, repo_id, f"repo={repo_id} refs")) is None:
             for upstream in self.core.resolver.upstreams:
                 try:
                     refs = upstream.list_refs(repo_id)
@@ -247,6 +249,8 @@ class HubView:
         if failures:  # an outage outweighs a "not found" from a mirror that lacks the repo
             chosen = next((f for f in failures if not isinstance(f, RepoNotFound)), failures[0])
             raise every_upstream(failures, chosen, repo_id=repo_id, revision="")
+        if refusal is not None:
+            raise refusal
         raise FetchNotAllowed(
             "not known to this host, and the fetch policy does not let this caller ask upstream",
             repo_id=repo_id,
@@ -266,23 +270,34 @@ class HubView:
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
-    def _open_network(self, caller: Caller, repo_id: str, what: str) -> bool:
+    def _open_network(
+        self, caller: Caller, repo_id: str, what: str
+    ) -> FetchNotAllowed | RateLimited | None:
         """Admit a question to the upstreams (the acquire service's fetch gate, budget and
-        audit line); False when the policy keeps this caller to what is here."""
-        if not self.may_fetch(repo_id, caller):
-            return False
-        self.core.acquire.open_network(caller, repo_id, what, "hub-api")
-        return True
+        audit line): None, or the refusal, which the caller raises if what is here cannot
+        answer (a refused caller still gets what is cached, as over gRPC)."""
+        try:
+            self.core.acquire.open_network(caller, repo_id, what, "hub-api")
+        except (FetchNotAllowed, RateLimited) as exc:
+            return exc
+        return None
 
     def commit(self, repo_id: str, revision: str, caller: Caller) -> str:
         """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""
         self.check(repo_id, revision)
         spec = KernelSpec(repo_id, revision=revision)
         resolver = self.core.resolver
-        network = False
+        refusal = None
         if not resolver.answers_locally(spec):
-            network = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
-        commit, _ = resolver.commit_for(spec, allow_network=network)
+            refusal = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
+        try:
+            commit, _ = resolver.commit_for(
+                spec, allow_network=not resolver.answers_locally(spec) and refusal is None
+            )
+        except FetchNotAllowed:
+            if refusal is not None:
+                raise refusal from None
+            raise
         self.check(repo_id, spec.ref, commit)
         return commit
 
@@ -303,11 +318,17 @@ class HubView:
             return memo[1]
         resolver = self.core.resolver
         allow = self.may_fetch(repo_id, caller)
-        if allow and not resolver.lists_locally(repo_id, commit):
+        refusal = None
+        if not resolver.lists_locally(repo_id, commit):
             what = f"repo={repo_id} commit={commit} listing"
-            allow = self._open_network(caller, repo_id, what)
+            refusal = self._open_network(caller, repo_id, what)
+            allow = refusal is None
         try:  # the resolver remembers a failed listing: an outage is not asked again at once
             names = resolver.variant_names(repo_id, commit, allow_network=allow)
+        except FetchNotAllowed:
+            if refusal is not None:
+                raise refusal from None
+            raise
         except EntryNotFound as exc:
             raise NotAKernelRepo(
                 "not a kernel repository (it has no build/ folder); kerneld's Hub API serves "
@@ -420,13 +441,6 @@ class HubView:
         stored = core.store.published_files(repo_id, commit, variant)
         if stored is not None:
             return stored[0]
-        if not self.may_fetch(repo_id, caller):
-            raise FetchNotAllowed(
-                f"variant {variant} is not in this host's store, and the fetch policy ([fetch] "
-                "allow, allow_groups) does not let this caller download it",
-                repo_id=repo_id,
-                revision=commit,
-            )
         core.acquire.open_network(
             caller, repo_id, f"repo={repo_id} commit={commit} variant={variant}", "hub-api"
         )

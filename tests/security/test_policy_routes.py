@@ -1,0 +1,371 @@
+"""Issue 41: one gate for every route. Each policy gives the same verdict on every front end
+that can reach a kernel: the RPC path (`kerneld_client.get_kernel`, cold), the warm path (the
+published index), the hook (`kernels.get_kernel` with KERNELD_HOOK_KERNELS=1), the Hub API
+endpoint (what unmodified `kernels` asks with HF_ENDPOINT) and `kerneldctl prefetch`.
+
+A real daemon (as its unprivileged user) over the Hub test server serves one trusted
+organisation's signed and unsigned kernel and an untrusted organisation's kernel; callers are
+real processes, the endpoint's of real users (`nobody`) where the policy is about who asks.
+The hook's `kernels` talks to the same Hub test server, so a refusal that fell through to
+`kernels`' own download would be served: the verdict must come from kerneld.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kerneld_client.proto import kerneld_pb2 as pb
+from tests.client.support import client_env, run_client
+from tests.daemon.rpc import failure, resolve_req
+from tests.hubapi.support import endpoint_of, hub_api_daemon
+from tests.security.support import CPU_FACTS, NOBODY, as_user, needs_root
+from tests.support.ctl import run_ctl
+from tests.support.daemon import DaemonProcess, daemon_dir
+from tests.support.gitrepo import GitRepo, kernel_variant_files
+from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
+from tests.support.sigstore_local import LocalSigstore, Signer
+
+ORG, OTHER = "gate-trusted", "gate-untrusted"
+SIGNED, UNSIGNED, UNTRUSTED = f"{ORG}/signed", f"{ORG}/unsigned", f"{OTHER}/kernel"
+VARIANT = "torch-universal"
+SIGNER = Signer()
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def sigstore() -> LocalSigstore:
+    return LocalSigstore()
+
+
+@pytest.fixture(scope="module")
+def hub(sigstore: LocalSigstore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    root = tmp_path_factory.mktemp("gate-hub")
+    for repo, signed in ((SIGNED, True), (UNSIGNED, False), (UNTRUSTED, True)):
+        name = repo.split("/")[1]
+        files = kernel_variant_files(name=name, version=1, factor=2.0, variant=VARIANT)
+        if signed:
+            meta = files[f"build/{VARIANT}/metadata.json"]
+            files[f"build/{VARIANT}/metadata.json.sigstore"] = sigstore.sign(meta, SIGNER)
+        git = GitRepo(root / "kernels" / repo)
+        git.commit("v1", files)
+        git.branch("v1")
+    with HubServer(root, trusted_orgs={ORG: True, OTHER: False}) as server:
+        yield server
+
+
+def _daemon(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    *,
+    provenance: str = "warn",
+    fetch: dict[str, Any] | None = None,
+) -> tuple[DaemonProcess, str]:
+    trusted_root = sigstore.write_trusted_root(daemon_dir("kd-gate-") / "trusted_root.json")
+    config: dict[str, Any] = {
+        "provenance": {
+            "policy": provenance,
+            "trusted_root": str(trusted_root),
+            "identities": [{"identity": SIGNER.identity, "issuer": SIGNER.issuer}],
+        },
+        "trust": {"allow": []},
+        "sockets": {"user_mode": "0666"},
+    }
+    if fetch:
+        config["fetch"] = fetch
+    return hub_api_daemon(make_daemon, hub_endpoint=hub.url, config=config)
+
+
+# ---- the routes ---------------------------------------------------------------------------
+
+
+def job(d: DaemonProcess, tmp: Path, repo: str) -> str:
+    """kerneld_client.get_kernel: 'index' or 'daemon' (where it came from), or the error."""
+    env = client_env(
+        d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
+    )
+    code = f"""
+import json, kerneld_client
+try:
+    kerneld_client.get_kernel({repo!r}, version=1, policy="error")
+except kerneld_client.KernelError as exc:
+    print(json.dumps({{"out": type(exc).__name__ + ": " + exc.message}}))
+else:
+    print(json.dumps({{"out": kerneld_client.loaded_kernels()[-1].source}}))
+"""
+    out: str = run_client(code, env)["out"]
+    return out
+
+
+def hook(d: DaemonProcess, hub: HubServer, tmp: Path, repo: str) -> str:
+    """`kernels.get_kernel` with the hook on: 'kerneld:<source>', 'kernels' (its own download:
+    kerneld did not decide) or the error."""
+    env = client_env(
+        None,
+        tmp,
+        KERNELD_SOCKET=str(d.user_socket),
+        KERNELD_HOOK_KERNELS="1",
+        KERNELD_PLATFORM_JSON=CPU_FACTS,
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(tmp / "hf-home"),
+    )
+    code = f"""
+import json, kernels, kerneld_client
+try:
+    module = kernels.get_kernel({repo!r}, version=1)
+except Exception as exc:
+    print(json.dumps({{"out": type(exc).__name__ + ": " + str(exc)}}))
+else:
+    source = next((k.source for k in kerneld_client.loaded_kernels() if k.module is module), None)
+    print(json.dumps({{"out": f"kerneld:{{source}}" if source else "kernels"}}))
+"""
+    out: str = run_client(code, env)["out"]
+    return out
+
+
+def endpoint(url: str, path: str, uid: int | None = None) -> tuple[int, str]:
+    """(status, error message) of one GET on the Hub API endpoint, as `uid` (None: root)."""
+
+    def get() -> tuple[int, str]:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("X-Error-Message") or ""
+        finally:
+            conn.close()
+
+    if uid is None:
+        return get()
+    status, message = as_user(uid, NOBODY.pw_gid, lambda: list(get()))
+    return int(status), str(message)
+
+
+def file_path(repo: str, name: str = "__init__.py") -> str:
+    return f"/kernels/{repo}/resolve/v1/build/{VARIANT}/{name}"
+
+
+def prefetch(d: DaemonProcess, tmp: Path, repo: str) -> tuple[int, str]:
+    env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+    done = run_ctl("prefetch", f"{repo}:1", home=tmp / "ctl", env=env)
+    return done.rc, done.stdout + done.stderr
+
+
+def audit_lines(d: DaemonProcess) -> list[str]:
+    return [line for line in d.logs().splitlines() if "audit caller=" in line]
+
+
+# ---- the policies -------------------------------------------------------------------------
+
+
+@needs_root
+def test_provenance_require_refuses_unsigned_on_every_route(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    d, url = _daemon(make_daemon, hub, sigstore)
+    # Both in the store (warn: served, recorded), then the site requires signatures.
+    assert job(d, tmp_path, SIGNED) == "daemon" and job(d, tmp_path, UNSIGNED) == "daemon"
+    d.write_config({**d.config, "provenance": {**d.config["provenance"], "policy": "require"}})
+    assert (
+        run_ctl(
+            "reload", home=tmp_path / "ctl", env={"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+        ).rc
+        == 0
+    )
+
+    refused = "no sigstore signature"
+    assert job(d, tmp_path, SIGNED) == "index"
+    assert job(d, tmp_path, UNSIGNED).startswith("KernelDenied") and refused in job(
+        d, tmp_path, UNSIGNED
+    )
+    assert hook(d, hub, tmp_path, SIGNED) == "kerneld:index"
+    assert refused in hook(d, hub, tmp_path, UNSIGNED)
+    # The endpoint: a tree already in the store is refused too (it served it before issue 41).
+    assert endpoint(url, file_path(SIGNED))[0] == 200
+    status, message = endpoint(url, file_path(UNSIGNED))
+    assert status == 403 and refused in message, (status, message)
+    assert prefetch(d, tmp_path, SIGNED)[0] == 0
+    rc, out = prefetch(d, tmp_path, UNSIGNED)
+    assert rc != 0 and refused in out, out
+
+
+@needs_root
+def test_a_deny_holds_on_every_route(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    d, url = _daemon(make_daemon, hub, sigstore)
+    assert job(d, tmp_path, SIGNED) == "daemon"
+    env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+    assert run_ctl("deny", SIGNED, "--reason", "bad build", home=tmp_path / "c", env=env).rc == 0
+    assert job(d, tmp_path, SIGNED).startswith("KernelDenied")
+    assert "bad build" in hook(d, hub, tmp_path, SIGNED)
+    status, message = endpoint(url, file_path(SIGNED))
+    assert status == 403 and "bad build" in message, (status, message)
+    assert endpoint(url, f"/api/kernels/{SIGNED}/revision/v1")[0] == 403
+    rc, out = prefetch(d, tmp_path, SIGNED)
+    assert rc != 0 and "bad build" in out, out
+
+
+@needs_root
+def test_an_untrusted_publisher_is_refused_on_every_route(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    d, url = _daemon(make_daemon, hub, sigstore)
+    untrusted = "not a trusted kernel publisher"
+    assert job(d, tmp_path, UNTRUSTED).startswith("UntrustedPublisher")
+    assert untrusted in hook(d, hub, tmp_path, UNTRUSTED)
+    status, message = endpoint(url, file_path(UNTRUSTED))
+    assert status == 403 and untrusted in message, (status, message)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+    conn.request("GET", f"/api/organizations/{OTHER}/overview")
+    assert json.loads(conn.getresponse().read())["trustedKernelPublisher"] is False
+    conn.close()
+    rc, out = prefetch(d, tmp_path, UNTRUSTED)
+    assert rc != 0 and untrusted in out, out
+    # Nothing of the untrusted kernel was downloaded by any route.
+    downloads = [r.path for r in hub.requests if "/resolve/" in r.path]
+    assert not any(UNTRUSTED in p for p in downloads), downloads
+
+
+@needs_root
+def test_allow_groups_the_budget_and_the_audit_line_hold_on_the_rpc_path_and_the_endpoint(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    # Outsiders may not make the daemon download: the RPC path and the endpoint refuse alike,
+    # each with an audit line naming the real uid.
+    d, url = _daemon(make_daemon, hub, sigstore, fetch={"allow_groups": ["kerneld-admin"]})
+    status, message = endpoint(url, file_path(SIGNED), uid=NOBODY.pw_uid)
+    assert status == 403 and "allow_groups" in message, (status, message)
+    refused = [x for x in audit_lines(d) if f"uid={NOBODY.pw_uid}(nobody)" in x]
+    assert refused and all("fetch refused" in x for x in refused), refused
+    assert any("rpc=hub-api" in x for x in refused), refused
+    assert endpoint(url, file_path(SIGNED))[0] == 200  # root: allowed, audited
+    assert any("uid=0(root)" in x and "fetch allowed" in x for x in audit_lines(d))
+    assert endpoint(url, file_path(SIGNED), uid=NOBODY.pw_uid)[0] == 200  # now cached
+    d.stop()
+
+    # A budget of one download per uid: the endpoint spends it as a Resolve does.
+    d, url = _daemon(make_daemon, hub, sigstore, fetch={"per_uid_rate": 0.1, "per_uid_burst": 1})
+    assert endpoint(url, file_path(SIGNED), uid=NOBODY.pw_uid)[0] == 200
+    status, message = endpoint(url, file_path(UNSIGNED), uid=NOBODY.pw_uid)
+    assert status == 429 and "per_uid_rate" in message, (status, message)
+    lines = [x for x in audit_lines(d) if f"uid={NOBODY.pw_uid}(nobody)" in x]
+    assert any("fetch allowed" in x for x in lines) and any("RateLimited" in x for x in lines)
+    # Organisation overviews the daemon must ask the Hub about are charged too.
+    status, _ = endpoint(url, "/api/organizations/made-up-org/overview", uid=NOBODY.pw_uid)
+    assert status == 429, status
+
+
+@needs_root
+def test_field_bounds_and_made_up_names_cost_nothing_and_leave_nothing(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    d, url = _daemon(make_daemon, hub, sigstore)
+    assert job(d, tmp_path, SIGNED) == "daemon"
+    publishers = d.store_root / "index" / "v1" / "publishers.json"
+    before = publishers.read_bytes()
+    hub.reset_counts()
+    # A revision over the wire's bound: refused before anything is asked or written.
+    status, message = endpoint(url, f"/api/kernels/{SIGNED}/revision/{'r' * 60_000}")
+    assert status == 400 and "revision" in message and "limit" in message, (status, message)
+    assert hub.total() == 0, hub.requests
+    # Made-up organisations: the Hub is asked once each (charged to the caller), the answer
+    # is a 404 ("could not verify", as on the Hub), and nothing is published.
+    for i in range(20):
+        org = f"made-up-{i}"
+        status, message = endpoint(url, f"/api/organizations/{org}/overview")
+        assert status == 404 and "could not verify" in message, (status, message)
+    assert hub.counts["org_overview"] == 20, dict(hub.counts)
+    assert publishers.read_bytes() == before
+    # A Resolve of a made-up repo that may not fetch asks nobody and records nothing.
+    with d.kernels() as kernels:
+        hub.reset_counts()
+        _, detail = failure(kernels.Resolve, resolve_req("made-up-org/x", 1, allow_fetch=False))
+        assert detail.code == pb.FETCH_NOT_ALLOWED, detail
+        assert hub.total() == 0, hub.requests
+    assert publishers.read_bytes() == before
+
+
+def test_after_a_prefetch_the_first_job_loads_from_the_index(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    d, _ = _daemon(make_daemon, hub, sigstore)
+    assert prefetch(d, tmp_path, SIGNED)[0] == 0
+    assert job(d, tmp_path, SIGNED) == "index"  # no RPC: the publisher's verdict is published
+
+
+def test_an_outage_after_a_restart_costs_the_upstream_no_more_per_job(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    """Unmodified `kernels` (huggingface_hub) through the endpoint, the upstream answering 503
+    and the daemon restarted on its store: the first job pays for asking, the next ones
+    nothing (failed listings are remembered), and every job gets the kernel."""
+    d, url = _daemon(make_daemon, hub, sigstore)
+    assert job(d, tmp_path, SIGNED) == "daemon"
+    hub.inject(Fault("*", "error", status=503))
+    try:
+        d.restart()
+        url = endpoint_of(d)
+        costs = []
+        for i in range(3):
+            hub.reset_counts()
+            started = time.monotonic()
+            out = _snapshot(url, tmp_path / f"job-{i}")
+            costs.append((hub.total(), round(time.monotonic() - started, 2)))
+            assert out == "ok", out
+        _, *later = costs
+        assert all(requests <= 2 for requests, _ in later), costs
+    finally:
+        hub.clear_faults()
+
+
+def _snapshot(url: str, cache: Path) -> str:
+    code = f"""
+from huggingface_hub import snapshot_download
+snapshot_download({SIGNED!r}, repo_type="kernel", revision="v1", cache_dir={str(cache)!r},
+                  allow_patterns=["build/{VARIANT}/*"])
+print("ok")
+"""
+    env = {"HF_ENDPOINT": url, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_USER_AGENT_ORIGIN": "t"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**client_env(None, cache.parent), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr[-800:]
