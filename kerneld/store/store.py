@@ -3,13 +3,9 @@
 Typical daemon use::
 
     store = Store.open(root, cap_bytes=20 << 30, min_free_bytes=1 << 30)
-    if not store.has_blob(sha256):
-        with store.open_writer(Expected(size, sha256=sha256)) as w:   # resumable
-            for chunk in http_get(url, start=w.offset):
-                w.write(chunk)
-            w.commit()
+    with store.open_writer(Expected(size, sha256=sha256)) as w:   # resumable; w.commit()
+        ...
     store.publish_tree(repo, commit, variant, [TreeFile(path, sha256, size), ...])
-    store.set_ref(repo, "v1", commit)
     hit = store.lookup(repo, "v1", variant, lease_ttl_s=600)
 
 The work is done by small parts the store holds, each with only the dependencies it uses
@@ -345,14 +341,11 @@ class Store:
     def published_files(
         self, repo: str, commit: str, variant: str
     ) -> tuple[Path, list[PublishedFile]] | None:
-        """(tree path, files) of a published variant, each file with the id its upstream
-        announced; None when the variant is not here. Gated as `lookup` is: ProvenanceError for
-        an unverified tree while signatures are required."""
+        """(tree path, files) of a published variant; gated as `lookup` (`Lookups`)."""
         return self._lookups.published_files(repo, commit, variant)
 
     def published_listing(self, repo: str, commit: str, variant: str) -> list[PublishedFile] | None:
-        """The files of a published variant (no path: nothing handed out, no provenance gate);
-        None when the variant is not here. The Hub API endpoint lists these."""
+        """The files of a published variant, no path (`Lookups.published_listing`)."""
         return self._lookups.published_listing(repo, commit, variant)
 
     def refs_of(self, repo: str) -> list[RefRow]:
