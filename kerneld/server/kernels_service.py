@@ -194,8 +194,11 @@ class KernelsService(pb_grpc.KernelsServicer):
             trust_remote_code=request.trust_remote_code,
         )
 
-    def _served(self, request: pb.ResolveRequest) -> Served:
-        convert.check_resolve(request)
+    def _served(self, request: pb.ResolveRequest, *, asked: bool = False) -> Served:
+        """Resolve with the daemon's policy; `asked`: `_remembered` checked the request and
+        found no remembered answer just now."""
+        if not asked:
+            convert.check_resolve(request)
         spec = convert.spec_from_ref(request.kernel)
         facts = self.facts.get(request.platform, request.HasField("platform"))
         return self.core.serving.resolve(
@@ -207,6 +210,7 @@ class KernelsService(pb_grpc.KernelsServicer):
             holder=request.client,
             caller=identity.current(),
             trust_remote_code=request.trust_remote_code,
+            remembered=not asked,
         )
 
     def _to_proto(self, served: Served) -> pb.ResolvedKernel:
@@ -273,8 +277,13 @@ class KernelsService(pb_grpc.KernelsServicer):
         started = time.monotonic()
         by = self._answer_by(context) if request.allow_fetch else None
         warm = self._remembered(request) if by is not None else None
+        # On a miss of `_remembered`, the worker neither checks the request nor looks for a
+        # remembered answer again.
         served = warm or self._finish(
-            self._start(lambda: self._served(request), by), by, started, request.kernel
+            self._start(lambda: self._served(request, asked=by is not None), by),
+            by,
+            started,
+            request.kernel,
         )
         kernel = self._to_proto(served)
         return pb.ResolveResponse(kernel=kernel)

@@ -147,23 +147,29 @@ class Serving:
         holder: str = "",
         caller: Caller | None = None,
         trust_remote_code: bool = False,
+        remembered: bool = True,
     ) -> Served:
         """Resolve with the daemon's policy: the fetch allow-list, leases, metrics, logs;
         for a `caller` (None: the daemon itself) also `[fetch] allow_groups` and its rate limit.
+        `remembered=False`: the caller has just looked for a remembered answer itself.
 
         Warm path: an answer computed before is reused while the store's generation is
         unchanged and its refs are within their TTL; it costs one indexed read and no write
         (leases and resolve times are written behind by the LeaseBook).
         """
         store = self.core.store
-        hit = self.resolve_remembered(
-            spec,
-            facts,
-            allow_fetch=allow_fetch,
-            variant=variant,
-            lease_s=lease_s,
-            holder=holder,
-            trust_remote_code=trust_remote_code,
+        hit = (
+            None
+            if not remembered
+            else self.resolve_remembered(
+                spec,
+                facts,
+                allow_fetch=allow_fetch,
+                variant=variant,
+                lease_s=lease_s,
+                holder=holder,
+                trust_remote_code=trust_remote_code,
+            )
         )
         if hit is not None:
             return hit
