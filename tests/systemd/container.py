@@ -90,6 +90,23 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "--lazy", str(path)], capture_output=True, timeout=30)
 
 
+#: The repository: the tests run their commands from it inside the container.
+REPOSITORY = Path(__file__).resolve().parents[2]
+#: Where the container gets file systems of its own (nspawn's tmpfs on /tmp; systemd's /run),
+#: so host paths below them are not visible through the overlay of the host root.
+_OWN_MOUNTS = (Path("/tmp"), Path("/run"), Path("/dev/shm"))
+
+
+def _private_paths() -> list[str]:
+    """nspawn options that show the repository in the container when it lives below a path
+    the container has its own file system on (a checkout under /tmp, as CI may make): an
+    overlay of it with a throw-away upper layer, so the container writes nothing back."""
+    repo = str(REPOSITORY)
+    if any(REPOSITORY.is_relative_to(p) for p in _OWN_MOUNTS):
+        return [f"--overlay={repo}::{repo}"]
+    return []
+
+
 class Container:
     """One booted container; use as a context manager (always torn down)."""
 
@@ -138,6 +155,7 @@ class Container:
                     f"--directory={self.root}",
                     f"--machine={self.name}",
                     "--console=read-only",
+                    *_private_paths(),
                     "systemd.unit=basic.target",
                 ],
                 stdin=subprocess.DEVNULL,
