@@ -22,7 +22,7 @@ from kerneld.prefetch import parse_torch_versions
 from kerneld.resolve import KernelSpec
 from kerneld.server import convert
 from kerneld.server.core import Core
-from kerneld.server.errors import Unimplemented, abort, classify, rpc_handler
+from kerneld.server.errors import Unimplemented, abort, classify, log_level, rpc_handler
 from kerneld.server.kernels_service import daemon_status
 from kerneld.store.index import ALL
 from kerneld.store.inventory import VariantItem, inventory
@@ -180,7 +180,8 @@ class AdminService(pb_grpc.AdminServicer):
         """Every handler's error path (`rpc_handler`): count, one log line, abort."""
         failure = classify(exc)
         self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
-        log.info("admin: %s failed: %s", method, failure.detail.message)
+        level = log_level(failure, admin=True)
+        log.log(level, "admin: %s failed: %s", method, failure.detail.message)
         abort(context, exc)
 
     # ---- prefetch -------------------------------------------------------------------------

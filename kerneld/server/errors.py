@@ -269,6 +269,34 @@ def classify(exc: BaseException, *, repo_id: str = "", revision: str = "") -> Fa
     return Failure(status, detail)
 
 
+#: Failures that are answers about what was asked (it does not exist, may not be had, was
+#: asked wrongly): routine for a job's call, logged at info.
+_ANSWERS = frozenset(
+    {
+        Code.KERNEL_NOT_FOUND,
+        Code.REVISION_NOT_FOUND,
+        Code.NO_COMPATIBLE_VARIANT,
+        Code.KERNEL_DENIED,
+        Code.UNTRUSTED_PUBLISHER,
+        Code.FETCH_NOT_ALLOWED,
+        Code.INVALID_ARGUMENT,
+    }
+)
+
+
+def log_level(failure: Failure, *, admin: bool = False) -> int:
+    """The priority of a failed call's log line, so `journalctl -p warning` shows what needs an
+    admin: a fault of the daemon is an error; an outage, a corrupt download, a full store or
+    a failed admin command (a reload with a bad config) a warning; a job told that its kernel
+    does not exist or is refused, info."""
+    code = failure.detail.code
+    if code == Code.INTERNAL:
+        return logging.ERROR
+    if admin or code not in _ANSWERS:
+        return logging.WARNING
+    return logging.INFO
+
+
 def abort(context: grpc.ServicerContext, exc: BaseException, **ctx: str) -> NoReturn:
     """Fail the RPC with `exc`'s status, message and ErrorDetail trailer."""
     failure = classify(exc, **ctx)

@@ -27,7 +27,7 @@ from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
 from kerneld.server.bounds import clip
 from kerneld.server.core import Core
-from kerneld.server.errors import abort, classify, rpc_handler
+from kerneld.server.errors import abort, classify, log_level, rpc_handler
 from kerneld.server.serving import Served
 from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
@@ -260,7 +260,7 @@ class KernelsService(pb_grpc.KernelsServicer):
         if not expected:
             self.core.metrics.errors.labels(method, pb.ErrorCode.Name(failure.detail.code)).inc()
         log.log(
-            logging.DEBUG if expected else logging.INFO,
+            logging.DEBUG if expected else log_level(failure),
             "%s failed repo=%s selector=%s code=%s: %s",
             method,
             clip(kernel.repo_id) or "-",

@@ -42,6 +42,9 @@ def test_reload_applies_a_valid_file_and_refuses_an_invalid_one(
     doc = as_json.json()
     assert doc["ok"] is False and doc["exit_code"] == 1 and "resolve.ref_ttl" in doc["error"]
     assert d.health() == health_pb2.HealthCheckResponse.SERVING
+    # A refused reload is a warning (journald priority 4: `journalctl -p warning` shows it).
+    failed = [line for line in d.logs().splitlines() if "ReloadConfig failed" in line]
+    assert failed and all(" WARNING " in line for line in failed), failed
 
     # The running configuration was kept (ref_ttl 7m, not the default 5m): a file that says
     # 7m again changes nothing.
