@@ -137,6 +137,22 @@ def test_get_kernel_through_olah_needs_trust_remote_code(olah_env: HubEnv) -> No
     assert kernel.scale(torch.ones(2)).tolist() == [FACTORS[1]] * 2
 
 
+def test_a_daemon_behind_olah_names_the_route_that_cannot_vouch_for_publishers(
+    olah_env: HubEnv,
+) -> None:
+    """kerneld's Hub upstream over olah: the publisher question fails with the route and its
+    status and says what to do, not "no such kernel repository"."""
+    from kerneld.upstream.errors import UpstreamProtocolError
+    from kerneld.upstream.hub import HubUpstream
+
+    upstream = HubUpstream(endpoint=olah_env.endpoint, token=False)
+    with pytest.raises(UpstreamProtocolError) as failed:
+        upstream.publisher_trusted("kerneld-trusted")
+    message = str(failed.value)
+    assert "/api/organizations/kerneld-trusted/overview answered HTTP 401" in message
+    assert "[trust] allow" in message and "no such kernel repository" not in message
+
+
 @pytest.mark.parametrize(
     ("method", "route", "ours", "olahs"),
     [

@@ -218,9 +218,18 @@ class HubUpstream:
             try:
                 info = self._api.get_organization_overview(org)
             except HfHubHTTPError as exc:
-                if exc.response is not None and exc.response.status_code == 404:
+                status = exc.response.status_code if exc.response is not None else 0
+                if status == 404:
                     raise OrgNotFound(
                         f"the Hub has no organisation {org}", upstream=self.name, repo_id=f"{org}/*"
+                    ) from None
+                if status in (401, 403):  # a Hub mirror without the route (olah answers 401)
+                    raise UpstreamProtocolError(
+                        f"GET /api/organizations/{org}/overview answered HTTP {status}: this "
+                        "endpoint cannot say who is a trusted kernel publisher (a Hub mirror such "
+                        "as olah has no such route); list the publishers in [trust] allow",
+                        upstream=self.name,
+                        repo_id=f"{org}/*",
                     ) from None
                 raise
             return getattr(info, "trustedKernelPublisher", False) is True
