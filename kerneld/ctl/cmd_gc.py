@@ -47,11 +47,25 @@ def _kept_by_reason(kept: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _size(text: str | None) -> int:
+    """`--target-free` in bytes: `20GiB`, `20GB` (10^9), `500MiB` or a byte count."""
+    from kerneld.config import ConfigError
+    from kerneld.config.values import parse_size
+
+    if not text:
+        return 0
+    try:
+        return parse_size(text, source="--target-free", key="size")
+    except ConfigError:
+        raise CtlError(
+            f"--target-free takes a size like 20GiB, 500MB or a byte count, got {text!r}",
+            code=EXIT_USAGE,
+        ) from None
+
+
 def cmd_gc(ctx: Ctx) -> int:
     dry = bool(ctx.args.dry_run)
-    target = int(ctx.args.target_free or 0)
-    if target < 0:
-        raise CtlError("--target-free must be a number of bytes >= 0", code=EXIT_USAGE)
+    target = _size(ctx.args.target_free)
     if offline(ctx):
         with open_store(ctx, writable=not dry) as store:
             if target:

@@ -187,9 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
     p.add_argument(
         "--target-free",
-        type=int,
-        metavar="BYTES",
-        help="free at least this much (exit 6 when what is pinned, leased or in use prevents it)",
+        metavar="SIZE",
+        help="free at least this much: 20GiB, 500MB or a byte count (exit 6 when what is "
+        "pinned, leased or in use prevents it)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also list what is kept and why")
 

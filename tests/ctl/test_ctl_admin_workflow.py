@@ -234,8 +234,11 @@ def test_gc_target_free_that_cannot_be_met_says_why(
     assert doc["kept_by_reason"] == {"pinned": {"trees": 2, "size_bytes": sum(sizes.values())}}
     assert "target not reached" in r.stderr and "2 pinned" in r.stderr
 
-    human = ctl(daemon, home, "gc", "--target-free", str(10**15), "--dry-run")
+    human = ctl(daemon, home, "gc", "--target-free", "1000TB", "--dry-run")  # the same size
     assert human.rc == 6 and "would free 0 B" in human.stdout and "2 pinned" in human.stdout
+    assert "of the 909.5 TiB asked" in human.stderr, human.stderr
+    bad = ctl(daemon, home, "gc", "--target-free", "lots")
+    assert bad.rc == 2 and "like 20GiB, 500MB or a byte count" in bad.stderr, bad
 
     assert ctl(daemon, home, "unpin", f"{ACT}:1").rc == 0
     met = ctl(daemon, home, "gc", "--target-free", "1", "--json")
