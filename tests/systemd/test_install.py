@@ -111,6 +111,16 @@ def install_block() -> str:
     return found[0]
 
 
+def upgrade_block() -> str:
+    """The shell block of the Upgrading section."""
+    text = OPERATIONS.read_text(encoding="utf-8")
+    section = text.split("\n## Upgrading\n", 1)[1].split("\n## ", 1)[0]
+    blocks: list[str] = re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+    found = [b for b in blocks if "systemctl restart kerneld" in b]
+    assert len(found) == 1, f"expected one upgrade block in docs/operations.md, got {found}"
+    return found[0]
+
+
 def documented_paths() -> dict[str, tuple[int, str, str]]:
     """path -> (mode, owner, group) from the install section's table: sockets and the store."""
     rows = re.findall(
@@ -467,6 +477,28 @@ def test_documented_install_under_systemd(
         for line in trees:
             owner, perms, _ = line.split(" ", 2)
             assert owner == "kerneld" and not int(perms, 8) & 0o222, line  # sealed read-only
+
+        # -- the install block again (safe to re-run), then the upgrade recipe ----------------
+        again = c.run(
+            ["bash", "-e", "-o", "pipefail", "-s"], stdin=script, env=pip_env, timeout=240
+        )
+        ok(again, "the install block of docs/operations.md, run a second time")
+        assert config.read_text() == good, "re-running the install block replaced the config"
+        running = show(c, "MainPID")
+        upgrade = f"{trace}\ncd {shlex.quote(str(REPO_ROOT))}\n{upgrade_block()}"
+        upgraded = c.run(
+            ["bash", "-e", "-x", "-o", "pipefail", "-s"], stdin=upgrade, env=pip_env, timeout=240
+        )
+        ok(upgraded, "the upgrade block of docs/operations.md")
+        assert "ready" in upgraded.out, upgraded
+        assert show(c, "MainPID") not in ("0", running)  # a new daemon
+        listing = ok(c.run(["kerneldctl", "ls", "--json"], user="bob"), "kerneldctl ls").out
+        assert PREFETCHED.partition(":")[0] in listing and KERNEL in listing, listing  # kept
+        before = examples.requests
+        [after] = job(c, "alice")
+        assert (after.source, after.variant) == ("index", cold.variant), after
+        assert examples.requests == before, "a job after the upgrade asked the upstream"
+        lap("re-install and upgrade")
 
     # -- stop: clean, sockets and advert gone ---------------------------------------------------
     ok(c.run(["systemctl", "stop", "kerneld"], timeout=90), "systemctl stop")
