@@ -120,6 +120,9 @@ class ListingSource:
 
     name: str
     kernels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listed_depends: dict[tuple[str, str], list[Dependency]] | None = None
+    """(repo, commit) -> its variants' `kernel-depends` as the daemon read them (None: read
+    each variant's metadata.json from the store here)."""
 
     def commit(self, dep: Dependency) -> str:
         kernel = self.kernels.get(dep.repo_id)
@@ -133,6 +136,8 @@ class ListingSource:
         )
 
     def depends(self, repo_id: str, commit: str) -> list[Dependency]:
+        if self.listed_depends is not None:
+            return self.listed_depends.get((repo_id, commit), [])
         deps: list[Dependency] = []
         for rev in self.kernels.get(repo_id, {}).get("revisions", []):
             if rev["commit"] != commit:
@@ -180,10 +185,24 @@ def _source(ctx: Ctx) -> Source:
     from kerneld.ctl.rpc import Admin
     from kerneld_client.proto import kerneld_pb2
 
-    with Admin(ctx) as admin:
-        answer = admin.unary(admin.stub.List, kerneld_pb2.ListRequest())
+    with Admin(ctx) as admin:  # the daemon reads the metadata: the store may be closed to us
+        answer = admin.unary(admin.stub.List, kerneld_pb2.ListRequest(with_depends=True))
     listing = [proto_to_dict(k) for k in answer.kernels]
-    return ListingSource("daemon", {k["repo_id"]: k for k in listing})
+    depends: dict[tuple[str, str], list[Dependency]] = {}
+    for kernel in answer.kernels:
+        for rev in kernel.revisions:
+            found = depends.setdefault((kernel.repo_id, rev.commit), [])
+            for variant in rev.variants:
+                for ref in variant.kernel_depends:
+                    which = ref.WhichOneof("selector")
+                    dep = Dependency(
+                        ref.repo_id,
+                        version=ref.version if which == "version" else None,
+                        revision=None if which == "version" else ref.revision or "main",
+                    )
+                    if dep not in found:
+                        found.append(dep)
+    return ListingSource("daemon", {k["repo_id"]: k for k in listing}, depends)
 
 
 def _translate_upstream(exc: Exception) -> CtlError:

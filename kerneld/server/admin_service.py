@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
@@ -94,7 +95,7 @@ class _StreamClosed(Exception):
     """The RPC ended (the caller went away): stops a bounded stream's producer."""
 
 
-def _variant_entry(v: VariantItem) -> pb.VariantEntry:
+def _variant_entry(v: VariantItem, with_depends: bool = False) -> pb.VariantEntry:
     entry = pb.VariantEntry(
         variant=v.variant,
         tree_digest=v.tree_digest,
@@ -105,6 +106,9 @@ def _variant_entry(v: VariantItem) -> pb.VariantEntry:
         pinned=v.pinned,
         active_leases=v.active_leases,
     )
+    if with_depends:  # the daemon reads the store; an admin may not be able to
+        meta = convert.metadata_to_proto(Path(v.path) / "metadata.json")
+        entry.kernel_depends.extend(meta.kernel_depends)
     record = v.provenance
     if record is not None:
         entry.provenance.CopyFrom(
@@ -234,9 +238,9 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc_handler
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
-        return self._list(list(request.repo_ids))
+        return self._list(list(request.repo_ids), with_depends=request.with_depends)
 
-    def _list(self, only: list[str]) -> pb.ListResponse:
+    def _list(self, only: list[str], *, with_depends: bool = False) -> pb.ListResponse:
         self.core.leases.flush()
         out = pb.ListResponse()
         for kernel in inventory(self.core.store, only or None):
@@ -248,7 +252,7 @@ class AdminService(pb_grpc.AdminServicer):
                     pb.RevisionEntry(
                         commit=rev.commit,
                         refs=rev.refs,
-                        variants=[_variant_entry(v) for v in rev.variants],
+                        variants=[_variant_entry(v, with_depends) for v in rev.variants],
                         pinned=rev.pinned,
                         denied=rev.denied,
                     )

@@ -208,6 +208,43 @@ def test_status_as_a_kerneld_users_member_and_as_nobody(
     assert admin.rc == 0 and admin.json()["admin"] is True and "pins" in admin.json()
 
 
+@needs_root
+def test_lock_against_the_daemon_as_an_admin_who_cannot_read_the_store(
+    make_daemon: Callable[..., DaemonProcess], kernel_mirror: Path, shared_home: Path
+) -> None:
+    """README's admin quick start: `kerneldctl lock . --source daemon` by a kerneld-admin
+    member outside kerneld-users (the store's group): the dependencies come over the admin
+    socket, read by the daemon, not from metadata.json files the admin may not open."""
+    from kerneld_client.lockfile import parse_lockfile
+    from tests.fixtures_daemon import C1, DEP_BOTTOM, DEP_TOP
+
+    daemon = make_daemon(mirror_dirs=[kernel_mirror], config=SOCKETS)
+    env = {"KERNELD_ADMIN_SOCKET": str(daemon.admin_socket)}
+    assert ctl(daemon, shared_home.parent / "root-home", "prefetch", f"{DEP_TOP}:1").rc == 0
+    project = shared_home.parent / "project"
+    project.mkdir(mode=0o777)
+    project.chmod(0o777)
+    (project / "pyproject.toml").write_text(f'[tool.kernels.dependencies]\n"{DEP_TOP}" = 1\n')
+    cannot = as_nobody("ls", str(daemon.store_root), home=shared_home, groups=("kerneld-admin",))
+    assert "Permission denied" in cannot.stderr, "the admin may read the store: proves nothing"
+    locked = as_nobody(
+        KERNELDCTL,
+        "lock",
+        str(project),
+        "--source",
+        "daemon",
+        home=shared_home,
+        groups=("kerneld-admin",),
+        env=env,
+    )
+    assert locked.rc == 0, locked.stdout + locked.stderr
+    locks = parse_lockfile((project / "kernels.lock").read_bytes()).locks
+    assert {(x.dependency.repo_id, x.dependency.ref, x.commit) for x in locks} == {
+        (DEP_TOP, "v1", C1),
+        (DEP_BOTTOM, "v1", C1),
+    }
+
+
 # ---- §3.9 gc ----------------------------------------------------------------------------------
 
 

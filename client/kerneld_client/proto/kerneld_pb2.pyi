@@ -1129,6 +1129,11 @@ class ListRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REPO_IDS_FIELD_NUMBER: _builtins.int
+    WITH_DEPENDS_FIELD_NUMBER: _builtins.int
+    with_depends: _builtins.bool
+    """Also each variant's `kernel-depends` (read from its metadata.json by the daemon): what
+    `kerneldctl lock --source daemon` needs, for an admin who may not read the store itself.
+    """
     @_builtins.property
     def repo_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Optional filter: only these repos."""
@@ -1137,10 +1142,11 @@ class ListRequest(_message.Message):
         self,
         *,
         repo_ids: _abc.Iterable[_builtins.str] | None = ...,
+        with_depends: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["repo_ids", b"repo_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["repo_ids", b"repo_ids", "with_depends", b"with_depends"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1159,6 +1165,7 @@ class VariantEntry(_message.Message):
     PINNED_FIELD_NUMBER: _builtins.int
     ACTIVE_LEASES_FIELD_NUMBER: _builtins.int
     PROVENANCE_FIELD_NUMBER: _builtins.int
+    KERNEL_DEPENDS_FIELD_NUMBER: _builtins.int
     variant: _builtins.str
     tree_digest: _builtins.str
     path: _builtins.str
@@ -1174,6 +1181,10 @@ class VariantEntry(_message.Message):
         checked (the daemon checks no signatures, or the tree predates the check).
         """
 
+    @_builtins.property
+    def kernel_depends(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]:
+        """With ListRequest.with_depends: the variant's `kernel-depends`."""
+
     def __init__(
         self,
         *,
@@ -1186,10 +1197,11 @@ class VariantEntry(_message.Message):
         pinned: _builtins.bool = ...,
         active_leases: _builtins.int = ...,
         provenance: Global___Provenance | None = ...,
+        kernel_depends: _abc.Iterable[Global___KernelRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_resolved", b"last_resolved", "provenance", b"provenance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "files", b"files", "last_resolved", b"last_resolved", "path", b"path", "pinned", b"pinned", "provenance", b"provenance", "size_bytes", b"size_bytes", "tree_digest", b"tree_digest", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_leases", b"active_leases", "files", b"files", "kernel_depends", b"kernel_depends", "last_resolved", b"last_resolved", "path", b"path", "pinned", b"pinned", "provenance", b"provenance", "size_bytes", b"size_bytes", "tree_digest", b"tree_digest", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
