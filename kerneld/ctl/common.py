@@ -144,11 +144,19 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[An
     """
     from kerneld.store import SchemaError, Store, StoreError, StoreLockedError
     from kerneld.store.layout import Layout
+    from kerneld.store.locks import owner_is_running
 
     root = store_path(ctx)
     if not create and not Layout(root).db.exists():
         raise CtlError(f"no kerneld store at {root}", hint="give the store's path with --store")
     platforms = []
+    if writable and owner_is_running(Layout(root).owner_lock):
+        # Before the owner check: its hint (run as the store's owner) would only lead here.
+        raise CtlError(
+            f"the store at {root} is owned by a running daemon",
+            code=EXIT_STORE_BUSY,
+            hint="drop --store to go through the daemon, or stop it first",
+        )
     if writable:  # republishing the index: with the picks the daemon publishes
         from kerneld.prefetch import saved_client_platforms
 

@@ -276,6 +276,12 @@ def test_store_owned_by_a_running_daemon_is_exit_4(tmp_path: Path, store_dir: Pa
         # read-only commands still work next to it
         status = ctl(tmp_path, "status", "--store", str(store_dir), "--json")
         assert status.rc == 0 and status.json()["daemon_running"] is True
+        if os.geteuid() == 0:
+            # A daemon's store belongs to its user: root is told to go through the daemon, not
+            # to rerun as the store's owner (which would only meet the same running daemon).
+            subprocess.run(["chown", "-R", "nobody", str(store_dir)], check=True)
+            r = ctl(tmp_path, "pin", "--store", str(store_dir), K)
+            assert r.rc == 4 and "drop --store" in r.stderr and "runuser" not in r.stderr, r
 
 
 def test_keys(tmp_path: Path) -> None:
