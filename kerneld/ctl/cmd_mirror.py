@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from kerneld.ctl.common import (
     EXIT_USAGE,
     CtlError,
     Ctx,
+    PermissionDenied,
     offline,
     open_store,
 )
@@ -211,6 +212,56 @@ def _trusted(ctx: Ctx) -> dict[str, str]:
     return keys
 
 
+class _Upload:
+    """The upload's messages: the bundle read here, as the admin (the daemon's sandbox may not
+    see the path: ProtectHome, a private /tmp), and sent over the admin socket. gRPC reads the
+    messages on its own thread: a read error is kept for `check` to raise here."""
+
+    def __init__(self, ctx: Ctx, source: Path) -> None:
+        from kerneld.mirror.tarball import stream_bundle
+
+        self.source = source
+        self.error: Exception | None = None
+        self._chunks = stream_bundle(source)
+        self._first = self._guarded(lambda: next(self._chunks, b""))  # fail early, here
+        self._no_check_sigs = bool(ctx.args.no_check_sigs)
+
+    def _guarded(self, read: Callable[[], bytes]) -> bytes:
+        from kerneld.mirror.destination import ExportError
+
+        try:
+            return read()
+        except FileNotFoundError:
+            raise CtlError(f"{self.source} does not exist") from None
+        except PermissionError as exc:
+            raise PermissionDenied(f"cannot read {self.source}: {exc.strerror}") from None
+        except (ExportError, OSError) as exc:
+            raise CtlError(f"cannot read {self.source}: {exc}") from None
+
+    def __iter__(self) -> Iterator[Any]:
+        from kerneld_client.proto import kerneld_pb2
+
+        start = kerneld_pb2.MirrorImportRequest(
+            source=str(self.source), no_check_sigs=self._no_check_sigs
+        )
+        yield kerneld_pb2.MirrorUpload(start=start, data=self._first)
+        try:
+            for chunk in self._chunks:
+                yield kerneld_pb2.MirrorUpload(data=chunk)
+        except Exception as exc:  # ends the call; `check` says why
+            self.error = exc
+            raise
+
+    def check(self) -> None:
+        error = self.error
+        if error is not None:
+
+            def reraise() -> bytes:
+                raise error
+
+            self._guarded(reraise)
+
+
 def cmd_mirror_import(ctx: Ctx) -> int:
     source = os.path.abspath(ctx.args.source)
     if offline(ctx):
@@ -242,12 +293,12 @@ def cmd_mirror_import(ctx: Ctx) -> int:
                 "([mirror] trusted_keys)",
                 code=EXIT_USAGE,
             )
-        from kerneld_client.proto import kerneld_pb2
-
-        request = kerneld_pb2.MirrorImportRequest(
-            source=source, no_check_sigs=bool(ctx.args.no_check_sigs)
-        )
-        doc = _stream_mirror(ctx, "imported", lambda a: a.stub.MirrorImport, request)
+        upload = _Upload(ctx, Path(source))
+        try:
+            doc = _stream_mirror(ctx, "imported", lambda a: a.stub.MirrorImportUpload, iter(upload))
+        except CtlError:
+            upload.check()  # a read error here is the real reason the call ended
+            raise
         doc["source"] = source
     if ctx.json:
         ctx.emit_json(doc)

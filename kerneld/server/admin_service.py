@@ -485,6 +485,17 @@ class AdminService(pb_grpc.AdminServicer):
             assert isinstance(event, pb.MirrorEvent)
             yield event
 
+    @rpc_handler
+    def MirrorImportUpload(
+        self, request: Iterator[pb.MirrorUpload], context: grpc.ServicerContext
+    ) -> Iterator[pb.MirrorEvent]:
+        from kerneld.server import mirror_rpc
+
+        work = mirror_rpc.upload_work(self.core, request)
+        for event in _stream(context, work):
+            assert isinstance(event, pb.MirrorEvent)
+            yield event
+
     # ---- config and status ----------------------------------------------------------------
 
     @rpc_handler

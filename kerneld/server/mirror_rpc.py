@@ -8,11 +8,15 @@ answer UNIMPLEMENTED instead of failing at import time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+from kerneld.server.bounds import clip
 from kerneld.server.core import Core
 from kerneld.server.errors import Unimplemented
+from kerneld.store import ResourceExhaustedError
 from kerneld_client.proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.admin")
@@ -136,6 +140,86 @@ def import_work(core: Core, request: pb.MirrorImportRequest) -> Work:
         log.info(
             "admin: mirror import done source=%s imported=%d refused=%d",
             request.source,
+            len(report.imported),
+            len(report.refused),
+        )
+
+    return work
+
+
+#: How much room an upload leaves on the store's file system beyond `[store] min_free`: the
+#: bundle is staged there, and its blobs then need room of their own.
+UPLOAD_CHECK_EVERY = 64 << 20
+
+
+class UploadRefused(ValueError):
+    """An upload that cannot be staged (no start message, no room): INVALID_ARGUMENT, or
+    RESOURCE_EXHAUSTED for the room (it says which)."""
+
+
+def upload_work(core: Core, messages: Iterator[pb.MirrorUpload]) -> Work:
+    """`kerneldctl mirror import` of a bundle it sends: staged in the store's work area (its
+    own file system; removed afterwards, or at the next open after a crash), then imported as
+    a bundle the daemon opened itself. The first message must name it."""
+    try:
+        from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
+    except ImportError as exc:
+        raise Unimplemented(f"mirror import is not available in this build: {exc}") from exc
+    first = next(messages, None)
+    if first is None or not first.HasField("start"):
+        raise UploadRefused("the first message of an upload must say what it is (start)")
+    request = first.start
+    source = clip(request.source or "an uploaded bundle", 200)
+    store = core.store
+    min_free = core.config.min_free_bytes
+    trusted = dict(core.config.trusted_keys)
+
+    def stage(path: Path) -> int:
+        size, checked = len(first.data), 0
+        with open(path, "wb") as out:
+            out.write(first.data)
+            for message in messages:
+                out.write(message.data)
+                size += len(message.data)
+                if size - checked >= UPLOAD_CHECK_EVERY:
+                    checked = size
+                    free = shutil.disk_usage(path.parent).free
+                    if free < min_free + UPLOAD_CHECK_EVERY:
+                        raise ResourceExhaustedError(
+                            size, free, "the store's file system (while staging the upload)"
+                        )
+        return size
+
+    def work(emit: Callable[[object], None]) -> None:
+        with core.work(), store.scratch_file("upload") as path:
+            size = stage(path)
+            if request.no_check_sigs:
+                log.warning(
+                    "admin: mirror import of %s (%d bytes, uploaded) WITHOUT signature checks",
+                    source,
+                    size,
+                )
+            else:
+                log.info("admin: mirror import of %s (%d bytes, uploaded)", source, size)
+            try:
+                report = import_mirror(
+                    store,
+                    path,
+                    trusted,
+                    no_check_sigs=request.no_check_sigs,
+                    progress=lambda p: emit(_event(p)),
+                )
+            except MirrorImportRefused as exc:  # in the caller's words: its name, not ours
+                message = str(exc).replace(str(path), source)
+                log.warning("admin: mirror import of %s refused: %s", source, message)
+                raise MirrorImportRefused(message) from None
+            except Exception as exc:
+                log.warning("admin: mirror import of %s failed: %s", source, exc)
+                raise
+        log.log(
+            logging.WARNING if report.refused else logging.INFO,
+            "admin: mirror import done source=%s imported=%d refused=%d",
+            source,
             len(report.imported),
             len(report.refused),
         )

@@ -1,13 +1,5 @@
 """The :class:`Store` facade: one object that owns a store directory.
 
-Typical daemon use::
-
-    store = Store.open(root, cap_bytes=20 << 30, min_free_bytes=1 << 30)
-    with store.open_writer(Expected(size, sha256=sha256)) as w:   # resumable; w.commit()
-        ...
-    store.publish_tree(repo, commit, variant, [TreeFile(path, sha256, size), ...])
-    hit = store.lookup(repo, "v1", variant, lease_ttl_s=600)
-
 The work is done by small parts the store holds, each with only the dependencies it uses
 (``state`` lists what they share): ``ingest`` (blobs in), ``publishing`` (trees out),
 ``lookup`` (which tree a name resolves to), ``names`` (refs, upstream facts, the negative
@@ -22,9 +14,11 @@ under one in-process lock; hashing, downloads, staging builds and file deletion 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -182,15 +176,10 @@ class Store:
         auto_gc: bool = True,
         client_platforms: Iterable[PlatformFacts] = (),
     ) -> Store:
-        """Open (creating if needed) the store at ``root``.
-
-        Read-write opens take the exclusive owner lock first (``StoreLockedError`` names the
-        holder's pid) and then clean up whatever an earlier crash left behind. ``read_only``
-        takes no lock and changes nothing: for offline tools such as ``kerneldctl verify``.
-        It is exact on a stopped store; next to a running daemon a tree that GC deletes during
-        the run can show up as missing (``locks.owner_is_running`` tells the two cases apart),
-        so repairs always go through a read-write open, i.e. the owner.
-        """
+        """Open (creating if needed) the store at ``root``. Read-write opens take the owner
+        lock first (``StoreLockedError`` names the holder's pid), then undo what a crash left.
+        ``read_only`` takes no lock and changes nothing (offline tools: exact on a stopped
+        store; beside a daemon a tree GC deletes meanwhile can show up as missing)."""
         layout = Layout(Path(root))
         policy = gc_mod.GcPolicy(
             cap_bytes=cap_bytes,
@@ -368,6 +357,17 @@ class Store:
     def tree_path(self, digest: str) -> Path:
         """The folder of a tree (``sha256:<hex>`` or hex), whether or not it is live."""
         return self.layout.tree_path(tree_hex(digest))
+
+    @contextlib.contextmanager
+    def scratch_file(self, name: str) -> Iterator[Path]:
+        """A new private file in the store's work area (its file system, so the space checks
+        see it), removed at exit, or at the next open after a crash (an uploaded bundle)."""
+        path = self.layout.staging / f"{name}-{secrets.token_hex(8)}"
+        path.touch(mode=0o600, exist_ok=False)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
 
     def owner_is_running(self) -> bool:
         """Does a live process hold the store's owner lock (a daemon, or a CLI writing)?"""

@@ -167,7 +167,8 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
     assert exported.json()["kernels"] == [{"repo_id": ACT, "commit": C1}]
     assert out.is_file()
 
-    grant_traversal(out)  # the importing daemon reads the bundle as its own user
+    # The bundle stays where the admin put it (pytest's 0700 directories: the daemon, as its
+    # own user, could not open it): kerneldctl reads it and uploads it.
     imported = daemons.ctl("mirror", "import", "--from", str(out), "--json", daemon=daemons.b)
     assert imported.rc == 0, imported.stdout + imported.stderr
     assert imported.json()["ok"] is True
@@ -198,3 +199,35 @@ def test_mirror_export_and_import_between_daemons(daemons: Daemons, tmp_path: Pa
     grant_traversal(unsigned / "mirror-info")
     refused = daemons.ctl("mirror", "import", "--from", str(unsigned), daemon=daemons.b)
     assert refused.rc == 1 and "not signed" in refused.stdout + refused.stderr
+
+
+def test_mirror_import_uploads_a_directory_from_a_private_place_and_logs_failures(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    """operations.md "Mirrors", step 2 from an admin's home (a directory only its owner may
+    read): the daemon never opens the path, kerneldctl sends the bundle; a bad one is refused
+    with one warning line in the daemon's log."""
+    assert daemons.ctl("prefetch", f"{MULTI}:1", "--variants", "all").rc == 0
+    home = tmp_path / "admin-home"
+    home.mkdir(mode=0o700)
+    mirror = home / "mirror"
+    exported = daemons.ctl(
+        "mirror", "export", "--to", str(mirror), f"{MULTI}:1", "--sign-key", "site-1"
+    )
+    assert exported.rc == 0, exported.stderr
+    imported = daemons.ctl("mirror", "import", "--from", str(mirror), "--json", daemon=daemons.b)
+    assert imported.rc == 0, imported.stdout + imported.stderr
+    assert imported.json()["imported"] == [{"repo_id": MULTI, "commit": C1}]
+    assert any(
+        k["repo_id"] == MULTI
+        for k in daemons.ctl("ls", "--json", daemon=daemons.b).json()["kernels"]
+    )
+
+    missing = daemons.ctl("mirror", "import", "--from", str(home / "nope.tar"), daemon=daemons.b)
+    assert missing.rc == 1 and "does not exist" in missing.stderr, missing
+    junk = home / "junk.tar"
+    junk.write_bytes(b"not a tar" * 100)
+    refused = daemons.ctl("mirror", "import", "--from", str(junk), daemon=daemons.b)
+    assert refused.rc != 0, refused
+    lines = [x for x in daemons.b.logs().splitlines() if "mirror import" in x and "junk" in x]
+    assert any(" WARNING " in x for x in lines), lines

@@ -1858,6 +1858,34 @@ class MirrorImportRequest(_message.Message):
 Global___MirrorImportRequest: _TypeAlias = MirrorImportRequest  # noqa: Y015
 
 @_typing.final
+class MirrorUpload(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """The bundle's next bytes (at most 1 MiB a message)."""
+    @_builtins.property
+    def start(self) -> Global___MirrorImportRequest:
+        """First message only: `source` is the caller's name for the bundle (for logs and the
+        report); the daemon never opens it.
+        """
+
+    def __init__(
+        self,
+        *,
+        start: Global___MirrorImportRequest | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MirrorUpload: _TypeAlias = MirrorUpload  # noqa: Y015
+
+@_typing.final
 class MirrorEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

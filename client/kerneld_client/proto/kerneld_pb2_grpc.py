@@ -449,6 +449,11 @@ class AdminStub:
                 request_serializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorImportRequest.SerializeToString,
                 response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.FromString,
                 _registered_method=True)
+        self.MirrorImportUpload = channel.stream_stream(
+                '/kerneld.v1.Admin/MirrorImportUpload',
+                request_serializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorUpload.SerializeToString,
+                response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.FromString,
+                _registered_method=True)
         self.ReloadConfig = channel.unary_unary(
                 '/kerneld.v1.Admin/ReloadConfig',
                 request_serializer=kerneld_dot_v1_dot_kerneld__pb2.ReloadConfigRequest.SerializeToString,
@@ -538,6 +543,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MirrorImportUpload(self, request_iterator, context):
+        """The same import of a bundle the caller sends (kerneldctl reads it as the admin, from any
+        path the admin may read; the daemon's own sandbox need not see it): the first message
+        names it and gives the options, the rest carry its bytes (a tar, possibly compressed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReloadConfig(self, request, context):
         """Re-read the config file (same as SIGHUP).
         """
@@ -608,6 +622,11 @@ def add_AdminServicer_to_server(servicer, server):
             'MirrorImport': grpc.unary_stream_rpc_method_handler(
                     servicer.MirrorImport,
                     request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorImportRequest.FromString,
+                    response_serializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.SerializeToString,
+            ),
+            'MirrorImportUpload': grpc.stream_stream_rpc_method_handler(
+                    servicer.MirrorImportUpload,
+                    request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorUpload.FromString,
                     response_serializer=kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.SerializeToString,
             ),
             'ReloadConfig': grpc.unary_unary_rpc_method_handler(
@@ -921,6 +940,33 @@ class Admin:
             target,
             '/kerneld.v1.Admin/MirrorImport',
             kerneld_dot_v1_dot_kerneld__pb2.MirrorImportRequest.SerializeToString,
+            kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MirrorImportUpload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kerneld.v1.Admin/MirrorImportUpload',
+            kerneld_dot_v1_dot_kerneld__pb2.MirrorUpload.SerializeToString,
             kerneld_dot_v1_dot_kerneld__pb2.MirrorEvent.FromString,
             options,
             channel_credentials,

@@ -198,6 +198,11 @@ class AdminStub:
     """Re-hash blobs and trees; one event per problem found, then a summary."""
     MirrorExport: _grpc.UnaryStreamMultiCallable[_kerneld_pb2.MirrorExportRequest, _kerneld_pb2.MirrorEvent]
     MirrorImport: _grpc.UnaryStreamMultiCallable[_kerneld_pb2.MirrorImportRequest, _kerneld_pb2.MirrorEvent]
+    MirrorImportUpload: _grpc.StreamStreamMultiCallable[_kerneld_pb2.MirrorUpload, _kerneld_pb2.MirrorEvent]
+    """The same import of a bundle the caller sends (kerneldctl reads it as the admin, from any
+    path the admin may read; the daemon's own sandbox need not see it): the first message
+    names it and gives the options, the rest carry its bytes (a tar, possibly compressed).
+    """
     ReloadConfig: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ReloadConfigRequest, _kerneld_pb2.ReloadConfigResponse]
     """Re-read the config file (same as SIGHUP)."""
     GetAdminStatus: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.AdminStatus]
@@ -226,6 +231,11 @@ class AdminAsyncStub(AdminStub):
     """Re-hash blobs and trees; one event per problem found, then a summary."""
     MirrorExport: _aio.UnaryStreamMultiCallable[_kerneld_pb2.MirrorExportRequest, _kerneld_pb2.MirrorEvent]  # type: ignore[assignment]
     MirrorImport: _aio.UnaryStreamMultiCallable[_kerneld_pb2.MirrorImportRequest, _kerneld_pb2.MirrorEvent]  # type: ignore[assignment]
+    MirrorImportUpload: _aio.StreamStreamMultiCallable[_kerneld_pb2.MirrorUpload, _kerneld_pb2.MirrorEvent]  # type: ignore[assignment]
+    """The same import of a bundle the caller sends (kerneldctl reads it as the admin, from any
+    path the admin may read; the daemon's own sandbox need not see it): the first message
+    names it and gives the options, the rest carry its bytes (a tar, possibly compressed).
+    """
     ReloadConfig: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ReloadConfigRequest, _kerneld_pb2.ReloadConfigResponse]  # type: ignore[assignment]
     """Re-read the config file (same as SIGHUP)."""
     GetAdminStatus: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.AdminStatus]  # type: ignore[assignment]
@@ -317,6 +327,17 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _kerneld_pb2.MirrorImportRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_kerneld_pb2.MirrorEvent], _abc.AsyncIterator[_kerneld_pb2.MirrorEvent]]: ...
+
+    @_abc_1.abstractmethod
+    def MirrorImportUpload(
+        self,
+        request_iterator: _MaybeAsyncIterator[_kerneld_pb2.MirrorUpload],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_kerneld_pb2.MirrorEvent], _abc.AsyncIterator[_kerneld_pb2.MirrorEvent]]:
+        """The same import of a bundle the caller sends (kerneldctl reads it as the admin, from any
+        path the admin may read; the daemon's own sandbox need not see it): the first message
+        names it and gives the options, the rest carry its bytes (a tar, possibly compressed).
+        """
 
     @_abc_1.abstractmethod
     def ReloadConfig(
