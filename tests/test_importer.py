@@ -285,3 +285,16 @@ def test_zip_layout_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(KernelLoadError, match="not a file inside"):
         import_variant(outside)
     assert not any(name.startswith("_demo_zip") for name in sys.modules)
+
+
+def test_zip_layout_in_an_own_folder_may_link_its_archive(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot links every file into its blob store: a local kernel's
+    archive may be such a link (never a store tree's, test_zip_layout_errors_are_clear)."""
+    folder = _zip_variant(tmp_path, "_demo_zip5")
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (folder / "_demo_zip5.zip").rename(blobs / "0123abcd")
+    (folder / "_demo_zip5.zip").symlink_to(blobs / "0123abcd")
+    module = import_variant(folder, own_folder=True)
+    assert module.VALUE == 3 and module.layers.Act.name == "zipped"
+    assert module.__file__ == str(folder.resolve() / "_demo_zip5.zip" / "__init__.py")

@@ -438,9 +438,9 @@ def _zip_archive(folder: Path, name: str, metadata: dict[str, object], *, links:
             f"{folder / 'metadata.json'} says build-layout zip, but {archive.name} is missing",
             hint="the build is incomplete: fetch it again, or ask its publisher to fix it",
         ) from None
-    if stat.S_ISREG(st.st_mode):
-        return archive
-    real = _inside(archive, folder) if not links else archive.resolve()
+    if stat.S_ISREG(st.st_mode) or (links and archive.is_file()):
+        return archive  # a caller's own folder (a Hub cache snapshot) links to its blobs
+    real = _inside(archive, folder)
     if real is None or not real.is_file():
         raise KernelLoadError(f"{archive} is not a file inside {folder}; refusing to import it")
     return real
