@@ -206,7 +206,7 @@ NEW_MALFORMED = [
     "sdk-cpu-extra",
     "sdk-cuda-x86_64-linux",
     "sdk-cpython-3.9-abi3",
-    "sdk-cpython-3.9-abi3-x86_64-cpython",
+    "sdk-cpython-3.9-abi3-x86_64",
     "sdk-foo",
     "sdk-universal",
     "mlx",
