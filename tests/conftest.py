@@ -2,7 +2,8 @@
 
 Fixtures live in plugin modules, one per concern, so they can grow independently:
 - tests/fixtures_examples.py: the example kernels, built once and cached by source hash;
-- tests/fixtures_hub.py: the Hub-compatible test server on 127.0.0.1.
+- tests/fixtures_hub.py: the Hub-compatible test server on 127.0.0.1;
+- tests/fixtures_release_venvs.py: released `kernels` in clean venvs.
 """
 
 import os
@@ -14,5 +15,6 @@ pytest_plugins = [
     "tests.fixtures_examples",
     "tests.fixtures_hub",
     "tests.fixtures_daemon",
+    "tests.fixtures_release_venvs",
     "tests.scheduling",
 ]

@@ -223,3 +223,78 @@ def test_finders_cached_before_registration_are_replaced(tmp_path: Path) -> None
             loader is not importlib.machinery.SourceFileLoader for _, loader in finder._loaders
         ), path
     assert not list(folder.rglob("__pycache__"))
+
+
+def _zip_variant(root: Path, ident: str, *, value: int = 3) -> Path:
+    """A `build-layout: zip` build as kernel-builder lays it out for `kernels` 0.19: the package
+    in `<id>.zip` (its `__init__` at the archive's root), metadata.json beside it."""
+    import zipfile
+
+    folder = root / ident
+    folder.mkdir()
+    with zipfile.ZipFile(folder / f"{ident}.zip", "w") as archive:
+        archive.writestr(
+            "__init__.py",
+            "from ._ops import value\nfrom . import layers\nfrom ._beside import BESIDE\n"
+            "VALUE = value()\n",
+        )
+        archive.writestr("_ops.py", f"def value():\n    return {value}\n")
+        archive.writestr("layers/__init__.py", "from .act import Act\n")
+        archive.writestr("layers/act.py", "class Act:\n    name = 'zipped'\n")
+        archive.writestr("data/table.txt", "1 2 3\n")
+    # A module beside the archive (where a compiled extension would sit) comes first.
+    (folder / "_beside.py").write_text("BESIDE = 'beside'\n")
+    (folder / "metadata.json").write_text(
+        json.dumps({"id": ident, "name": "my-kernel", "build-layout": "zip"})
+    )
+    return folder
+
+
+def test_zip_layout_imports_from_the_archive_without_writing(tmp_path: Path) -> None:
+    import importlib.resources
+
+    folder = _zip_variant(tmp_path, "_demo_zip1")
+    before = _writable_snapshot(folder)
+    module = import_variant(folder, cache_bytecode=True)
+    assert module.__name__ == "_demo_zip1"
+    assert module.VALUE == 3
+    assert module.layers.Act.name == "zipped"
+    assert module.BESIDE == "beside"
+    assert module.__file__ == str(folder.resolve() / "_demo_zip1.zip" / "__init__.py")
+    assert module.layers.__file__.startswith(str(folder.resolve() / "_demo_zip1.zip"))
+    table = importlib.resources.files(module) / "data" / "table.txt"
+    assert table.read_text() == "1 2 3\n"
+    assert getattr(module, TREE_ATTR) == str(folder.resolve())
+    assert import_variant(folder) is module
+    assert _writable_snapshot(folder) == before
+
+
+def test_zip_layout_errors_are_clear(tmp_path: Path) -> None:
+    missing = _zip_variant(tmp_path, "_demo_zip2")
+    (missing / "_demo_zip2.zip").unlink()
+    with pytest.raises(KernelLoadError, match=r"build-layout zip, but _demo_zip2\.zip is missing"):
+        import_variant(missing)
+    unknown = _zip_variant(tmp_path, "_demo_zip3")
+    meta = json.loads((unknown / "metadata.json").read_text())
+    (unknown / "metadata.json").write_text(json.dumps({**meta, "build-layout": "tarball"}))
+    with pytest.raises(KernelLoadError, match="'build-layout' must be one of files, zip"):
+        import_variant(unknown)
+    outside = _zip_variant(tmp_path, "_demo_zip4")
+    (outside / "_demo_zip4.zip").rename(tmp_path / "elsewhere.zip")
+    (outside / "_demo_zip4.zip").symlink_to(tmp_path / "elsewhere.zip")
+    with pytest.raises(KernelLoadError, match="not a file inside"):
+        import_variant(outside)
+    assert not any(name.startswith("_demo_zip") for name in sys.modules)
+
+
+def test_zip_layout_in_an_own_folder_may_link_its_archive(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot links every file into its blob store: a local kernel's
+    archive may be such a link (never a store tree's, test_zip_layout_errors_are_clear)."""
+    folder = _zip_variant(tmp_path, "_demo_zip5")
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (folder / "_demo_zip5.zip").rename(blobs / "0123abcd")
+    (folder / "_demo_zip5.zip").symlink_to(blobs / "0123abcd")
+    module = import_variant(folder, own_folder=True)
+    assert module.VALUE == 3 and module.layers.Act.name == "zipped"
+    assert module.__file__ == str(folder.resolve() / "_demo_zip5.zip" / "__init__.py")

@@ -15,6 +15,10 @@ and the hub fallback's verified folders) compiled code is kept in a per-user cac
 tree instead: `$KERNELD_BYTECODE_CACHE`, else `~/.cache/kerneld/bytecode` (written only when
 Python may write bytecode, i.e. without PYTHONDONTWRITEBYTECODE; `KERNELD_BYTECODE_CACHE=off`
 disables it). Other folders (a local checkout being edited) are compiled in memory each time.
+A `build-layout: zip` build (`kernels` 0.19) is one `<id>.zip` beside metadata.json: it is
+imported as `kernels` imports it (the package's `__init__` from the archive, submodules from the
+variant folder then the archive, both through zipimport), and nothing is written either; its
+compiled code is not cached (zipimport compiles it in memory).
 Entries are named by the interpreter's magic number, a checksum of the source path and the
 source file's identity (inode, size, mtime in ns; CPython's own pyc check uses size and mtime),
 so a hit reads no source at all. A cached tree never changes (a store tree is named by its
@@ -34,6 +38,7 @@ import os
 import stat
 import sys
 import threading
+import zipimport
 import zlib
 from pathlib import Path
 from types import CodeType, ModuleType
@@ -43,6 +48,8 @@ from kerneld_client import _config
 from kerneld_client.errors import KernelLoadError
 
 if TYPE_CHECKING:
+    from importlib.abc import Traversable, TraversableResources
+
     from typing_extensions import Buffer
 
 _lock = threading.RLock()
@@ -164,6 +171,17 @@ class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
         """Refuse every write the import system attempts (bytecode caches)."""
 
 
+def _archive_of(path: str) -> str | None:
+    """The zip archive `path` is (`.../<id>.zip`) or lies in (`.../<id>.zip/layers`), if any."""
+    end = path.find(".zip")
+    while end != -1:
+        head = path[: end + 4]
+        if (len(path) == end + 4 or path[end + 4] == "/") and os.path.isfile(head):
+            return head
+        end = path.find(".zip", end + 4)
+    return None
+
+
 def _under_registered_root(path: str) -> bool:
     return _under(path, _roots)
 
@@ -172,9 +190,12 @@ def _under(path: str, roots: set[str]) -> bool:
     return any(path == root or path.startswith(root + "/") for root in roots)
 
 
-def _path_hook(path: str) -> importlib.machinery.FileFinder:
+def _path_hook(path: str) -> importlib.machinery.FileFinder | zipimport.zipimporter:
     if not _under_registered_root(path):
         raise ImportError("not a kerneld kernel folder")
+    archive = _archive_of(path)
+    if archive is not None:  # a zip build's archive, or a package folder inside it
+        return zipimport.zipimporter(path)
     return importlib.machinery.FileFinder(
         path,
         (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
@@ -362,6 +383,105 @@ def _same_build(existing: ModuleType, folder: Path) -> bool:
     return True
 
 
+def _resource_reader(archive: Path) -> TraversableResources:
+    """`importlib.resources` over the archive (kernels read data files through it)."""
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import TraversableResources
+    else:  # pragma: no cover - Python 3.10
+        from importlib.abc import TraversableResources
+
+    class _ZipResources(TraversableResources):
+        def files(self) -> Traversable:
+            import zipfile
+
+            return zipfile.Path(archive)
+
+    return _ZipResources()
+
+
+class _ZipPackageLoader(importlib.machinery.SourceFileLoader):
+    """The package `__init__` of a zip build, read from its archive; as `kernels` 0.19 does it.
+    Never writes anything (zipimport compiles in memory)."""
+
+    def __init__(self, fullname: str, archive: Path) -> None:
+        super().__init__(fullname, f"{archive}/__init__.py")
+        self._archive = archive
+        self._zip = zipimport.zipimporter(str(archive))
+
+    def get_code(self, fullname: str) -> CodeType:
+        code = self._zip.get_code("__init__")
+        if code is None:  # pragma: no cover - zipimporter raises rather than return None
+            raise ImportError(f"no __init__ in {self._archive}")
+        return code
+
+    def get_source(self, fullname: str) -> str | None:
+        return self._zip.get_source("__init__")
+
+    def get_data(self, path: str) -> bytes:
+        return self._zip.get_data(path)
+
+    def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
+        """Refuse every write the import system attempts (bytecode caches)."""
+
+    def get_resource_reader(self, fullname: str) -> TraversableResources:  # type: ignore[override]
+        return _resource_reader(self._archive)
+
+
+def _zip_archive(folder: Path, name: str, metadata: dict[str, object], *, links: bool) -> Path:
+    """The archive of a zip build, `<id>.zip` in the variant folder: a regular file inside it
+    (a link leading out is refused, except in the caller's own folders)."""
+    archive = folder / f"{name}.zip"
+    try:
+        st = os.lstat(archive)
+    except OSError:
+        raise KernelLoadError(
+            f"{folder / 'metadata.json'} says build-layout zip, but {archive.name} is missing",
+            hint="the build is incomplete: fetch it again, or ask its publisher to fix it",
+        ) from None
+    if stat.S_ISREG(st.st_mode) or (links and archive.is_file()):
+        return archive  # a caller's own folder (a Hub cache snapshot) links to its blobs
+    real = _inside(archive, folder)
+    if real is None or not real.is_file():
+        raise KernelLoadError(f"{archive} is not a file inside {folder}; refusing to import it")
+    return real
+
+
+def _layout(folder: Path, metadata: dict[str, object]) -> str:
+    from kerneld_client.metadata import build_layout
+
+    try:
+        return build_layout(metadata)
+    except ValueError as exc:
+        raise KernelLoadError(
+            f"{folder / 'metadata.json'}: {exc}",
+            hint="the build needs a newer kerneld_client (or it is malformed)",
+        ) from None
+
+
+def _spec(
+    name: str, folder: Path, metadata: dict[str, object], *, links: bool
+) -> importlib.machinery.ModuleSpec:
+    """The import spec of the variant's package: its `__init__.py` (files layout), or the
+    archive's `__init__` with submodules from the folder, then the archive (zip layout)."""
+    if metadata.get("build-layout") is not None and _layout(folder, metadata) == "zip":
+        archive = _zip_archive(folder, name, metadata, links=links)
+        spec = importlib.machinery.ModuleSpec(
+            name, _ZipPackageLoader(name, archive), origin=f"{archive}/__init__.py", is_package=True
+        )
+        spec.submodule_search_locations = [str(folder), str(archive)]
+        spec.has_location = True
+        return spec
+    pkg = _package_dir(folder, metadata, links=links)
+    init = pkg / "__init__.py"
+    loader = _NoBytecodeSourceLoader(name, str(init))
+    spec_or_none = importlib.util.spec_from_file_location(
+        name, init, loader=loader, submodule_search_locations=[str(pkg)]
+    )
+    if spec_or_none is None:  # pragma: no cover - spec_from_file_location with a loader never fails
+        raise KernelLoadError(f"cannot build an import spec for {init}")
+    return spec_or_none
+
+
 def import_variant(
     variant_dir: Path | str,
     *,
@@ -388,7 +508,7 @@ def import_variant(
     if metadata is None:
         metadata = read_metadata(folder)
     name = module_name_for(folder, metadata)
-    pkg = _package_dir(folder, metadata, links=own_folder)
+    spec = _spec(name, folder, metadata, links=own_folder)
     with _lock:
         existing = sys.modules.get(name)
         if existing is not None:
@@ -405,16 +525,11 @@ def import_variant(
                 f"refusing to import a second build with the same id from {folder}"
             )
         _register_root(folder, cache_bytecode=cache_bytecode)
-        init = pkg / "__init__.py"
-        loader = _NoBytecodeSourceLoader(name, str(init))
-        spec = importlib.util.spec_from_file_location(
-            name, init, loader=loader, submodule_search_locations=[str(pkg)]
-        )
-        if spec is None:  # pragma: no cover - spec_from_file_location with a loader never fails
-            raise KernelLoadError(f"cannot build an import spec for {init}")
         module = importlib.util.module_from_spec(spec)
         setattr(module, TREE_ATTR, str(folder))
         sys.modules[name] = module
+        loader = spec.loader
+        assert loader is not None
         try:
             loader.exec_module(module)
         except BaseException as exc:

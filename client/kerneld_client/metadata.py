@@ -23,9 +23,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kerneld_client.lockfile import Dependency
 
-__all__ = ["KERNEL_DEPENDS", "backend_of", "kernel_depends"]
+__all__ = ["BUILD_LAYOUT", "KERNEL_DEPENDS", "backend_of", "build_layout", "kernel_depends"]
 
 KERNEL_DEPENDS = "kernel-depends"
+#: `files` (the package's files in the variant folder, the default) or `zip` (one `<id>.zip`
+#: beside metadata.json, imported with zipimport: `kernels` 0.19).
+BUILD_LAYOUT = "build-layout"
+BUILD_LAYOUTS = ("files", "zip")
 _MAX_VERSION = 2**32 - 1
 
 
@@ -73,3 +77,14 @@ def backend_of(doc: Mapping[str, Any] | Any) -> tuple[str | None, list[str]]:
         btype if isinstance(btype, str) else None,
         [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else [],
     )
+
+
+def build_layout(doc: Mapping[str, Any] | Any) -> str:
+    """`files` or `zip`: how the build's files are laid out (`files` when metadata.json written
+    before `kernels` 0.19 does not say). ValueError for any other value: a layout this client
+    does not know cannot be imported right."""
+    raw = doc.get(BUILD_LAYOUT, "files") if isinstance(doc, Mapping) else "files"
+    if raw not in BUILD_LAYOUTS:
+        shown = repr(raw) if len(repr(raw)) <= 40 else repr(raw)[:37] + "..."
+        raise ValueError(f"'{BUILD_LAYOUT}' must be one of {', '.join(BUILD_LAYOUTS)}, got {shown}")
+    return str(raw)

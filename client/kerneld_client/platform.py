@@ -217,6 +217,25 @@ def _tvm_ffi_version() -> str:
     return ""
 
 
+def _has_mlx() -> bool:
+    """Whether MLX is installed (`kernels` 0.19 asks `find_spec("mlx")`), without importing it."""
+    try:
+        return importlib.util.find_spec("mlx") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _mlx_metal_backend() -> dict[str, Any] | None:
+    """Without torch, `kernels` 0.19 picks Metal when MLX is installed and sees a Metal device."""
+    try:
+        import mlx.core as mx  # type: ignore[import-not-found,unused-ignore]
+
+        return _backend("metal") if mx.metal.is_available() else None
+    except Exception as exc:  # a broken MLX must not break the job: noarch CPU facts
+        log.debug("MLX is installed but its Metal check failed: %s", exc)
+        return None
+
+
 def _import_torch() -> Any | None:
     """torch, or None when it is not installed or fails to import (noarch variants only)."""
     if "torch" in sys.modules:
@@ -335,10 +354,14 @@ def detect_raw(*, torch_module: Any = _DETECT, probe_devices: bool = True) -> di
     data = _interpreter_facts()
     data["macos_version"] = dotted(_version_or_none(data["macos_version"]))
     data["tvm_ffi_version"] = dotted(_two(_tvm_ffi_version()))
+    data["mlx"] = _has_mlx()
     torch = _import_torch() if isinstance(torch_module, _Detect) else torch_module
     if torch is None:
         data.update(torch_version="", cxx11_abi=None, device_capabilities=[])
-        data["backend"] = _cudart_backend() or _backend("cpu")
+        backend = _cudart_backend()  # in `kernels`' order: CUDA, then MLX's Metal, then CPU
+        if backend is None and data["mlx"]:
+            backend = _mlx_metal_backend()
+        data["backend"] = backend or _backend("cpu")
         return data
     backend = _torch_backend(torch)
     data["torch_version"] = dotted(_two(str(getattr(torch, "__version__", ""))))

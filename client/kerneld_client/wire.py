@@ -48,6 +48,7 @@ def platform_to_proto(d: Mapping[str, Any]) -> kerneld_pb2.PlatformFacts:
         macos_version=d["macos_version"],
         tvm_ffi_version=d["tvm_ffi_version"],
         device_capabilities=d["device_capabilities"],
+        mlx=bool(d.get("mlx", False)),
     )
     if d["cxx11_abi"] is not None:
         message.cxx11_abi = d["cxx11_abi"]
@@ -68,6 +69,7 @@ def facts_from_proto(message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
         "macos_version": message.macos_version,
         "tvm_ffi_version": message.tvm_ffi_version,
         "device_capabilities": list(message.device_capabilities),
+        "mlx": message.mlx,
     }
     if message.HasField("backend"):
         data["backend"] = {

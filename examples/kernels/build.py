@@ -74,13 +74,14 @@ def _build(cache_dir: Path, key: str, workers: int | None) -> BuiltExamples:
     started = time.monotonic()
     facts = toolchain_facts()
     arch = local_arch_variant()
+    archs = {fmt: local_arch_variant(fmt) for fmt in {spec.name_format for spec in KERNELS}}
     work = cache_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     source_hashes = {spec.name: kernel_hash(spec) for spec in KERNELS}
 
     jobs = [
         CompileJob(
-            name=(ns := build_id(spec, version, arch, source_hashes[spec.name])),
+            name=(ns := build_id(spec, version, archs[spec.name_format], source_hashes[spec.name])),
             spec=spec,
             version=version,
             stage=work / ns,
@@ -101,16 +102,17 @@ def _build(cache_dir: Path, key: str, workers: int | None) -> BuiltExamples:
             kernel_root = partial / spec.name / f"v{version}"
             variants: list[BuiltVariant] = []
             if spec.sources:
-                ns = build_id(spec, version, arch, source_hashes[spec.name])
+                name = archs[spec.name_format]
+                ns = build_id(spec, version, name, source_hashes[spec.name])
                 library = work / ns / "lib" / f"{ns}.abi3.so"
                 if not library.is_file():
                     raise BuildError(f"the compiler produced no {library.name}")
                 variants.append(
                     write_variant(
-                        kernel_root / "build" / arch,
+                        kernel_root / "build" / name,
                         spec=spec,
                         version=version,
-                        variant=arch,
+                        variant=name,
                         namespace=ns,
                         library=library,
                     )

@@ -27,6 +27,7 @@ class BuiltVariant:
     library_sha256: str | None
     ops: tuple[str, ...]
     files: tuple[str, ...]  # every file, relative to `path`, metadata.json included
+    layout: str = "files"  # metadata `build-layout`: `files`, or `zip` (the package in <id>.zip)
 
     @property
     def namespace(self) -> str:
@@ -34,6 +35,9 @@ class BuiltVariant:
 
     @property
     def init_file(self) -> Path:
+        """The package's `__init__.py` (files layout), or its archive (zip layout)."""
+        if self.layout == "zip":
+            return self.path / f"{self.module_id}.zip"
         return self.path / "__init__.py"
 
     @property

@@ -24,7 +24,7 @@ REPO_ROOT = HERE.parents[1]
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "examples"
 CACHE_ENV = "KERNELD_EXAMPLES_CACHE"
 # Bump to invalidate every cached build when the cache layout changes.
-CACHE_FORMAT = "1"
+CACHE_FORMAT = "2"
 MANIFEST = "manifest.json"
 
 
@@ -105,6 +105,7 @@ def to_manifest(built: BuiltExamples) -> dict[str, Any]:
                         "library_sha256": v.library_sha256,
                         "ops": list(v.ops),
                         "files": list(v.files),
+                        "layout": v.layout,
                     }
                     for v in k.variants
                 ],
@@ -141,6 +142,7 @@ def load_cached_build(root: Path) -> BuiltExamples | None:
                     library_sha256=v["library_sha256"],
                     ops=tuple(v["ops"]),
                     files=tuple(v["files"]),
+                    layout=v["layout"],
                 )
             )
         kernels.append(

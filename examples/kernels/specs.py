@@ -33,6 +33,11 @@ class KernelSpec:
     ops: Mapping[int, tuple[str, ...]]  # op names per kernel version
     noarch: tuple[str, ...] = ()  # noarch variants (need a torch-noarch/ overlay)
     lfs: bool = False  # store the native library through git LFS in the Hub repo
+    # `legacy` (`torch213-cxx11-cpu-x86_64-linux`) or `new` (kernels 0.19's
+    # `torch-2.13-cxx11-cpu-cpython-3.9-abi3-x86_64-linux`): how its arch variant is named.
+    name_format: str = "legacy"
+    zip_versions: tuple[int, ...] = ()  # versions built with `build-layout: zip`
+    source_kernel: str | None = None  # another kernel whose folder holds its sources
 
     @property
     def python_name(self) -> str:
@@ -40,7 +45,16 @@ class KernelSpec:
 
     @property
     def directory(self) -> Path:
-        return HERE / self.name
+        return HERE / (self.source_kernel or self.name)
+
+    @property
+    def package_name(self) -> str:
+        """The package folder under torch-ext/ (and torch-noarch/) in `directory`."""
+        return (self.source_kernel or self.name).replace("-", "_")
+
+    def layout(self, version: int) -> str:
+        """`files` or `zip`: the metadata `build-layout` of this version's builds."""
+        return "zip" if version in self.zip_versions else "files"
 
 
 KERNELS: tuple[KernelSpec, ...] = (
@@ -74,5 +88,15 @@ KERNELS: tuple[KernelSpec, ...] = (
         summary="Rotary position embedding, a function kernel (Transformers' rotary_pos_emb)",
         sources=("csrc/rotary.cpp",),
         ops={1: ("apply_rotary",), 2: ("apply_rotary",)},
+    ),
+    KernelSpec(
+        name="relu2-next",
+        summary="relu2 built as kernels 0.19 builds: its arch variant under the new name "
+        "format, and v2 as a zip build (build-layout: zip)",
+        sources=("csrc/relu2.cpp",),
+        ops={1: ("relu2",), 2: ("relu2", "relu2_and_mul")},
+        name_format="new",
+        zip_versions=(2,),
+        source_kernel="relu2",
     ),
 )

@@ -62,11 +62,14 @@ def toolchain_facts() -> dict[str, str]:
     }
 
 
-def local_arch_variant() -> str:
+def local_arch_variant(name_format: str = "legacy") -> str:
     """The torch arch variant name of a CPU build for this machine, as `kernels` spells it.
 
     `torch<major><minor>[-cxx11|-cxx98]-cpu-<cpu>-<os>`: the ABI tag only on Linux. The backend
     is always `cpu` because the example ops are CPU code, whatever backend torch was built for.
+    `name_format="new"`: the same build named as `kernels` 0.19 names it,
+    `torch-<major>.<minor>[-cxx11|-cxx98]-cpu-cpython-3.9-abi3-<cpu>-<os>` (the extension uses
+    the stable ABI of Python 3.9, as every legacy arch build implicitly does).
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -82,6 +85,8 @@ def local_arch_variant() -> str:
     abi = ""
     if system == "linux":
         abi = "-cxx11" if torch.compiled_with_cxx11_abi() else "-cxx98"
+    if name_format == "new" and system in ("linux", "darwin", "windows"):
+        return f"torch-{major}.{minor}{abi}-cpu-cpython-3.9-abi3-{cpu}-{system}"
     if system in ("linux", "darwin", "windows") and len(major) == 1:
         return f"torch{major}{minor}{abi}-cpu-{cpu}-{system}"
     raise BuildError(f"cannot name a variant for torch {torch.__version__} on {system}")

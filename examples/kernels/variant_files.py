@@ -1,5 +1,6 @@
 """One variant folder in the Hub layout: the kernel's package, its generated `_ops.py` and
-`_version.py`, the native library (compiled variants) and metadata.json with the digest.
+`_version.py`, the native library (compiled variants) and metadata.json with the digest. A zip
+build (`KernelSpec.zip_versions`) holds the package in `<id>.zip` beside the library.
 
 Each build has its own op namespace (`build_id`), so the generated files bind the package to it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 from examples.kernels.built import BuiltVariant
@@ -52,6 +54,25 @@ def copy_tree_files(src: Path, dest: Path) -> None:
         shutil.copyfile(path, target)
 
 
+def _zip_package(dest: Path, namespace: str) -> None:
+    """Move the package's Python files into `<id>.zip` (kernels 0.19's zip layout); the native
+    library stays beside it (an extension cannot load from an archive). Entries sorted, with a
+    fixed time and mode, so the same files always make the same archive."""
+    sources = sorted(p for p in iter_files(dest) if p.suffix != ".so")
+    with zipfile.ZipFile(dest / f"{namespace}.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sources:
+            info = zipfile.ZipInfo(
+                path.relative_to(dest).as_posix(), date_time=(1980, 1, 1, 0, 0, 0)
+            )
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, path.read_bytes())
+    for path in sources:
+        path.unlink()
+    for folder in sorted((p for p in dest.rglob("*") if p.is_dir()), reverse=True):
+        folder.rmdir()
+
+
 def write_variant(
     dest: Path,
     *,
@@ -63,9 +84,9 @@ def write_variant(
 ) -> BuiltVariant:
     """Write one variant folder (flattened layout) with its metadata.json and digest."""
     dest.mkdir(parents=True)
-    copy_tree_files(spec.directory / "torch-ext" / spec.python_name, dest)
+    copy_tree_files(spec.directory / "torch-ext" / spec.package_name, dest)
     if library is None:
-        copy_tree_files(spec.directory / "torch-noarch" / spec.python_name, dest)
+        copy_tree_files(spec.directory / "torch-noarch" / spec.package_name, dest)
     dispatch_key = NOARCH_DISPATCH_KEYS.get(variant, "CPU")
     (dest / "_ops.py").write_text(_generated_ops_py(namespace, library is not None, dispatch_key))
     (dest / "_version.py").write_text(_generated_version_py(version))
@@ -75,9 +96,12 @@ def write_variant(
         lib_name = library.name
         shutil.copyfile(library, dest / lib_name)
         lib_sha = hashlib.sha256((dest / lib_name).read_bytes()).hexdigest()
+    layout = spec.layout(version)
+    if layout == "zip":
+        _zip_package(dest, namespace)
     for path in iter_files(dest):
         path.chmod(0o755 if path.suffix == ".so" else 0o644)
-    metadata = {
+    metadata: dict[str, object] = {
         "id": namespace,
         "name": spec.name,
         "version": version,
@@ -85,8 +109,10 @@ def write_variant(
         "kernels-minver": KERNELS_MINVER,
         "python-depends": [],
         "backend": {"type": "cpu"},
-        "digest": {"algorithm": "sha256", "files": variant_digest(dest)},
     }
+    if layout == "zip":
+        metadata["build-layout"] = "zip"
+    metadata["digest"] = {"algorithm": "sha256", "files": variant_digest(dest)}
     (dest / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     (dest / "metadata.json").chmod(0o644)
     files = tuple(p.relative_to(dest).as_posix() for p in iter_files(dest))
@@ -101,4 +127,5 @@ def write_variant(
         library_sha256=lib_sha,
         ops=spec.ops[version],
         files=files,
+        layout=layout,
     )

@@ -134,6 +134,7 @@ def cmd_info(ctx: Ctx) -> int:
                     f"      id:      {meta.get('id')}  version {meta.get('version')}  "
                     f"backend {meta.get('backend')}  license {meta.get('license')}"
                 )
+                ctx.say(f"      layout:  {meta.get('build_layout')}")
                 flag = meta.get("deterministic")
                 declared = "undeclared" if flag is None else ("yes" if flag else "no")
                 ctx.say(f"      deterministic: {declared}")

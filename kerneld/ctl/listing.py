@@ -136,6 +136,8 @@ def read_metadata(path: str) -> dict[str, Any] | None:
         "python_depends": doc.get("python-depends") or [],
         "kernel_depends": doc.get("kernel-depends") or [],
         "digest_algorithm": digest.get("algorithm"),
+        # `files`, or `zip` (the package in <id>.zip, kernels 0.19); as the doc says it.
+        "build_layout": doc.get("build-layout") or "files",
         # Declared bit-for-bit deterministic (docs/determinism.md): true, false or absent.
         "deterministic": doc["deterministic"]
         if isinstance(doc.get("deterministic"), bool)

@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,10 @@ from examples.kernels.build import REPRO_RESULT, build_examples, check_reproduci
 from examples.kernels.built import BuiltExamples
 from examples.kernels.cache import CACHE_ENV, cache_key, load_cached_build
 from examples.kernels.digest import variant_digest, verify_variant
+from examples.kernels.specs import KERNELS
 from examples.kernels.toolchain import local_arch_variant, toolchain_facts
+from kerneld_client.platform import platform_facts
+from kerneld_client.variants import best_variant
 from tests.example_kernels.support import (
     KINDS,
     import_variant,
@@ -29,6 +33,8 @@ from tests.example_kernels.support import (
     ref_relu2_and_mul,
     ref_silu_and_mul,
 )
+
+KERNEL_SPECS = {spec.name: spec for spec in KERNELS}
 
 # --------------------------------------------------------------------------- layout & metadata
 
@@ -41,11 +47,20 @@ def test_variant_name_matches_local_platform(built_examples: BuiltExamples):
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
     expected = f"torch{major}{minor}-{abi}-cpu-{platform.machine()}-linux"
     assert built_examples.arch_variant == expected == local_arch_variant()
+    new = f"torch-{major}.{minor}-{abi}-cpu-cpython-3.9-abi3-{platform.machine()}-linux"
+    assert local_arch_variant("new") == new
+    facts = platform_facts()
     for kernel in built_examples.kernels:
         names = sorted(p.name for p in (kernel.path / "build").iterdir())
         assert names == sorted(v.variant for v in kernel.variants)
+        if KERNEL_SPECS[kernel.name].name_format == "new":
+            # kernels 0.17.2 does not know the name (test_kernels_0191_loads_the_new_builds
+            # loads it with 0.19.1); kerneld's rules pick it.
+            assert best_variant(names, facts) == new
+            continue
         chosen, _ = resolve_variant(get_variants_local(kernel.path / "build"))
         assert chosen is not None and chosen.variant_str == expected
+        assert best_variant(names, facts) == expected
 
 
 def test_metadata_is_complete_and_digests_match(built_examples: BuiltExamples):
@@ -58,7 +73,12 @@ def test_metadata_is_complete_and_digests_match(built_examples: BuiltExamples):
         required = {"id", "name", "version", "license", "python-depends", "backend", "digest"}
         assert set(raw) >= required
         meta = Metadata.read_from_file(v.metadata_file)
-        assert meta.id == v.module_id and meta.id.startswith(f"_{v.kernel}_")
+        assert meta.id == v.module_id and meta.id.startswith(f"_{v.kernel.replace('-', '_')}_")
+        assert (
+            raw.get("build-layout", "files") == v.layout == KERNEL_SPECS[v.kernel].layout(v.version)
+        )
+        if v.layout == "zip":  # the package is in <id>.zip, the library beside it
+            assert f"{v.module_id}.zip" in v.files and "__init__.py" not in v.files
         assert str(meta.name) == v.kernel and meta.version == v.version
         assert meta.license == "Apache-2.0" and meta.python_depends == []
         assert raw["backend"] == {"type": "cpu"} and raw["digest"]["algorithm"] == "sha256"
@@ -198,3 +218,55 @@ def test_native_library_is_byte_reproducible(built_examples: BuiltExamples):
         pytest.skip("set KERNELD_CHECK_REPRO=1 to rebuild one library and compare its bytes")
     check = check_reproducible(built_examples)
     assert check.reproducible, check
+
+
+def test_kernels_0191_loads_the_new_builds(
+    clean_release_venvs: dict[str, Path], built_examples: BuiltExamples, tmp_path: Path
+):
+    """An unmodified `kernels` 0.19.1 (its own clean venv; torch appended after its packages)
+    picks the new-format name and loads both builds of relu2-next, the zip one included, with
+    its own importer: the example builds are what `kernels` 0.19 publishes and loads."""
+    import sysconfig
+
+    script = """
+import json, sys
+sys.path.append(sys.argv[1])  # torch, after the venv's own kernels and huggingface_hub
+from pathlib import Path
+import kernels, torch
+out = {"kernels": kernels.__version__}
+for version, root in json.loads(sys.argv[2]).items():
+    mod = kernels.get_local_kernel(Path(root))
+    x = torch.randn(4, 6)
+    ok = torch.equal(mod.relu2(torch.empty_like(x), x), torch.relu(x) ** 2)
+    out[version] = {"file": mod.__file__, "ok": ok, "and_mul": hasattr(mod, "relu2_and_mul")}
+print(json.dumps(out))
+"""
+    roots = {str(v): str(built_examples.kernel("relu2-next", v).path / "build") for v in (1, 2)}
+    proc = subprocess.run(
+        [
+            str(clean_release_venvs["0.19.1"]),
+            "-I",
+            "-c",
+            script,
+            sysconfig.get_paths()["purelib"],
+            json.dumps(roots),
+        ],
+        cwd=tmp_path,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["kernels"] == "0.19.1"
+    new = local_arch_variant("new")
+    v1, v2 = built_examples.variant("relu2-next", 1), built_examples.variant("relu2-next", 2)
+    assert v1.variant == v2.variant == new and (v1.layout, v2.layout) == ("files", "zip")
+    assert out["1"] == {"file": str(v1.path / "__init__.py"), "ok": True, "and_mul": False}
+    assert out["2"] == {
+        "file": str(v2.path / f"{v2.module_id}.zip" / "__init__.py"),
+        "ok": True,
+        "and_mul": True,
+    }

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 from examples.kernels.build import make_hub, make_hub_root
-from examples.kernels.built import BuiltExamples
+from examples.kernels.built import BuiltExamples, BuiltVariant
 from examples.kernels.hub import HubRoot
 from examples.kernels.specs import ORG
+from examples.kernels.toolchain import local_arch_variant
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -17,6 +20,18 @@ def git(*args: str, cwd: Path) -> str:
     env.update({"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"})
     out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, check=True)
     return out.stdout.decode(errors="replace").strip()
+
+
+def _version_py(cwd: Path, ref: str, built: BuiltVariant) -> str:
+    """`_version.py` of a build in the repo: a file of it, or inside its archive (zip layout)."""
+    folder = f"{ref}:build/{built.variant}"
+    if built.layout != "zip":
+        return git("show", f"{folder}/_version.py", cwd=cwd)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    archive = subprocess.run(
+        ["git", "show", f"{folder}/{built.module_id}.zip"], cwd=cwd, env=env, capture_output=True
+    ).stdout
+    return zipfile.ZipFile(io.BytesIO(archive)).read("_version.py").decode()
 
 
 def _check_repo_refs(hub: HubRoot) -> None:
@@ -45,7 +60,9 @@ def test_hub_repos_layout_branches_and_versions(
             listed = git("ls-tree", "-r", "--name-only", f"v{version}", "build", cwd=cwd)
             expected = sorted(f"build/{v.variant}/{f}" for v in kernel.variants for f in v.files)
             assert sorted(listed.splitlines()) == expected
-            version_py = git("show", f"v{version}:build/{arch}/_version.py", cwd=cwd)
+            built = built_examples.variant(repo.name, version)
+            assert built.variant in (arch, local_arch_variant("new"))
+            version_py = _version_py(cwd, f"v{version}", built)
             assert f'__version__ = "{version}.0.0"' in version_py
         readme = git("show", "main:README.md", cwd=cwd)
         assert readme.startswith("---\nlibrary_name: kernels\n")

@@ -147,6 +147,88 @@ ALL_NAMES = [
     "torch213-rocm064-x86_64-linux",
 ]
 
+# New-format names (`kernels` 0.19), crossed over every part, and malformed ones; EVERY_NAME
+# mixes them with the legacy corpus (ALL_NAMES is what `kernels` 0.17.2 knows).
+
+NEW_FRAMEWORKS = [
+    "torch-2.13",
+    "torch-2.13-cxx11",
+    "torch-2.9-cxx98",
+    "torch-stable-abi-2.9",
+    "torch-stable-abi-2.14",
+    "tvm-ffi-0.1",
+]
+NEW_BACKENDS = [
+    "cpu",
+    "cuda-12.8",
+    "cuda-13.0",
+    "rocm-6.3",
+    "rocm-6.4",
+    "xpu-2025.3",
+    "cann-8.1",
+    "metal",
+    "tpu",
+]
+PYTHONS = ["cpython-3.9-abi3", "cpython-3.12-abi3", "cpython-3.15-abi3t"]
+NEW_SYSTEMS = ["x86_64-linux", "aarch64-linux", "aarch64-darwin"]
+SDK_NAMES = [
+    "sdk",
+    *(f"sdk-{b}" for b in ("cpu", "cuda", "rocm", "metal", "xpu", "cann", "npu")),
+    *(
+        f"sdk-{b}{py}-{sy}"
+        for b, py, sy in itertools.product(
+            ["", "cpu-", "cuda-12.8-", "cuda-13.0-", "rocm-6.4-"], PYTHONS, NEW_SYSTEMS
+        )
+    ),
+]
+MLX_NAMES = ["mlx-metal", "mlx-cpu", "mlx-cuda", "mlx-cann", "mlx-npu", "mlx-universal"]
+NEW_MALFORMED = [
+    "torch-2.13-cpu-x86_64-linux",
+    "torch-2.13-cpu-cpython-3.12-abi3t-x86_64-linux",
+    "torch-2.13-cpu-cpython-3-abi3-x86_64-linux",
+    "torch-2.13-cpu-cpython-3.9-abi4-x86_64-linux",
+    "torch-2.13-cpu-pypy-3.9-abi3-x86_64-linux",
+    "torch-2.13-cu128-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cuda-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cuda-12-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-npu-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cpu-cpython-3.9-abi3-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cpu-cpython-3.9-abi3-x86_64",
+    "torch-2-cpu-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.x-cpu-cpython-3.9-abi3-x86_64-linux",
+    "torch-2.13-cpu-cpython-३.9-abi3-x86_64-linux",
+    "torch-stable-abi-2.11-cpu-x86_64-linux",
+    "torch-stable-abi-2-cpu-cpython-3.9-abi3-x86_64-linux",
+    "tvm-ffi-0.1-cpu-x86_64-linux",
+    "tvm-ffi-cpu-cpython-3.9-abi3-x86_64-linux",
+    "sdk-cuda-12.8",
+    "sdk-cpu-extra",
+    "sdk-cuda-x86_64-linux",
+    "sdk-cpython-3.9-abi3",
+    "sdk-cpython-3.9-abi3-x86_64",
+    "sdk-foo",
+    "sdk-universal",
+    "mlx",
+    "mlx-",
+    "mlx-foo",
+    "mlx-0.1-metal",
+]
+NEW_NAMES = [
+    *(
+        f"{fw}-{be}-{py}-{sy}"
+        for fw, be, py, sy in itertools.product(NEW_FRAMEWORKS, NEW_BACKENDS, PYTHONS, NEW_SYSTEMS)
+    ),
+    *SDK_NAMES,
+    *MLX_NAMES,
+    *NEW_MALFORMED,
+    "torch-2.013-cpu-cpython-3.09-abi3-x86_64-linux",
+    "torch-10.0-cpu-cpython-3.9-abi3-x86_64-linux",
+    "rocm-7.14",
+    "torch-2.13-rocm-7.14-cpython-3.9-abi3-x86_64-linux",
+]
+EVERY_NAME = [*ALL_NAMES, *NEW_NAMES]
+
 BACKEND_FACTS = st.one_of(
     st.just(CPU),
     st.builds(
@@ -172,4 +254,5 @@ FACTS = st.builds(
     device_capabilities=st.lists(st.sampled_from(["8.0", "9.0", "10.0", "gfx942"]), max_size=2).map(
         tuple
     ),
+    mlx=st.booleans(),
 )

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kerneld_client.variants import PlatformFacts, decide, fingerprint
-from tests.variants.support import ALL_NAMES, BACKEND_FACTS, F_CPU, F_CU130, F_FT313, F_MAC, FACTS
+from tests.variants.support import BACKEND_FACTS, EVERY_NAME, F_CPU, F_CU130, F_FT313, F_MAC, FACTS
 
 # Replacement values for any field: some change what `decide` reads, some do not.
 OVERRIDES = st.fixed_dictionaries(
@@ -27,12 +27,13 @@ OVERRIDES = st.fixed_dictionaries(
         "macos_version": st.one_of(st.none(), st.tuples(st.integers(13, 27), st.integers(0, 5))),
         "tvm_ffi_version": st.one_of(st.none(), st.tuples(st.just(0), st.integers(0, 3))),
         "device_capabilities": st.lists(st.sampled_from(["8.0", "9.0", "gfx942"])).map(tuple),
+        "mlx": st.booleans(),
     },
 )
 
 
 def _verdicts(f: PlatformFacts) -> list[tuple[str, bool]]:
-    return [(d.variant, d.accepted) for d in decide(ALL_NAMES, f)]
+    return [(d.variant, d.accepted) for d in decide(EVERY_NAME, f)]
 
 
 @given(FACTS, OVERRIDES)
@@ -47,11 +48,26 @@ def test_one_fingerprint_one_verdict(f: PlatformFacts, overrides: dict[str, Any]
 
 def test_what_choice_does_not_read_is_left_out() -> None:
     base = fingerprint(F_CU130.to_dict())
-    assert base == "torch2.13-cxx11-cuda13.0-x86_64-linux"
-    same = replace(F_CU130, device_capabilities=("9.0",), python_version=(3, 12, 9))
+    assert base == "torch2.13-cxx11-cuda13.0-x86_64-linux-py3.11"
+    same = replace(F_CU130, device_capabilities=("9.0",), python_version=(3, 11, 9))
     assert fingerprint(same.to_dict()) == base
     assert fingerprint(replace(F_CU130, backend_explicit=True).to_dict()) == base
     assert fingerprint(F_CPU.to_dict()) != base
+
+
+def test_what_new_names_read_is_in() -> None:
+    """A new-format name's `cpython-3.12` is a minimum Python, and `mlx-metal` needs MLX: the
+    Python minor and MLX are facts `decide` reads, so they are in the fingerprint."""
+    base = fingerprint(F_CU130.to_dict())
+    newer = replace(F_CU130, python_version=(3, 12, 0))
+    assert fingerprint(newer.to_dict()) == base.replace("py3.11", "py3.12")
+    name = "torch-2.13-cxx11-cuda-13.0-cpython-3.12-abi3-x86_64-linux"
+    assert [d.accepted for d in decide([name], F_CU130)] == [False]
+    assert [d.accepted for d in decide([name], newer)] == [True]
+    mlx = replace(F_MAC, mlx=True)
+    assert fingerprint(mlx.to_dict()) == fingerprint(F_MAC.to_dict()) + "-mlx"
+    assert [d.accepted for d in decide(["mlx-metal"], mlx)] == [True]
+    assert [d.accepted for d in decide(["mlx-metal"], F_MAC)] == [False]
 
 
 def test_readable_and_unambiguous() -> None:

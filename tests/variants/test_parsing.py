@@ -13,6 +13,7 @@ from kerneld_client.variants import (
     UNRECOGNISED,
     Abi,
     Backend,
+    PythonAbi,
     UnrecognisedVariant,
     Variant,
     VariantKind,
@@ -23,6 +24,7 @@ from kerneld_client.variants import (
 from tests.variants.support import (
     CPU,
     MALFORMED,
+    NEW_MALFORMED,
     B,
     cuda,
     facts,
@@ -74,7 +76,72 @@ PARSE_TABLE = [
     ("torch2013-cpu-x86_64-linux", dict(torch_version=(2, 13))),
     ("torch213-cu1210-x86_64-linux", dict(backend=cuda(121, 0))),
     ("torch213-rocm700-x86_64-linux", dict(backend=Backend(B.ROCM, (70, 0)))),
+    # Legacy arch names are implicitly cpython-3.9-abi3.
+    ("torch213-cpu-x86_64-linux", dict(legacy=True, python_min=(3, 9), python_abi=PythonAbi.ABI3)),
+    # kernels 0.19's format: dotted versions, full backend names, a minimum Python and its ABI.
+    (
+        "torch-2.13-cxx11-cpu-cpython-3.9-abi3-x86_64-linux",
+        dict(
+            kind=VariantKind.TORCH_ARCH,
+            torch_version=(2, 13),
+            abi=Abi.CXX11,
+            backend=CPU,
+            python_min=(3, 9),
+            python_abi=PythonAbi.ABI3,
+            cpu="x86_64",
+            os="linux",
+            legacy=False,
+        ),
+    ),
+    ("torch-2.13-cuda-12.8-cpython-3.12-abi3-x86_64-linux", dict(backend=cuda(12, 8))),
+    ("torch-10.2-rocm-7.14-cpython-3.9-abi3-x86_64-linux", dict(torch_version=(10, 2))),
+    ("torch-2.9-rocm-7.14-cpython-3.9-abi3-x86_64-linux", dict(backend=Backend(B.ROCM, (7, 14)))),
+    (
+        "torch-2.13-cpu-cpython-3.15-abi3t-aarch64-darwin",
+        dict(python_min=(3, 15), python_abi=PythonAbi.ABI3T, os="darwin"),
+    ),
+    (
+        "torch-stable-abi-2.11-xpu-2025.3-cpython-3.10-abi3-x86_64-linux",
+        dict(kind=VariantKind.STABLE_ABI, torch_version=(2, 11), backend=Backend(B.XPU, (2025, 3))),
+    ),
+    (
+        "tvm-ffi-0.1-cann-8.1-cpython-3.9-abi3-aarch64-linux",
+        dict(kind=VariantKind.TVM_FFI, tvm_ffi_version=(0, 1), backend=Backend(B.CANN, (8, 1))),
+    ),
+    ("sdk", dict(kind=VariantKind.SDK, backend=None, cpu=None, python_min=None, legacy=False)),
+    ("sdk-cuda", dict(kind=VariantKind.SDK, backend=Backend(B.CUDA), cpu=None)),
+    (
+        "sdk-cpython-3.12-abi3-x86_64-linux",
+        dict(kind=VariantKind.SDK, backend=None, python_min=(3, 12), cpu="x86_64"),
+    ),
+    (
+        "sdk-cuda-12.8-cpython-3.12-abi3-x86_64-linux",
+        dict(kind=VariantKind.SDK, backend=cuda(12, 8), python_min=(3, 12), os="linux"),
+    ),
+    ("mlx-metal", dict(kind=VariantKind.MLX_NOARCH, backend=Backend(B.METAL), legacy=False)),
+    ("mlx-universal", dict(kind=VariantKind.MLX_NOARCH, backend=None)),
 ]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch-2.013-cpu-cpython-3.09-abi3-x86_64-linux",
+        "torch-stable-abi-2.11-cuda-12.8-cpython-3.10-abi3-x86_64-linux",
+        "tvm-ffi-0.1-cpu-cpython-3.9-abi3-x86_64-linux",
+        "sdk-rocm-6.4-cpython-3.15-abi3t-x86_64-linux",
+        "sdk-cpu",
+        "mlx-universal",
+        "torch213-cxx11-cu130-x86_64-linux",
+    ],
+)
+def test_canonical_names_are_kernels_spelling(name: str) -> None:
+    """`canonical_name` is `kernels`' `variant_str` of the parsed name: itself, but with the
+    zero-padded numbers normalised."""
+    v = parse_variant(name)
+    assert isinstance(v, Variant)
+    expected = name.replace("2.013", "2.13").replace("3.09", "3.9")
+    assert v.canonical_name == expected
 
 
 @pytest.mark.parametrize(("name", "expected"), PARSE_TABLE, ids=[n for n, _ in PARSE_TABLE])
@@ -86,7 +153,7 @@ def test_parse_table(name: str, expected: dict[str, object]) -> None:
         assert getattr(v, key) == value, key
 
 
-@pytest.mark.parametrize("name", MALFORMED)
+@pytest.mark.parametrize("name", [*MALFORMED, *NEW_MALFORMED])
 def test_malformed_names_are_reported_not_raised(name: str) -> None:
     v = parse_variant(name)
     assert isinstance(v, UnrecognisedVariant)

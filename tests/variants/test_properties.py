@@ -17,8 +17,8 @@ from kerneld_client.variants import (
 )
 from kerneld_client.wire import facts_from_proto, facts_to_proto
 from tests.variants.support import (
-    ALL_NAMES,
     CPU,
+    EVERY_NAME,
     F_CPU,
     F_CU130,
     FACTS,
@@ -27,7 +27,7 @@ from tests.variants.support import (
     cuda,
 )
 
-NAME_LISTS = st.lists(st.sampled_from(ALL_NAMES), max_size=40)
+NAME_LISTS = st.lists(st.sampled_from(EVERY_NAME), max_size=40)
 
 
 @given(NAME_LISTS, FACTS, st.randoms(use_true_random=False))

@@ -123,6 +123,7 @@ class PlatformFacts(_message.Message):
     MACOS_VERSION_FIELD_NUMBER: _builtins.int
     TVM_FFI_VERSION_FIELD_NUMBER: _builtins.int
     DEVICE_CAPABILITIES_FIELD_NUMBER: _builtins.int
+    MLX_FIELD_NUMBER: _builtins.int
     torch_version: _builtins.str
     """torch major.minor, e.g. "2.13". Empty when torch is not installed (noarch only)."""
     cxx11_abi: _builtins.bool
@@ -134,11 +135,13 @@ class PlatformFacts(_message.Message):
     free_threaded: _builtins.bool
     """Free-threaded CPython (no GIL); < 3.15 such interpreters accept noarch variants only."""
     python_version: _builtins.str
-    """"3.11.7"; informational and for the free-threaded rule."""
+    """"3.11.7"; the free-threaded rule, and the minimum Python of new-format names (cpython-3.12)."""
     macos_version: _builtins.str
     """macOS product version ("26.1"), empty elsewhere; Metal variants need >= 26."""
     tvm_ffi_version: _builtins.str
     """Installed tvm-ffi major.minor, empty when absent."""
+    mlx: _builtins.bool
+    """MLX is installed: `mlx-<backend>` noarch variants (kernels 0.19) need it."""
     @_builtins.property
     def backend(self) -> Global___Backend: ...
     @_builtins.property
@@ -158,10 +161,11 @@ class PlatformFacts(_message.Message):
         macos_version: _builtins.str = ...,
         tvm_ffi_version: _builtins.str = ...,
         device_capabilities: _abc.Iterable[_builtins.str] | None = ...,
+        mlx: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi", "backend", b"backend", "cxx11_abi", b"cxx11_abi"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi", "backend", b"backend", "cpu", b"cpu", "cxx11_abi", b"cxx11_abi", "device_capabilities", b"device_capabilities", "free_threaded", b"free_threaded", "macos_version", b"macos_version", "os", b"os", "python_version", b"python_version", "torch_version", b"torch_version", "tvm_ffi_version", b"tvm_ffi_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi", "backend", b"backend", "cpu", b"cpu", "cxx11_abi", b"cxx11_abi", "device_capabilities", b"device_capabilities", "free_threaded", b"free_threaded", "macos_version", b"macos_version", "mlx", b"mlx", "os", b"os", "python_version", b"python_version", "torch_version", b"torch_version", "tvm_ffi_version", b"tvm_ffi_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cxx11_abi: _TypeAlias = _typing.Literal["cxx11_abi"]  # noqa: Y015
     _WhichOneofArgType__cxx11_abi: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi"]  # noqa: Y015

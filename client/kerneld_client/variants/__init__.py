@@ -4,8 +4,10 @@ The client and the daemon must agree on which folder under `build/` a process ca
 fast path and the RPC path would pick different kernels. Both call `decide()` with explicit
 `PlatformFacts`, so the daemon can rank variants for a process whose torch it never imports.
 
-The rules are those of the `kernels` package 0.17.2 (see REFERENCE.md section 2); where that page
-and the package differ, the package wins, so kerneld chooses the same variant `kernels` would.
+The rules are those of the `kernels` package: 0.17.2's verdicts for the legacy names (see
+REFERENCE.md section 2), 0.19.1's for the new-format, SDK and MLX names and its preference for
+all (`choice`); where a page and the package differ, the package wins, so kerneld chooses the
+same variant `kernels` would.
 Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `wire`.
 
 Nothing is imported with the package itself: each name is imported from its submodule on first
@@ -24,6 +26,7 @@ __all__ = [
     "BackendType",
     "Decision",
     "PlatformFacts",
+    "PythonAbi",
     "UnrecognisedVariant",
     "Variant",
     "VariantKind",
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
         Abi,
         Backend,
         BackendType,
+        PythonAbi,
         UnrecognisedVariant,
         Variant,
         VariantKind,
@@ -70,6 +74,7 @@ _WHERE = {
     "Abi": "names",
     "Backend": "names",
     "BackendType": "names",
+    "PythonAbi": "names",
     "UnrecognisedVariant": "names",
     "Variant": "names",
     "VariantKind": "names",

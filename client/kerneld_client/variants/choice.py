@@ -1,6 +1,9 @@
 """Acceptance and preference: which variants a process can load, and the best of them.
 
-The rules of the `kernels` package 0.17.2, so kerneld picks the folder `kernels` would.
+The rules of the `kernels` package, so kerneld picks the folder `kernels` would: a legacy name
+is judged as `kernels` 0.17.2 judges it, a new-format name (`cpython-...`, `sdk...`, `mlx-...`)
+as 0.19.1 does, and all of them are ranked with 0.19.1's preference (which orders the legacy
+names as 0.17.2 does).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from kerneld_client.variants.names import (
     METAL_MIN_MACOS,
     UNRECOGNISED,
     Abi,
+    Backend,
     BackendType,
+    PythonAbi,
     UnrecognisedVariant,
     Variant,
     VariantKind,
@@ -37,24 +42,28 @@ def _missing(what: str, version: tuple[int, int], tool: str) -> str:
     return f"{what} {dotted(version)} needs {tool}, which is not installed"
 
 
-def _reject_reason(v: Variant, facts: PlatformFacts) -> str | None:
-    """Why `v` cannot be loaded with `facts`, or None; checks in the order `kernels` does."""
-    local = facts.backend
-    if not v.is_arch:
-        if v.kind is VariantKind.UNIVERSAL:
-            return None
-        assert v.backend is not None
-        if v.backend.type.value != local.noarch_name:
-            return f"noarch backend {v.backend.type.value} != local backend {local.noarch_name}"
+def _python_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """0.19.1's `_python_mismatch`: abi3 never loads on free-threaded CPython, and the name's
+    `cpython-M.m` is a minimum."""
+    if v.python_min is None:
         return None
+    if v.python_abi is PythonAbi.ABI3 and facts.free_threaded:
+        return "Python abi3 cannot load on free-threaded Python (abi3t is needed)"
+    if facts.python_version[:2] < v.python_min:
+        local = dotted(facts.python_version[:2])
+        return f"Python {dotted(v.python_min)} or later needed, local Python is {local}"
+    return None
 
-    assert v.backend is not None
-    if facts.arch_variants_unsupported:
-        return "free-threaded Python accepts only noarch variants"
+
+def _system_reason(v: Variant, facts: PlatformFacts) -> str | None:
     if v.cpu != facts.cpu:
         return f"CPU {v.cpu} != local CPU {facts.cpu}"
     if v.os != facts.os:
         return f"OS {v.os} != local OS {facts.os}"
+    return None
+
+
+def _framework_reason(v: Variant, facts: PlatformFacts) -> str | None:
     if v.kind is VariantKind.TORCH_ARCH:
         assert v.torch_version is not None
         if facts.torch_version is None:
@@ -73,54 +82,141 @@ def _reject_reason(v: Variant, facts: PlatformFacts) -> str | None:
                 f"stable ABI {dotted(v.torch_version)} is newer than the local torch "
                 f"{dotted(facts.torch_version)}"
             )
-    else:
+    elif v.kind is VariantKind.TVM_FFI:
         assert v.tvm_ffi_version is not None
         if facts.tvm_ffi_version is None:
             return _missing("tvm-ffi", v.tvm_ffi_version, "tvm-ffi")
         if v.tvm_ffi_version != facts.tvm_ffi_version:
             local_ffi = dotted(facts.tvm_ffi_version)
             return f"tvm-ffi {dotted(v.tvm_ffi_version)} != local tvm-ffi {local_ffi}"
+    return None
 
-    if local.type is BackendType.CUDA and v.backend.type is BackendType.CUDA:
-        assert v.backend.version is not None
-        if local.version is None:
-            return f"{v.backend.label} cannot be checked: the local CUDA version is unknown"
-        if v.backend.version[0] != local.version[0]:
-            return f"{v.backend.label} has another major version than the local {local.label}"
-        if v.backend.version[1] > local.version[1]:
-            return f"{v.backend.label} is newer than the local {local.label}"
-        return None
-    # Token equality, as in `kernels` (so `rocm710` matches a local ROCm 7.10).
-    if v.backend.token != local.token:
-        return f"{v.backend.label} != local {local.label}"
-    if v.backend.type is BackendType.METAL and (
-        facts.macos_version is None or facts.macos_version[0] < METAL_MIN_MACOS
-    ):
+
+def _minor_compatible(backend: Backend, local: Backend) -> str | None:
+    """Same major, minor <= local (CUDA in both releases; ROCm in new-format names)."""
+    assert backend.version is not None
+    if local.version is None:
+        return f"{backend.label} cannot be checked against the local {local.label}"
+    if backend.version[0] != local.version[0]:
+        return f"{backend.label} has another major version than the local {local.label}"
+    if backend.version[1] > local.version[1]:
+        return f"{backend.label} is newer than the local {local.label}"
+    return None
+
+
+def _metal_reason(facts: PlatformFacts) -> str | None:
+    if facts.macos_version is None or facts.macos_version[0] < METAL_MIN_MACOS:
         local_mac = dotted(facts.macos_version) or "unknown"
         return f"Metal needs macOS >= {METAL_MIN_MACOS} (local macOS: {local_mac})"
     return None
 
 
+def _backend_reason(backend: Backend, facts: PlatformFacts, *, legacy: bool) -> str | None:
+    """The backend check of an arch (or compiled SDK) name: 0.17.2's for legacy names (ROCm,
+    XPU, CANN by token), 0.19.1's `_backend_mismatch` for new ones (ROCm like CUDA)."""
+    local = facts.backend
+    if local.type is BackendType.CUDA and backend.type is BackendType.CUDA:
+        return _minor_compatible(backend, local)
+    if not legacy and local.type is BackendType.ROCM and backend.type is BackendType.ROCM:
+        return _minor_compatible(backend, local)
+    # Legacy: token equality, as in 0.17.2 (so `rocm710` matches a local ROCm 7.10);
+    # new: the backend and its version, as 0.19.1 compares them.
+    if (backend.token != local.token) if legacy else (backend != local):
+        return f"{backend.label} != local {local.label}"
+    if backend.type is BackendType.METAL:
+        return _metal_reason(facts)
+    return None
+
+
+def _legacy_arch_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """A legacy arch name, with the checks of 0.17.2 in its order."""
+    assert v.backend is not None
+    if facts.arch_variants_unsupported:
+        return "free-threaded Python accepts only noarch variants"
+    reason = _system_reason(v, facts) or _framework_reason(v, facts)
+    return reason or _backend_reason(v.backend, facts, legacy=True)
+
+
+def _new_arch_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """A new-format arch name, with the checks of 0.19.1 in its order."""
+    assert v.backend is not None
+    reason = _python_reason(v, facts) or _system_reason(v, facts) or _framework_reason(v, facts)
+    return reason or _backend_reason(v.backend, facts, legacy=False)
+
+
+def _sdk_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """An SDK build (0.19.1): Python and system when compiled, then its backend if it names one
+    (by name alone when nothing is compiled)."""
+    reason = _python_reason(v, facts)
+    if reason is None and v.compiled:
+        reason = _system_reason(v, facts)
+    if reason is None and v.backend is not None:
+        if not v.compiled:
+            if v.backend.type is not facts.backend.type:
+                local = facts.backend.type.value
+                return f"SDK backend {v.backend.type.value} != local backend {local}"
+        else:
+            reason = _backend_reason(v.backend, facts, legacy=False)
+    return reason
+
+
+def _reject_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """Why `v` cannot be loaded with `facts`, or None; checks in the order `kernels` does."""
+    local = facts.backend
+    if v.kind is VariantKind.UNIVERSAL:
+        return None
+    if v.kind is VariantKind.NOARCH:
+        assert v.backend is not None
+        if v.backend.type.value != local.noarch_name:
+            return f"noarch backend {v.backend.type.value} != local backend {local.noarch_name}"
+        return None
+    if v.kind is VariantKind.MLX_NOARCH:
+        if not facts.mlx:
+            return "MLX noarch variant, but MLX is not installed"
+        if v.backend is not None and v.backend.type is not local.type:
+            return f"noarch backend {v.backend.type.value} != local backend {local.type.value}"
+        return None
+    if v.kind is VariantKind.SDK:
+        return _sdk_reason(v, facts)
+    return _legacy_arch_reason(v, facts) if v.legacy else _new_arch_reason(v, facts)
+
+
 _RANKED_BACKENDS = (BackendType.CUDA, BackendType.ROCM, BackendType.XPU, BackendType.CANN)
 
 
-def _preference(v: Variant) -> tuple[int, int, int, int, int]:
-    """Sort key, best first. The first four fields are the key of `kernels`' `_sort_variants`;
-    the fifth breaks its one tie (a tvm-ffi variant vs. noarch) in favour of tvm-ffi."""
-    if not v.is_arch:
-        return (2, 0, 0, 1 if v.kind is VariantKind.UNIVERSAL else 0, 1)
-    assert v.backend is not None
-    if v.kind is VariantKind.STABLE_ABI:
-        assert v.torch_version is not None
-        head = (0, -v.torch_version[0], -v.torch_version[1])
-    elif v.kind is VariantKind.TORCH_ARCH:
-        head = (1, 0, 1 if v.abi is not Abi.NONE else 0)
-    else:
-        head = (2, 0, 0)
-    minor = 0
-    if v.backend.type in _RANKED_BACKENDS and v.backend.version is not None:
-        minor = -v.backend.version[1]
-    return (*head, minor, 0)
+def _backend_order(backend: Backend | None) -> int:
+    """Higher backend minor first (`kernels` ranks by the minor alone)."""
+    if backend is not None and backend.type in _RANKED_BACKENDS and backend.version is not None:
+        return -backend.version[1]
+    return 0
+
+
+def _python_order(v: Variant) -> tuple[int, int, int]:
+    """abi3 before abi3t, then the higher minimum Python first (as wheel tags)."""
+    assert v.python_min is not None
+    return (0 if v.python_abi is PythonAbi.ABI3 else 1, -v.python_min[0], -v.python_min[1])
+
+
+def _preference(v: Variant) -> tuple[int, ...]:
+    """Sort key, best first: the key of `kernels` 0.19.1's `_sort_variants` less its accepted
+    flag. Stable ABI (newest first), torch arch (untagged first), tvm-ffi, compiled SDKs, noarch
+    (`universal` last), SDKs for a backend, bare `sdk`; backend minor and Python break ties."""
+    if v.is_arch:
+        if v.kind is VariantKind.STABLE_ABI:
+            assert v.torch_version is not None
+            head = (0, -v.torch_version[0], -v.torch_version[1])
+        elif v.kind is VariantKind.TORCH_ARCH:
+            head = (1, 0, 1 if v.abi is not Abi.NONE else 0)
+        else:
+            head = (2, 0, 0)
+        return (*head, _backend_order(v.backend), *_python_order(v))
+    if v.kind is VariantKind.SDK:
+        if v.compiled:
+            backend = 1 if v.backend is None else _backend_order(v.backend)
+            return (3, 0, 0, backend, *_python_order(v))
+        return (5 if v.backend is not None else 6, 0, 0, 0, 0, 0, 0)
+    universal = v.backend is None  # torch-universal, mlx-universal
+    return (4, 0, 0, 1 if universal else 0, 0, 0)
 
 
 def _order(

@@ -32,6 +32,7 @@ _FACT_KEYS = {
     "macos_version",
     "tvm_ffi_version",
     "device_capabilities",
+    "mlx",
 }
 
 
@@ -92,6 +93,8 @@ class PlatformFacts:
     macos_version: tuple[int, ...] | None = None
     tvm_ffi_version: tuple[int, int] | None = None
     device_capabilities: tuple[str, ...] = ()
+    #: Whether MLX is installed (`mlx-<backend>` noarch variants need it, as in `kernels` 0.19).
+    mlx: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device_capabilities", tuple(self.device_capabilities))
@@ -104,7 +107,8 @@ class PlatformFacts:
 
     @property
     def arch_variants_unsupported(self) -> bool:
-        """Free-threaded CPython < 3.15 cannot load the abi3 extensions of arch variants."""
+        """Free-threaded CPython < 3.15 cannot load the abi3 extensions of arch variants (the
+        rule `kernels` 0.17.2 applies to legacy names)."""
         return self.free_threaded and self.python_version[:2] < FREE_THREADED_ABI3_MIN_PYTHON
 
     def with_backend(self, requested: str | None) -> PlatformFacts:
@@ -139,6 +143,8 @@ class PlatformFacts:
             bits.append(f"macOS {dotted(self.macos_version)}")
         if self.tvm_ffi_version:
             bits.append(f"tvm-ffi {dotted(self.tvm_ffi_version)}")
+        if self.mlx:
+            bits.append("MLX")
         if self.device_capabilities:
             bits.append("devices " + ",".join(self.device_capabilities))
         return ", ".join(bits)
@@ -160,6 +166,7 @@ class PlatformFacts:
             "macos_version": dotted(self.macos_version),
             "tvm_ffi_version": dotted(self.tvm_ffi_version),
             "device_capabilities": list(self.device_capabilities),
+            "mlx": self.mlx,
         }
 
     @classmethod
@@ -198,6 +205,10 @@ class PlatformFacts:
             py = parse_version(str(data.get("python_version") or ""), parts=3)
             if py is not None:  # empty or blank: this interpreter's version (the default)
                 kwargs["python_version"] = (py[0], py[1], py[2])
+            if "mlx" in data:
+                if not isinstance(data["mlx"], bool):
+                    raise ValueError("mlx must be true or false")
+                kwargs["mlx"] = data["mlx"]
             if "macos_version" in data:
                 kwargs["macos_version"] = parse_version(data["macos_version"] or None)
             caps = data.get("device_capabilities") or ()

@@ -9,9 +9,12 @@ Both sides compute the fingerprint from the same form, `PlatformFacts.to_dict()`
 the facts a client sent, the client from its detection, which produces that form without
 building `PlatformFacts` (`kerneld_client.platform`). What `decide()` does not read is left out
 (device capabilities, checked before import; the Python micro version; whether the backend was
-asked for explicitly), so platforms that differ only there share their picks. Example::
+asked for explicitly), so platforms that differ only there share their picks. The Python
+major.minor is always in it: a new-format name (`cpython-3.12-abi3`) names a minimum Python.
+Example::
 
-    torch2.13-cxx11-cuda13.0-x86_64-linux          (+ -py3.13t, -macos26, -tvmffi0.1 when set)
+    torch2.13-cxx11-cuda13.0-x86_64-linux-py3.12   (py3.13t when free-threaded; + -macos26,
+                                                    -tvmffi0.1, -mlx when set)
 """
 
 from __future__ import annotations
@@ -39,15 +42,16 @@ def fingerprint(facts: Mapping[str, Any]) -> str:
             _field(str(facts["cpu"])),
             _field(str(facts["os"])),
         ]
-        if facts.get("free_threaded"):
-            python = str(facts.get("python_version") or "").split(".")
-            parts.append(f"py{'.'.join(python[:2])}t")
+        python = ".".join(str(facts.get("python_version") or "").split(".")[:2])
+        parts.append(f"py{python}{'t' if facts.get('free_threaded') else ''}")
         macos = str(facts.get("macos_version") or "")
         if macos:
             parts.append(f"macos{macos.split('.', maxsplit=1)[0]}")
         tvm_ffi = str(facts.get("tvm_ffi_version") or "")
         if tvm_ffi:
             parts.append(f"tvmffi{tvm_ffi}")
+        if facts.get("mlx"):
+            parts.append("mlx")
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not platform facts: {exc!r}") from None
     return "-".join(parts)
