@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -225,6 +226,11 @@ def plan_variants(
         if arch:
             torch = {max(t for t in arch if t is not None)}
     caps = {"cuda": hardware.capabilities("nvidia"), "rocm": hardware.capabilities("amd")}
+    # kernels 0.19 builds name a minimum Python (`cpython-3.12`): a job's Python decides, not
+    # the daemon's; the Pythons clients showed, else the daemon's own as the best guess.
+    pythons = sorted({(*f.python_version[:2], 0) for f in client_platforms}) or [
+        (*sys.version_info[:2], 0)
+    ]
     for backend in host_backends(hardware, names):
         base = PlatformFacts(
             cpu=hardware.cpu,
@@ -233,15 +239,22 @@ def plan_variants(
             device_capabilities=caps.get(backend.type.value, ()),
         )
         for version in sorted(torch):
-            facts = replace(
-                base, torch_version=version, cxx11_abi=True if hardware.os == "linux" else None
-            )
-            take(facts, f"host {backend.label}, torch {version[0]}.{version[1]}")
+            for python in pythons:
+                facts = replace(
+                    base,
+                    torch_version=version,
+                    cxx11_abi=True if hardware.os == "linux" else None,
+                    python_version=python,
+                )
+                take(facts, f"host {backend.label}, torch {version[0]}.{version[1]}")
     for backend in hardware.backends():  # noarch fallbacks, whatever the versions
-        take(
-            PlatformFacts(cpu=hardware.cpu, os=hardware.os, backend=backend),
-            f"noarch for {backend.label}",
-        )
+        for python in pythons:
+            take(
+                PlatformFacts(
+                    cpu=hardware.cpu, os=hardware.os, backend=backend, python_version=python
+                ),
+                f"noarch for {backend.label}",
+            )
     for facts in client_platforms:
         take(facts, f"client platform ({facts.describe()})")
     return chosen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,26 @@ def test_cpu_host_prefetches_cpu_builds(tmp_path: Path) -> None:
         "torch213-cxx11-cpu-x86_64-linux",
         "torch-cpu",
     }
+
+
+def test_new_format_builds_are_planned_for_the_pythons_clients_showed(tmp_path: Path) -> None:
+    """kernels 0.19 names carry a minimum Python: what a 3.12 job loads is prefetched once a
+    3.12 client was seen, even by a daemon that runs another Python."""
+    hw = detect(fakehosts.cpu_only(tmp_path), machine="x86_64")
+    names = [
+        "torch-2.13-cxx11-cpu-cpython-3.12-abi3-x86_64-linux",
+        "torch-2.13-cxx11-cpu-cpython-3.9-abi3-x86_64-linux",
+    ]
+    client = PlatformFacts(
+        cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True, python_version=(3, 12, 1)
+    )
+    old = replace(client, python_version=(3, 10, 0))
+    got = set(plan_variants(names, hardware=hw, torch_versions=[(2, 13)], client_platforms=[old]))
+    assert got == {names[1]}
+    got = set(
+        plan_variants(names, hardware=hw, torch_versions=[(2, 13)], client_platforms=[client, old])
+    )
+    assert got == set(names)
 
 
 def test_arm_host_takes_its_own_cpu_builds(tmp_path: Path) -> None:
