@@ -177,6 +177,12 @@ def test_warn_records_and_serves_then_require_withdraws(
     human, record = _info(d, tmp_path, FORGED)
     assert "signature: invalid: signature by builder@kernels.example" in human
     assert record["status"] == "invalid" and "does not verify" in record["detail"]
+    # The same flags whether the daemon lists the store or kerneldctl reads it (--store).
+    env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+    via_daemon = run_ctl("ls", home=tmp_path / "ctl", env=env).stdout
+    offline = run_ctl("ls", "--store", str(d.store_root), home=tmp_path / "ctl").stdout
+    for flag in ("unsigned", "INVALID"):
+        assert flag in via_daemon and flag in offline, (via_daemon, offline)
 
     # The site tightens its policy (SIGHUP): the trees already in the store are withdrawn from
     # the published index and refused on the RPC path, with the reason recorded at ingest.
