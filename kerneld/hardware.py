@@ -6,7 +6,8 @@ answers "which backends can run here", and prefetch fetches the variants for tho
 Sources, all read under a `root` directory so tests (and containers that mount the host's /proc
 and /sys elsewhere) can point detection at a fake tree:
 
-- NVIDIA: NVML (`pynvml` / nvidia-ml-py, optional and only with root "/") gives the driver's CUDA
+- NVIDIA: NVML (`pynvml` from nvidia-ml-py, a dependency; the library comes with the driver;
+  used with root "/" only) gives the driver's CUDA
   version and each device's compute capability. Without it: the driver version from
   `proc/driver/nvidia/version` (or `sys/module/nvidia/version`), mapped to the newest CUDA
   version that driver supports; devices from `proc/driver/nvidia/gpus/*/information`, else PCI
