@@ -222,8 +222,7 @@ class _Upload:
 
         self.source = source
         self.error: Exception | None = None
-        self._chunks = stream_bundle(source)
-        self._first = self._guarded(lambda: next(self._chunks, b""))  # fail early, here
+        self._chunks = stream_bundle(source)  # read once the daemon answers (its errors first)
         self._no_check_sigs = bool(ctx.args.no_check_sigs)
 
     def _guarded(self, read: Callable[[], bytes]) -> bytes:
@@ -244,8 +243,9 @@ class _Upload:
         start = kerneld_pb2.MirrorImportRequest(
             source=str(self.source), no_check_sigs=self._no_check_sigs
         )
-        yield kerneld_pb2.MirrorUpload(start=start, data=self._first)
         try:
+            first = next(self._chunks, b"")
+            yield kerneld_pb2.MirrorUpload(start=start, data=first)
             for chunk in self._chunks:
                 yield kerneld_pb2.MirrorUpload(data=chunk)
         except Exception as exc:  # ends the call; `check` says why

@@ -78,6 +78,7 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
                             **{f: getattr(v, f) for f in _VARIANT_FIELDS},
                             "last_resolved": _iso(v.last_resolved),
                             "provenance": _provenance(v.provenance),
+                            "kernel_depends": [],  # as Admin.List without with_depends
                         }
                         for v in r.variants
                     ],
