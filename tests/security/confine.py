@@ -151,8 +151,5 @@ class HiddenProcDaemon(DaemonProcess):
         switch = ["setpriv", f"--reuid={ids['user']}", f"--regid={ids['group']}"]
         switch += ["--clear-groups"] if groups == "-" else [f"--groups={groups}"]
         mount = 'mount -t proc -o hidepid=invisible proc /proc && exec "$@"'
-        return ["unshare", "-m", "--propagation", "private", "--", "sh", "-c", mount, "sh"] + [
-            *switch,
-            "--",
-            *inner,
-        ]
+        unshare = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c", mount, "sh"]
+        return [*unshare, *switch, "--", *inner]
