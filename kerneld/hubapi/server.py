@@ -465,8 +465,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | Literal["all"] | No
     first, _, last = spec.strip().partition("-")
     try:
         if not first:
-            n = int(last)
-            return (max(size - n, 0), size) if n > 0 else None
+            n = int(last)  # a suffix: the last n bytes (none of an empty file: 416)
+            return (max(size - n, 0), size) if n > 0 and size > 0 else None
         start = int(first)
         end = min(int(last) + 1, size) if last else size
     except ValueError:

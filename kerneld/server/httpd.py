@@ -400,8 +400,15 @@ class HttpFront:
         handler.raw_requestline = line + b"\r\n"
         handler.rfile = io.BytesIO(fields)  # the head is all parse_request() can read
         handler.requestline = ""
-        handler.request_version = "HTTP/0.9"
+        # Errors found while parsing are answered as HTTP/1.0 with a status line; HTTP/0.9
+        # (a request line without a version: an answer without one) is not spoken here.
+        handler.default_request_version = handler.request_version = "HTTP/1.0"
         handler.command = None
+        if len(line.split()) != 3:
+            conn.sock.sendall(
+                fixed_answer(400, "Bad Request", "a request line is METHOD TARGET HTTP/1.x")
+            )
+            return False
         if not handler.parse_request():
             return False
         handler.rfile = reader
