@@ -11,8 +11,12 @@ and mode, as the kernel would check a connect to it:
   not allowed); its groups come from the user database (the process's own supplementary groups
   are not visible over TCP).
 
-A connection whose uid cannot be found (another network namespace's socket table, a race with
-a closing client) is refused, not admitted.
+The check runs when the connection is accepted, before a byte of it is read (`identify_peer`,
+called by `kerneld/server/httpd.py`). A TCP answer counts only for the exact 4-tuple, in the
+established state, with a socket inode: a client that sent its request and closed at once has
+left an orphan or time-wait socket, which the kernel reports as uid 0 without an inode (and a
+client that half-closed is no longer established). A connection whose uid cannot be found that
+way (another network namespace's socket table, a client gone) is refused, not admitted.
 """
 
 from __future__ import annotations
