@@ -29,6 +29,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
@@ -110,6 +111,8 @@ class HttpFront:
         self._returned: queue.SimpleQueue[tuple[_Conn, bool, bytes]] = queue.SimpleQueue()
         self._conns: set[_Conn] = set()
         self._per_uid: dict[int, int] = {}
+        self._busy: dict[int, int] = {}  # uid -> requests with a worker
+        self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for one
         self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -313,10 +316,34 @@ class HttpFront:
         conn.buf = b""
         conn.deadline = 0.0
         self._selector.unregister(conn.sock)
+        self._submit(conn, head, rest)
+
+    def _submit(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+        """Give the request a worker, unless its uid already has its share of them: then it
+        waits for one of that uid's own requests to finish (one member's slow downloads cannot
+        take every worker from the others)."""
+        uid = conn.caller.uid
+        if self._busy.get(uid, 0) >= self.limits.per_uid_workers:
+            self._parked.setdefault(uid, deque()).append((conn, head, rest))
+            return
+        self._busy[uid] = self._busy.get(uid, 0) + 1
         try:
             self._pool.submit(self._serve, conn, head, rest)
         except RuntimeError:  # shutting down
             self._forget(conn, registered=False)
+
+    def _finished(self, uid: int) -> None:
+        """One of `uid`'s requests gave its worker back: the next of its waiting ones gets it."""
+        left = self._busy.get(uid, 1) - 1
+        if left > 0:
+            self._busy[uid] = left
+        else:
+            self._busy.pop(uid, None)
+        waiting = self._parked.get(uid)
+        if waiting:
+            self._submit(*waiting.popleft())
+            if not waiting:
+                del self._parked[uid]
 
     def _fail(self, conn: _Conn, answer: bytes, why: str) -> None:
         log.info("%s: uid %d: %s; closed", self.name, conn.caller.uid, why)
@@ -340,6 +367,7 @@ class HttpFront:
                 conn, keep, rest = self._returned.get_nowait()
             except queue.Empty:
                 return
+            self._finished(conn.caller.uid)
             if not keep or self._stop.is_set():
                 self._forget(conn, registered=False)
                 continue

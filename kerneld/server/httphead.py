@@ -27,8 +27,10 @@ class HttpLimits:
     #: a spare connection each); file descriptors, not threads.
     max_connections: int = 512
     per_uid_connections: int = 160
-    #: Threads answering requests (the unit's TasksMax=512 also covers gRPC and fetches).
+    #: Threads answering requests (the unit's TasksMax=512 also covers gRPC and fetches), and
+    #: how many of them one uid's requests may hold at once (the rest of its requests wait).
     workers: int = 32
+    per_uid_workers: int = 16
     #: Refused connections kept a moment so that their short answer is read, not reset.
     max_refused_draining: int = 64
 

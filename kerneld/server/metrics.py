@@ -205,7 +205,9 @@ class Metrics:
 
 
 #: A scraper or two: few workers and connections (the listener shares the unit's TasksMax).
-METRICS_LIMITS = HttpLimits(workers=2, max_connections=64, per_uid_connections=16)
+METRICS_LIMITS = HttpLimits(
+    workers=2, per_uid_workers=1, max_connections=64, per_uid_connections=16
+)
 
 
 class _Handler(MetricsHandler):

@@ -31,8 +31,12 @@ class Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     served: list[int] = []
 
+    release = threading.Event()
+
     def do_GET(self) -> None:
         caller: Caller = self.caller  # type: ignore[attr-defined]
+        if self.path == "/slow":
+            assert type(self).release.wait(10)
         type(self).served.append(caller.uid)
         body = str(caller.uid).encode()
         self.send_response(200)
@@ -46,7 +50,7 @@ class Echo(BaseHTTPRequestHandler):
 
 @contextmanager
 def front(start: bool = True, **limits: Any) -> Iterator[tuple[HttpFront, int, type[Echo]]]:
-    handler = type("EchoHandler", (Echo,), {"served": []})
+    handler = type("EchoHandler", (Echo,), {"served": [], "release": threading.Event()})
     refused = {NOBODY.pw_uid} if limits.pop("refuse_nobody", False) else set()
     f = HttpFront(
         "test",
@@ -206,3 +210,26 @@ def test_uid_of_this_process_is_named_over_tcp() -> None:
     with front() as (_, port, _handler):
         answer = exchange(port, GET)
         assert answer.endswith(str(os.geteuid()).encode())
+
+
+@needs_root
+def test_one_uid_holds_at_most_its_share_of_the_workers() -> None:
+    """Root's four stalled requests hold two of the four workers (its share); the other two
+    wait for root's own to finish, and another uid is answered meanwhile."""
+    with front(workers=4, per_uid_workers=2) as (_, port, handler):
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+        try:
+            for s in slow:
+                s.sendall(b"GET /slow HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n")
+            time.sleep(0.3)
+            start = time.monotonic()
+            got = as_user(TESTER.pw_uid, TESTER.pw_gid, lambda: exchange(port, GET).decode())
+            assert got.startswith("HTTP/1.1 200") and time.monotonic() - start < 2
+            handler.release.set()
+            for s in slow:
+                assert read_answer(s).startswith(b"HTTP/1.1 200")
+        finally:
+            handler.release.set()
+            for s in slow:
+                s.close()
+        assert sorted(handler.served) == [0, 0, 0, 0, TESTER.pw_uid]
