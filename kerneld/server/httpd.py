@@ -403,7 +403,7 @@ class HttpFront:
 
     def _serve(self, conn: _Conn, head: bytes, rest: bytes) -> None:
         keep = False
-        reader = BodyReader(conn.sock, rest)
+        reader = BodyReader(conn.sock, rest, self.limits.io_timeout_s)
         try:
             conn.sock.settimeout(self.limits.io_timeout_s)
             keep = self._handle(conn, head, reader)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,11 @@ class HttpLimits:
     idle_timeout_s: float = 30.0
     #: One send or body read of an answer in progress (a stalled reader loses its worker).
     io_timeout_s: float = 30.0
-    #: Open connections of the listener group, and of one uid (the 64 ranks of a job, with
-    #: a spare connection each); file descriptors, not threads.
+    #: Open connections of the listener group, and of one uid: file descriptors, not threads.
+    #: One uid may have what the whole listener had before (256; a 64-rank job downloading
+    #: with huggingface_hub's 8 threads a rank peaks near that); another always finds 256.
     max_connections: int = 512
-    per_uid_connections: int = 160
+    per_uid_connections: int = 256
     #: Threads answering requests (the unit's TasksMax=512 also covers gRPC and fetches), and
     #: how many of them one uid's requests may hold at once (the rest of its requests wait).
     workers: int = 32
@@ -86,9 +88,12 @@ class BodyReader(io.RawIOBase):
     """`rfile` of a request: the bytes after its head already read, then the socket. Reads
     only what is asked (a pipelined next request stays for the poller)."""
 
-    def __init__(self, sock: socket.socket, rest: bytes) -> None:
+    def __init__(self, sock: socket.socket, rest: bytes, deadline_s: float) -> None:
+        """`deadline_s`: the whole body must arrive in this long (a body trickled a byte per
+        socket timeout would otherwise hold its worker for hours)."""
         self.sock = sock
         self.rest = rest
+        self.deadline = time.monotonic() + deadline_s
 
     def readable(self) -> bool:
         return True
@@ -100,6 +105,8 @@ class BodyReader(io.RawIOBase):
             view[:n] = self.rest[:n]
             self.rest = self.rest[n:]
             return n
+        if time.monotonic() > self.deadline:
+            raise TimeoutError("the request body did not arrive in time")
         return self.sock.recv_into(view)
 
     def read(self, size: int = -1) -> bytes:
