@@ -171,15 +171,23 @@ class HttpFront:
                 continue
             for key, _ in events:
                 data = key.data
-                if data is None:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
-                elif isinstance(data, _Listener):
-                    self._accept(data)
-                else:
-                    self._readable(data)
-            self._take_returned()
-            self._expire(time.monotonic())
+                try:
+                    if data is None:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    elif isinstance(data, _Listener):
+                        self._accept(data)
+                    else:
+                        self._readable(data)
+                except Exception:  # one connection's surprise must not stop the listener
+                    log.exception("%s: a connection failed in the poller", self.name)
+                    if isinstance(data, _Conn):
+                        self._forget(data)
+            try:
+                self._take_returned()
+                self._expire(time.monotonic())
+            except Exception:
+                log.exception("%s: the poller's bookkeeping failed", self.name)
 
     def _accept(self, listener: _Listener) -> None:
         for _ in range(64):  # then let the others have a turn
