@@ -11,8 +11,12 @@ and mode, as the kernel would check a connect to it:
   not allowed); its groups come from the user database (the process's own supplementary groups
   are not visible over TCP).
 
-A connection whose uid cannot be found (another network namespace's socket table, a race with
-a closing client) is refused, not admitted.
+The check runs when the connection is accepted, before a byte of it is read (`identify_peer`,
+called by `kerneld/server/httpd.py`). A TCP answer counts only for the exact 4-tuple, in the
+established state, with a socket inode: a client that sent its request and closed at once has
+left an orphan or time-wait socket, which the kernel reports as uid 0 without an inode (and a
+client that half-closed is no longer established). A connection whose uid cannot be found that
+way (another network namespace's socket table, a client gone) is refused, not admitted.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kerneld.server.identity import Caller, peer_credentials
 
@@ -38,12 +43,17 @@ def tcp_peer_uid(
 ) -> int | None:
     """The uid owning the client's end of a loopback TCP connection, or None if not found.
 
+    Only a live socket names a uid: the kernel's answer must be for exactly this connection
+    (both addresses and ports), in the established state, and carry a socket inode. A client
+    that has already closed leaves an orphan (FIN-WAIT, TIME-WAIT) that the kernel reports
+    with uid 0 and no inode: that is refused, never read as root.
+
     Asked of the kernel by the connection's addresses (sock_diag: ~15 µs); where netlink is not
     allowed, read from the socket tables (a walk of the whole TCP hash table: ~6 ms per table on
     a quiet host, more on a busy one)."""
-    uid = _sock_diag_uid(client, server)
-    if uid is not None:
-        return uid
+    answer = _sock_diag(client, server)
+    if answer is not None:
+        return answer.uid if answer.live else None
     return _table_uid(client, server, tables)
 
 
@@ -55,24 +65,49 @@ _NLMSG_ERROR = 2
 _NLMSGHDR = struct.Struct("=LHHLL")  # length, type, flags, seq, pid
 _INET_DIAG_REQ = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
-#: In the answer (inet_diag_msg): family..retrans (4), the socket id (48), expires, rqueue,
-#: wqueue (12), then the uid.
-_UID_OFFSET = _NLMSGHDR.size + 4 + 48 + 12
+#: inet_diag_msg: family, state, timer, retrans; the socket id (sport, dport: network order;
+#: src, dst: 16 bytes each; interface, cookie); expires, rqueue, wqueue, uid, inode.
+_INET_DIAG_MSG = struct.Struct("=BBBB2s2s16s16sI8sIIIII")
+TCP_ESTABLISHED = 1
+_SEQ = 0x6B64  # "kd"
 
 
-def _sock_diag_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+@dataclass(frozen=True)
+class DiagAnswer:
+    """The kernel's sock_diag answer for one TCP socket."""
+
+    state: int
+    uid: int
+    inode: int
+
+    @property
+    def live(self) -> bool:
+        """An open socket of a running process: established, with an inode."""
+        return self.state == TCP_ESTABLISHED and self.inode != 0
+
+
+def _sock_diag(client: tuple[str, int], server: tuple[str, int]) -> DiagAnswer | None:
+    """The diagnostic answer for the client's end of the connection; None where netlink is
+    not available (the tables are asked then); a `DiagAnswer` that is not `live` when the
+    kernel knows no such open socket."""
+    gone = DiagAnswer(0, -1, 0)
     try:
         src, dst = ipaddress.ip_address(client[0]), ipaddress.ip_address(server[0])
+        if src.version != dst.version:
+            return gone
         family = socket.AF_INET if src.version == 4 else socket.AF_INET6
+        sport, dport = struct.pack("!H", client[1]), struct.pack("!H", server[1])
+        src_b, dst_b = src.packed.ljust(16, b"\0"), dst.packed.ljust(16, b"\0")
         sock_id = (
-            struct.pack("!HH", client[1], server[1])
-            + src.packed.ljust(16, b"\0")
-            + dst.packed.ljust(16, b"\0")
+            sport
+            + dport
+            + src_b
+            + dst_b
             + struct.pack("=III", 0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
         )
         body = _INET_DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sock_id
         head = _NLMSGHDR.pack(
-            _NLMSGHDR.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0
+            _NLMSGHDR.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, _SEQ, 0
         )
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
             nl.settimeout(1.0)
@@ -80,12 +115,24 @@ def _sock_diag_uid(client: tuple[str, int], server: tuple[str, int]) -> int | No
             answer = nl.recv(8192)
     except (OSError, ValueError):
         return None  # no netlink here (a sandbox without AF_NETLINK): the tables will do
-    if len(answer) < _UID_OFFSET + 4:
-        return None
-    if _NLMSGHDR.unpack_from(answer)[1] == _NLMSG_ERROR:
-        return None
-    uid: int = struct.unpack_from("=I", answer, _UID_OFFSET)[0]
-    return uid
+    if len(answer) < _NLMSGHDR.size:
+        return gone
+    length, kind, _flags, seq, _pid = _NLMSGHDR.unpack_from(answer)
+    if kind != _SOCK_DIAG_BY_FAMILY or seq != _SEQ:
+        return gone  # NLMSG_ERROR: ENOENT, no such socket
+    if length < _NLMSGHDR.size + _INET_DIAG_MSG.size or len(answer) < length:
+        return gone
+    (fam, state, _t, _r, a_sport, a_dport, a_src, a_dst, _if, _cookie, _exp, _rq, _wq, uid,
+     inode) = _INET_DIAG_MSG.unpack_from(answer, _NLMSGHDR.size)  # fmt: skip
+    if (fam, a_sport, a_dport, a_src, a_dst) != (family, sport, dport, src_b, dst_b):
+        return gone  # not the socket asked about
+    return DiagAnswer(state, uid, inode)
+
+
+def _sock_diag_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
+    """The uid of the client's end by sock_diag alone (None: no live socket, or no netlink)."""
+    answer = _sock_diag(client, server)
+    return answer.uid if answer is not None and answer.live else None
 
 
 def _table_endpoint(text: str) -> tuple[str, int]:
@@ -120,14 +167,26 @@ def _table_uid(
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 8:
+            if len(fields) < 10:
                 continue
             try:
                 if _table_endpoint(fields[1]) == want and _table_endpoint(fields[2]) == ours:
-                    return int(fields[7])
+                    live = int(fields[3], 16) == TCP_ESTABLISHED and int(fields[9]) != 0
+                    return int(fields[7]) if live else None
             except ValueError:
                 continue
     return None
+
+
+def identify_peer(sock: socket.socket, peer: Any) -> Caller | None:
+    """Who is on the other end of a just-accepted connection (`HttpFront`'s `identify`):
+    SO_PEERCRED on a unix socket, the live client socket's owner on loopback TCP with its
+    groups from the user database; None when the kernel names no one."""
+    if isinstance(peer, tuple):
+        uid = tcp_peer_uid(peer[:2], sock.getsockname()[:2])
+        return None if uid is None else user_db_caller(uid)
+    caller = unix_peer(sock)
+    return caller if caller.known else None
 
 
 def unix_peer(sock: socket.socket) -> Caller:

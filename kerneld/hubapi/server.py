@@ -13,8 +13,9 @@ Routes (the Hub's own, for `repo_type="kernel"`):
 Anything else gets the Hub's 404 or 405. Errors carry the Hub's `X-Error-Code` where the Hub has
 one (RepoNotFound, RevisionNotFound, EntryNotFound), so `huggingface_hub` raises the same
 exception types; the daemon's own refusals (a denied kernel, an untrusted publisher, a fetch the
-policy forbids) are 403s whose message says what to do. Every connection is first checked
-against the user socket's permissions (`peers.py`).
+policy forbids) are 403s whose message says what to do. Every connection is checked against
+the user socket's permissions when it is accepted, before a byte of it is read (`peers.py`,
+`kerneld/server/httpd.py`): a refused one gets a 403 that says why, and is closed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
-from kerneld.hubapi.peers import admit, tcp_peer_uid, unix_peer, user_db_caller
+from kerneld.hubapi.peers import admit, identify_peer
 from kerneld.hubapi.view import HubFile, HubView, git_blob_id
 from kerneld.server.core import Core
 from kerneld.server.errors import RateLimited, classify
@@ -117,24 +117,16 @@ def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str,
 
 
 class HubApiHandler(BaseHTTPRequestHandler):
-    """One connection; `view` and `user_socket` are set on a subclass per server."""
+    """One request; `view` is set on a subclass per server, `caller` by the listener."""
 
     protocol_version = "HTTP/1.1"
     server_version = "kerneld"
-    timeout = 60.0
     view: HubView
-    user_socket: Path
-    _caller: Caller | None = None
+    #: Set by the listener at accept, before a byte of the connection was read (httpd.py).
+    caller: Caller
     # (metrics route label, counted yet) of the request being answered; outside a request
     # (the base class's own error replies) nothing is counted
     _counted: tuple[str, bool] = ("", True)
-
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.client_address, tuple):
-            # Keep-alive: headers and body go out in separate writes, and Nagle's algorithm
-            # would hold the body back until the client's delayed ACK (~40 ms a request).
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("hub api %s %s", self.address_string(), format % args)
@@ -143,26 +135,6 @@ class HubApiHandler(BaseHTTPRequestHandler):
         return (
             "unix" if isinstance(self.client_address, str | bytes) else str(self.client_address[0])
         )
-
-    # -- who ------------------------------------------------------------------------------------
-
-    def _who(self) -> Caller:
-        """The connection's caller, checked against the user socket once per connection."""
-        if self._caller is not None:
-            return self._caller
-        if isinstance(self.client_address, tuple):
-            server = self.connection.getsockname()
-            uid = tcp_peer_uid(self.client_address[:2], server[:2])
-            caller = Caller() if uid is None else user_db_caller(uid)
-        else:
-            caller = unix_peer(self.connection)
-        verdict = admit(caller, self.user_socket)
-        if not verdict.allowed:
-            log.warning("hub api: refused %s: %s", caller, verdict.reason)
-            self.close_connection = True  # a refused peer keeps no connection open
-            raise HubError(403, f"kerneld: {verdict.reason}")
-        self._caller = caller
-        return caller
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -187,7 +159,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
         self._counted = (route, False)
         status = 500
         try:
-            caller = self._who()  # before anything of the request is read
+            caller = self.caller  # identified and admitted at accept
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= 1 << 20:
                 self.close_connection = True
@@ -504,8 +476,8 @@ def parse_range(header: str, size: int) -> tuple[int, int] | Literal["all"] | No
     first, _, last = spec.strip().partition("-")
     try:
         if not first:
-            n = int(last)
-            return (max(size - n, 0), size) if n > 0 else None
+            n = int(last)  # a suffix: the last n bytes (none of an empty file: 416)
+            return (max(size - n, 0), size) if n > 0 and size > 0 else None
         start = int(first)
         end = min(int(last) + 1, size) if last else size
     except ValueError:
@@ -520,11 +492,12 @@ class HubApiServer:
 
     def __init__(self, core: Core, *, listen: str, socket_path: Path | None) -> None:
         user = core.config.user_socket
-        handler = type(
-            "KerneldHubApiHandler",
-            (HubApiHandler,),
-            {"view": HubView(core), "user_socket": user.path},
-        )
+        handler = type("KerneldHubApiHandler", (HubApiHandler,), {"view": HubView(core)})
+
+        def admit_member(caller: Caller) -> tuple[bool, str]:
+            verdict = admit(caller, user.path)
+            return verdict.allowed, verdict.reason
+
         self._listeners = HttpListeners(
             "hub-api",
             handler,
@@ -533,6 +506,8 @@ class HubApiServer:
             socket=None
             if socket_path is None
             else SocketConfig(socket_path, user.mode, user.group),
+            identify=identify_peer,
+            admit=admit_member,
         )
         self.where = self._listeners.where
 

@@ -4,87 +4,482 @@ The metrics exposition and the Hub API endpoint both serve HTTP this way. A unix
 bound owner-only and then opened to its configured mode and group (like the RPC sockets: the
 file's mode decides who may connect); a TCP port is only ever bound on loopback (the config
 refuses anything else).
+
+Every local user can reach a loopback port, so nothing of a connection is read before the
+daemon knows whose it is: the peer is identified at `accept()` (`identify`: SO_PEERCRED on a
+unix socket, the kernel's socket diagnostics on TCP; a peer already gone is refused) and
+checked (`admit`); a refused one gets a short fixed answer and is closed without a byte of its
+request parsed. An admitted connection then costs a file descriptor, not a thread: one poller
+thread reads request heads (at most `head_bytes`, within `head_deadline_s`, bare CR refused)
+and waits out idle keep-alive connections; only a complete head goes to one of `workers`
+threads, which runs the `BaseHTTPRequestHandler` subclass for that one request. Connections
+are capped per listener and per uid. (Why not a server library: bench/RESULTS.md, "HTTP
+front".)
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import logging
+import os
+import queue
+import selectors
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from kerneld.config import SocketConfig
+from kerneld.server.httphead import (
+    BodyReader,
+    HeadError,
+    HttpLimits,
+    SocketWriter,
+    check_head,
+    fixed_answer,
+)
+from kerneld.server.identity import Caller
 from kerneld.server.sockets import secure, umask
 
 log = logging.getLogger("kerneld.httpd")
 
-
-#: listen(2) backlog: the 64 ranks of a job connect at once; socketserver's default of 5
-#: drops the rest of the SYNs, and each dropped client waits out a 1 s (then 3 s...) retry.
+#: listen(2) backlog: the 64 ranks of a job connect at once; a short backlog drops the rest of
+#: the SYNs, and each dropped client waits out a 1 s (then 3 s...) retry.
 BACKLOG = 512
 
 
-#: Connections served at once per listener (a thread each); more are closed at accept, so a
-#: client that opens thousands cannot make the daemon start thousands of threads (the unit's
-#: TasksMax=512 covers these, gRPC's and the fetch workers').
-MAX_CONNECTIONS = 256
+#: Identifies the peer of an accepted socket (None: unknown or gone: refused).
+Identify = Callable[[socket.socket, Any], "Caller | None"]
+#: May this caller use the listener? (allowed, why not).
+Admit = Callable[[Caller], tuple[bool, str]]
 
 
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` of them."""
+class _Conn:
+    """One accepted connection, owned by the poller while it waits for a head."""
 
-    daemon_threads = True
-    request_queue_size = BACKLOG
-    max_connections = MAX_CONNECTIONS
+    __slots__ = ("buf", "caller", "deadline", "draining", "in_head", "listener", "peer", "sock")
 
-    def server_activate(self) -> None:
-        super().server_activate()
-        self._slots = threading.BoundedSemaphore(self.max_connections)
+    def __init__(self, sock: socket.socket, peer: Any, caller: Caller, listener: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.caller = caller
+        self.buf = b""
+        self.deadline = 0.0
+        self.in_head = True  # the first request's head is due within the head deadline
+        self.draining = False
+        self.listener = listener
 
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        if self._slots.acquire(blocking=False):
-            return True
-        log.warning(
-            "%s: %d connections open; refusing another", self.server_name, self.max_connections
-        )
-        return False
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+class _Listener:
+    """A bound, listening socket and how its peers are named."""
+
+    def __init__(self, sock: socket.socket, where: str, tcp: bool) -> None:
+        self.sock = sock
+        self.where = where
+        self.tcp = tcp
+
+
+class HttpFront:
+    """The poller and the workers of one named group of listeners (see the module doc)."""
+
+    def __init__(
+        self,
+        name: str,
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        identify: Identify,
+        admit: Admit | None = None,
+        limits: HttpLimits | None = None,
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.identify = identify
+        self.admit = admit
+        self.limits = limits or HttpLimits()
+        self.listeners: list[_Listener] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._returned: queue.SimpleQueue[tuple[_Conn, bool, bytes]] = queue.SimpleQueue()
+        self._conns: set[_Conn] = set()
+        self._per_uid: dict[int, int] = {}
+        self._busy: dict[int, int] = {}  # uid -> requests with a worker
+        self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for one
+        self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-http")
+        self.server_version = getattr(handler, "server_version", "kerneld")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def add(self, sock: socket.socket, where: str, *, tcp: bool) -> None:
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+        self.listeners.append(_Listener(sock, where, tcp))
+
+    def start(self) -> None:
+        for listener in self.listeners:
+            self._selector.register(listener.sock, selectors.EVENT_READ, listener)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.close()
+
+    def close(self) -> None:
+        for listener in self.listeners:
+            listener.sock.close()
+        for conn in list(self._conns):
+            self._forget(conn)
+        self._wake_r.close()
+        self._wake_w.close()
+        self._selector.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    # -- the poller ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            deadlines = [c.deadline for c in self._conns if c.deadline > 0]
+            timeout = max(0.0, min([now + 1.0, *deadlines]) - now)
+            try:
+                events = self._selector.select(timeout)
+            except OSError as exc:  # EBADF at stop
+                if self._stop.is_set():
+                    return
+                log.warning("%s: select failed: %s", self.name, exc)
+                time.sleep(0.1)
+                continue
+            for key, _ in events:
+                data = key.data
+                try:
+                    if data is None:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    elif isinstance(data, _Listener):
+                        self._accept(data)
+                    else:
+                        self._readable(data)
+                except Exception:  # one connection's surprise must not stop the listener
+                    log.exception("%s: a connection failed in the poller", self.name)
+                    if isinstance(data, _Conn):
+                        self._forget(data)
+            try:
+                self._take_returned()
+                self._expire(time.monotonic())
+            except Exception:
+                log.exception("%s: the poller's bookkeeping failed", self.name)
+
+    def _accept(self, listener: _Listener) -> None:
+        for _ in range(64):  # then let the others have a turn
+            try:
+                sock, peer = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("%s %s: accept failed: %s", self.name, listener.where, exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.05)  # do not spin while descriptors are short
+                return
+            self._admit(sock, peer, listener)
+
+    def _admit(self, sock: socket.socket, peer: Any, listener: _Listener) -> None:
+        """Identify and check the peer before reading a byte of it."""
         try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread (TasksMax, memory): its slot is free again
-            self._slots.release()
-            raise
+            caller = self.identify(sock, peer)
+        except Exception as exc:  # an identification that fails refuses, never admits
+            log.warning("%s: identifying a peer failed: %s", self.name, exc)
+            caller = None
+        if caller is None or not caller.known:
+            self._refuse(
+                sock,
+                -1,
+                403,
+                "Forbidden",
+                "kerneld: the connection's owner could not be found (the client left, or its "
+                "socket is not this host's): connect again from a running process",
+            )
+            return
+        if self.admit is not None:
+            allowed, why = self.admit(caller)
+            if not allowed:
+                self._refuse(sock, caller.uid, 403, "Forbidden", f"kerneld: {why}")
+                return
+        limits = self.limits
+        if self._per_uid.get(caller.uid, 0) >= limits.per_uid_connections:
+            self._refuse(
+                sock,
+                caller.uid,
+                503,
+                "Service Unavailable",
+                f"kerneld: uid {caller.uid} has {limits.per_uid_connections} connections open "
+                f"to the {self.name} listener: close some (or reuse them) and retry",
+            )
+            return
+        if len(self._conns) >= limits.max_connections:
+            self._refuse(
+                sock,
+                caller.uid,
+                503,
+                "Service Unavailable",
+                f"kerneld: the {self.name} listener has {limits.max_connections} connections "
+                "open: retry shortly",
+            )
+            return
+        sock.setblocking(False)
+        if listener.tcp:
+            # headers and body go out in separate writes; Nagle would hold the body back
+            # until the client's delayed ACK (~40 ms a request)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, peer, caller, listener.where)
+        conn.deadline = time.monotonic() + limits.head_deadline_s
+        self._conns.add(conn)
+        self._per_uid[caller.uid] = self._per_uid.get(caller.uid, 0) + 1
+        self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _refuse(self, sock: socket.socket, uid: int, status: int, reason: str, why: str) -> None:
+        """Answer a refused connection with one fixed line and close it; nothing of it read."""
+        self._log_refusal(uid, why)
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(fixed_answer(status, reason, why))
+            sock.shutdown(socket.SHUT_WR)
+        draining = sum(1 for c in self._conns if c.draining)
+        if draining >= self.limits.max_refused_draining:
+            sock.close()
+            return
+        # Keep it a moment, discarding what arrives: closed with its request unread, the
+        # kernel would reset it and the client could lose the answer that says why.
+        conn = _Conn(sock, None, Caller(), "")
+        conn.draining = True
+        conn.deadline = time.monotonic() + 1.0
+        self._conns.add(conn)
         try:
-            super().process_request_thread(request, client_address)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+        except (OSError, ValueError):
+            self._conns.discard(conn)
+            sock.close()
+
+    def _log_refusal(self, uid: int, why: str) -> None:
+        """One line per uid and reason per 10 s (an outsider's flood does not flood the log)."""
+        now = time.monotonic()
+        key = (uid, why)
+        last, suppressed = self._refused_log.get(key, (-1e9, 0))
+        if now - last < 10.0:
+            self._refused_log[key] = (last, suppressed + 1)
+            return
+        more = f" (and {suppressed} more in the last 10 s)" if suppressed else ""
+        log.warning("%s: refused uid %d at accept: %s%s", self.name, uid, why, more)
+        self._refused_log[key] = (now, 0)
+        if len(self._refused_log) > 4096:
+            self._refused_log.pop(next(iter(self._refused_log)))
+
+    def _readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(16384)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._forget(conn)
+            return
+        if conn.draining:
+            return
+        if not conn.buf and not conn.in_head:  # the first byte of a later request
+            conn.in_head = True
+            conn.deadline = time.monotonic() + self.limits.head_deadline_s
+        conn.buf += data
+        self._try_dispatch(conn)
+
+    def _try_dispatch(self, conn: _Conn) -> None:
+        try:
+            size = check_head(conn.buf, self.limits)
+        except HeadError as err:
+            self._fail(conn, err.answer, str(err))
+            return
+        if size is None:
+            return
+        head, rest = conn.buf[:size], conn.buf[size:]
+        conn.buf = b""
+        conn.deadline = 0.0
+        self._selector.unregister(conn.sock)
+        self._submit(conn, head, rest)
+
+    def _submit(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+        """Give the request a worker, unless its uid already has its share of them: then it
+        waits for one of that uid's own requests to finish (one member's slow downloads cannot
+        take every worker from the others)."""
+        uid = conn.caller.uid
+        if self._busy.get(uid, 0) >= self.limits.per_uid_workers:
+            self._parked.setdefault(uid, deque()).append((conn, head, rest))
+            return
+        self._busy[uid] = self._busy.get(uid, 0) + 1
+        try:
+            self._pool.submit(self._serve, conn, head, rest)
+        except RuntimeError:  # shutting down
+            self._forget(conn, registered=False)
+
+    def _finished(self, uid: int) -> None:
+        """One of `uid`'s requests gave its worker back: the next of its waiting ones gets it."""
+        left = self._busy.get(uid, 1) - 1
+        if left > 0:
+            self._busy[uid] = left
+        else:
+            self._busy.pop(uid, None)
+        waiting = self._parked.get(uid)
+        if waiting:
+            self._submit(*waiting.popleft())
+            if not waiting:
+                del self._parked[uid]
+
+    def _fail(self, conn: _Conn, answer: bytes, why: str) -> None:
+        log.info("%s: uid %d: %s; closed", self.name, conn.caller.uid, why)
+        with contextlib.suppress(OSError):
+            conn.sock.send(answer)
+        self._forget(conn)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._conns if 0 < c.deadline <= now]:
+            if conn.draining:
+                self._forget(conn)
+            elif conn.in_head:
+                why = f"no complete request head within {self.limits.head_deadline_s:g} s"
+                self._fail(conn, fixed_answer(408, "Request Timeout", f"kerneld: {why}"), why)
+            else:
+                self._forget(conn)  # idle keep-alive
+
+    def _take_returned(self) -> None:
+        while True:
+            try:
+                conn, keep, rest = self._returned.get_nowait()
+            except queue.Empty:
+                return
+            self._finished(conn.caller.uid)
+            if not keep or self._stop.is_set():
+                self._forget(conn, registered=False)
+                continue
+            try:
+                conn.sock.setblocking(False)
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+            except (OSError, ValueError):
+                self._forget(conn, registered=False)
+                continue
+            conn.buf = rest
+            conn.in_head = bool(rest)
+            conn.deadline = time.monotonic() + (
+                self.limits.head_deadline_s if rest else self.limits.idle_timeout_s
+            )
+            if rest:
+                self._try_dispatch(conn)
+
+    def _forget(self, conn: _Conn, *, registered: bool = True) -> None:
+        if registered:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(conn.sock)
+        if conn in self._conns:
+            self._conns.discard(conn)
+            if not conn.draining:
+                left = self._per_uid.get(conn.caller.uid, 1) - 1
+                if left > 0:
+                    self._per_uid[conn.caller.uid] = left
+                else:
+                    self._per_uid.pop(conn.caller.uid, None)
+        conn.sock.close()
+
+    # -- a worker -----------------------------------------------------------------------------
+
+    def _serve(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+        keep = False
+        reader = BodyReader(conn.sock, rest, self.limits.io_timeout_s)
+        try:
+            conn.sock.settimeout(self.limits.io_timeout_s)
+            keep = self._handle(conn, head, reader)
+        except Exception as exc:  # the peer went away mid-answer, a handler bug
+            log.debug("%s: uid %d: request ended: %s", self.name, conn.caller.uid, exc)
+            keep = False
         finally:
-            self._slots.release()
+            self._returned.put((conn, keep, reader.rest))
+            self._wake()
+
+    def _handle(self, conn: _Conn, head: bytes, reader: BodyReader) -> bool:
+        """Run the handler class for one request; keep the connection open after it?"""
+        cls = self.handler
+        handler: Any = cls.__new__(cls)
+        handler.server = self
+        handler.request = handler.connection = conn.sock
+        handler.client_address = conn.peer if conn.peer else "unix"
+        handler.caller = conn.caller
+        handler.wfile = SocketWriter(conn.sock)
+        handler.close_connection = True
+        line, _, fields = head.partition(b"\r\n")
+        handler.raw_requestline = line + b"\r\n"
+        handler.rfile = io.BytesIO(fields)  # the head is all parse_request() can read
+        handler.requestline = ""
+        # Errors found while parsing are answered as HTTP/1.0 with a status line; HTTP/0.9
+        # (a request line without a version: an answer without one) is not spoken here.
+        handler.default_request_version = handler.request_version = "HTTP/1.0"
+        handler.command = None
+        if len(line.split()) != 3:
+            conn.sock.sendall(
+                fixed_answer(400, "Bad Request", "a request line is METHOD TARGET HTTP/1.x")
+            )
+            return False
+        if not handler.parse_request():
+            return False
+        handler.rfile = reader
+        method = getattr(handler, "do_" + handler.command, None)
+        if method is None:
+            handler.send_error(501, f"Unsupported method ({handler.command!r})")
+            return False
+        method()
+        return not handler.close_connection
 
 
-class UnixHTTPServer(BoundedHTTPServer):
-    address_family = socket.AF_UNIX
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind wants a (host, port) address; a unix socket has neither.
-        self.socket.bind(self.server_address)
-        self.server_name = "kerneld"
-        self.server_port = 0
-
-
-class LoopbackHTTPServer(BoundedHTTPServer):
-    pass
+def _unix_socket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-class LoopbackHTTP6Server(LoopbackHTTPServer):
-    address_family = socket.AF_INET6
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class HttpListeners:
-    """One request handler served on a unix socket and/or a loopback port, a thread each."""
+    """One request handler served on a unix socket and/or a loopback port (`HttpFront`)."""
 
     def __init__(
         self,
@@ -94,19 +489,24 @@ class HttpListeners:
         socket_path: Path | None,
         listen: str,
         socket: SocketConfig | None = None,
+        identify: Identify,
+        admit: Admit | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
-        """`socket` gives the unix socket's mode and group (default 0660, the daemon's group)."""
+        """`socket` gives the unix socket's mode and group (default 0660, the daemon's group);
+        `identify` names each peer at accept (`kerneld.hubapi.peers.identify_peer`), `admit`
+        checks it."""
         self.name = name
         self.where: list[str] = []
-        self.servers: list[ThreadingHTTPServer] = []
         self.socket_path = socket_path
+        self.front = HttpFront(name, handler, identify=identify, admit=admit, limits=limits)
         if socket_path is not None:
             socket_path.parent.mkdir(parents=True, exist_ok=True)
             if socket_path.is_socket():
                 socket_path.unlink()
             with umask(0o177):
-                unix_server: Any = UnixHTTPServer
-                self.servers.append(unix_server(str(socket_path), handler))
+                unix = _unix_socket(socket_path)
+            self.front.add(unix, f"unix:{socket_path}", tcp=False)
             cfg = socket or SocketConfig(socket_path, 0o660)
             try:
                 secure(socket_path, SocketConfig(socket_path, cfg.mode, cfg.group))
@@ -117,30 +517,28 @@ class HttpListeners:
         if listen:
             host, _, port = listen.rpartition(":")
             bind_host = {"localhost": "127.0.0.1", "[::1]": "::1"}.get(host, host)
-            server_cls: type[LoopbackHTTPServer] = (
-                LoopbackHTTP6Server if ":" in bind_host else LoopbackHTTPServer
-            )
             try:
-                server = server_cls((bind_host, int(port)), handler)
+                tcp = _tcp_socket(bind_host, int(port))
             except BaseException:
                 self._close_all()
                 raise
-            self.servers.append(server)
-            self.where.append(f"http://{host}:{server.server_address[1]}")
+            where = f"http://{host}:{tcp.getsockname()[1]}"
+            self.front.add(tcp, where, tcp=True)
+            self.where.append(where)
 
     def start(self) -> None:
-        for server in self.servers:
-            threading.Thread(target=server.serve_forever, name=self.name, daemon=True).start()
+        self.front.start()
 
     def _close_all(self) -> None:
         """Unbind what was bound (a start that fails half way leaves no socket behind)."""
-        for server in self.servers:
-            server.server_close()
-        if self.socket_path is not None and self.servers:
+        bound = bool(self.front.listeners)
+        self.front.close()
+        if self.socket_path is not None and bound:
             self.socket_path.unlink(missing_ok=True)
-        self.servers.clear()
 
     def stop(self) -> None:
-        for server in self.servers:
-            server.shutdown()
-        self._close_all()
+        self.front.stop()
+        if self.socket_path is not None:
+            with contextlib.suppress(OSError):
+                if os.path.exists(self.socket_path):
+                    self.socket_path.unlink()

@@ -14,10 +14,12 @@ Chosen: a credentials side-channel. Beside each gRPC socket `S` the daemon liste
 AF_UNIX socket `S.cred` (same mode and group: the same people may use it). It reads the
 peer's credentials of each connection, answers one line, a token, and closes: an HMAC-SHA256,
 under a random key that lives only in this daemon's memory, over uid, gid, pid, the process's
-start time, supplementary groups and an expiry. A client sends the token as gRPC metadata
-(`kerneld-caller`); `CallerInterceptor` verifies it and puts the caller in a context variable
-for the servicer. A forged token fails the HMAC; one replayed after its process exited (or its
-pid was reused: the start time differs) or after it expired is refused with UNAUTHENTICATED. A
+binding to its process, supplementary groups and an expiry. A client sends the token as gRPC
+metadata (`kerneld-caller`); `CallerInterceptor` verifies it and puts the caller in a context
+variable for the servicer. A forged token fails the HMAC; one replayed after its process exited
+or after it expired is refused with UNAUTHENTICATED. The binding is a pidfd of the peer
+(SO_PEERPIDFD) kept by the daemon, or where the kernel has none the process's start time; a
+/proc that hides the peer (`ProtectProc=invisible`) on such a kernel gets no token at all. A
 call without a token is anonymous: it keeps the socket's rights (old clients still work), but
 `allow_groups` cannot admit it and it shares one rate-limit bucket with every anonymous caller.
 """
@@ -32,6 +34,7 @@ import logging
 import os
 import pwd
 import secrets
+import select
 import socket
 import stat
 import struct
@@ -60,6 +63,7 @@ TOKEN_TTL_S = 600.0
 #: Supplementary groups carried in a token (the rest are not seen by `allow_groups`).
 MAX_GROUPS = 64
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux >= 6.5
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -107,21 +111,40 @@ def audit(caller: Caller, rpc: str, what: str, outcome: str) -> None:
 
 
 def _start_time(pid: int) -> int:
-    """The process's start time (clock ticks since boot): with the pid, names one process."""
+    """The process's start time (clock ticks since boot): with the pid, names one process;
+    -1 when it cannot be read (gone, or hidden: `ProtectProc=invisible`, hidepid)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
+        # comm (field 2) may contain spaces and parentheses: count from the last ')'
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
         return -1
-    # comm (field 2) may contain spaces and parentheses: count from the last ')'
-    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+def _exited(pidfd: int) -> bool:
+    """Has the process of this pidfd exited? (A pidfd polls readable once it has; unlike a
+    pid it is never reused, and it needs no view of the process in /proc.)"""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 # ------------------------------------------------------------------------------- tokens
 
 
 class TokenBook:
-    """Issues and checks tokens under this daemon's random key (never written anywhere)."""
+    """Issues and checks tokens under this daemon's random key (never written anywhere).
+
+    A token is bound to the process it was issued to, so that one replayed after that process
+    exited is refused: by a pidfd of the process (SO_PEERPIDFD, Linux >= 6.5) the daemon keeps
+    while the token lives, or else by the process's start time in /proc. Where neither can be
+    had (an older kernel and a /proc that hides other users' processes, as the unit's
+    `ProtectProc=invisible` does) no token is issued: the caller is served anonymously."""
+
+    #: Tokens bound by pidfd held at once (a descriptor each); the oldest go first, and their
+    #: holders take a new token on the refusal (the client retries once).
+    MAX_BOUND = 1024
 
     def __init__(
         self, *, ttl_s: float = TOKEN_TTL_S, clock: Callable[[], float] = time.time
@@ -129,15 +152,54 @@ class TokenBook:
         self._key = secrets.token_bytes(32)
         self.ttl_s = ttl_s
         self.clock = clock
+        self._lock = threading.Lock()
+        self._bound: OrderedDict[str, tuple[int, float]] = OrderedDict()  # nonce -> (fd, exp)
 
     def _mac(self, payload: str) -> str:
         return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()
 
-    def issue(self, uid: int, gid: int, pid: int, groups: tuple[int, ...]) -> str:
-        expires = int(self.clock() + self.ttl_s)
+    def issue(
+        self, uid: int, gid: int, pid: int, groups: tuple[int, ...], pidfd: int | None = None
+    ) -> str | None:
+        """A token for the process `pid` (or `pidfd`: the book takes the descriptor over);
+        None when the process cannot be told from a later one with its pid."""
+        expires = self.clock() + self.ttl_s
+        if pidfd is not None:
+            binding = "p" + secrets.token_hex(12)
+            self._bind(binding, pidfd, expires)
+        else:
+            start = _start_time(pid)
+            if start < 0:
+                return None
+            binding = f"s{start}"
         gl = ",".join(str(g) for g in sorted(set(groups))[:MAX_GROUPS])
-        payload = f"1.{uid}.{gid}.{pid}.{_start_time(pid)}.{expires}.{gl}"
+        payload = f"2.{uid}.{gid}.{pid}.{binding}.{int(expires)}.{gl}"
         return f"{payload}.{self._mac(payload)}"
+
+    def _bind(self, nonce: str, pidfd: int, expires: float) -> None:
+        now = self.clock()
+        with self._lock:
+            if len(self._bound) >= self.MAX_BOUND:  # first drop what is of no use any more
+                for key, (fd, exp) in list(self._bound.items()):
+                    if exp < now or _exited(fd):
+                        del self._bound[key]
+                        os.close(fd)
+            while len(self._bound) >= self.MAX_BOUND:
+                _, (fd, _exp) = self._bound.popitem(last=False)
+                os.close(fd)
+            self._bound[nonce] = (pidfd, expires)
+
+    def _alive(self, nonce: str) -> bool | None:
+        """Is the process the token was bound to running? None: the binding is gone."""
+        with self._lock:
+            entry = self._bound.get(nonce)
+            if entry is None:
+                return None
+            if not _exited(entry[0]):
+                return True
+            del self._bound[nonce]
+            os.close(entry[0])
+            return False
 
     def verify(self, token: str) -> Caller:
         """The caller a token names; Unauthenticated when it is forged, expired or its process
@@ -148,16 +210,41 @@ class TokenBook:
                 "the caller token was not issued by this kerneld (forged, or from a previous "
                 "run of the daemon)"
             )
-        _version, uid, gid, pid, start, expires, gl = payload.split(".")
+        _version, uid, gid, pid, binding, expires, gl = payload.split(".")
         if int(expires) < self.clock():
             raise Unauthenticated("the caller token has expired")
-        if int(start) >= 0 and _start_time(int(pid)) != int(start):
-            raise Unauthenticated(
-                f"the caller token was issued to process {pid}, which has exited: a token "
-                "only works for the process it was issued to"
-            )
+        exited = Unauthenticated(
+            f"the caller token was issued to process {pid}, which has exited: a token "
+            "only works for the process it was issued to"
+        )
+        if binding.startswith("p"):
+            alive = self._alive(binding)
+            if alive is None:
+                raise Unauthenticated(
+                    "the caller token is no longer held by the daemon (too many at once): "
+                    "take a new one"
+                )
+            if not alive:
+                raise exited
+        elif int(binding[1:]) < 0 or _start_time(int(pid)) != int(binding[1:]):
+            raise exited
         groups = frozenset(int(g) for g in gl.split(",") if g)
         return Caller(int(uid), int(gid), int(pid), groups | {int(gid)})
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _exp in self._bound.values():
+                os.close(fd)
+            self._bound.clear()
+
+
+def peer_pidfd(conn: socket.socket) -> int | None:
+    """A pidfd of a connected unix socket's peer process (SO_PEERPIDFD, Linux >= 6.5); None
+    where the kernel has none (or the process is gone)."""
+    try:
+        return int(conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD))
+    except OSError:
+        return None
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int, tuple[int, ...]]:
@@ -225,8 +312,18 @@ class CredentialListener:
             with conn:
                 try:
                     pid, uid, gid, groups = peer_credentials(conn)
+                    token = self.book.issue(uid, gid, pid, groups, peer_pidfd(conn))
+                    if token is None:  # closed without one: the client goes anonymous
+                        log.info(
+                            "credentials socket: no token for pid %d (uid %d): the kernel has "
+                            "no SO_PEERPIDFD and its /proc/%d is not readable here",
+                            pid,
+                            uid,
+                            pid,
+                        )
+                        continue
                     conn.settimeout(0.2)
-                    conn.sendall(self.book.issue(uid, gid, pid, groups).encode() + b"\n")
+                    conn.sendall(token.encode() + b"\n")
                 except OSError as exc:
                     log.debug("credentials socket: client left early: %s", exc)
 

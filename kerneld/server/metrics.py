@@ -16,7 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
 from prometheus_client.core import GaugeMetricFamily
 
 from kerneld.config import SocketConfig
+from kerneld.hubapi.peers import identify_peer
 from kerneld.server.httpd import HttpListeners
+from kerneld.server.httphead import HttpLimits
 
 log = logging.getLogger("kerneld.metrics")
 
@@ -202,6 +204,12 @@ class Metrics:
         self.quarantine_max_bytes.set_function(part(2))
 
 
+#: A scraper or two: few workers and connections (the listener shares the unit's TasksMax).
+METRICS_LIMITS = HttpLimits(
+    workers=2, per_uid_workers=1, max_connections=64, per_uid_connections=16
+)
+
+
 class _Handler(MetricsHandler):
     def address_string(self) -> str:
         return "unix"
@@ -233,6 +241,8 @@ class MetricsServer:
             socket=None
             if socket_path is None
             else SocketConfig(socket_path, socket_mode, socket_group),
+            identify=identify_peer,
+            limits=METRICS_LIMITS,
         )
         self.where = self._listeners.where
 

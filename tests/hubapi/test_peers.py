@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.hubapi.peers import _sock_diag_uid, _table_uid, admit, tcp_peer_uid
+from kerneld.hubapi.peers import _sock_diag, _sock_diag_uid, _table_uid, admit, tcp_peer_uid
 from kerneld.server.identity import Caller
 
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
@@ -80,3 +80,27 @@ def test_admission_follows_the_user_sockets_owner_group_and_mode(tmp_path: Path)
         assert stat.S_IMODE(os.stat(sock_path).st_mode) == 0o600
     assert not admit(Caller(), sock_path).allowed  # an unknown owner is refused
     assert not admit(member, tmp_path / "gone.sock").allowed
+
+
+def test_a_client_that_closed_is_named_by_no_one_not_root() -> None:
+    """The client sends and closes before the server looks: the kernel still answers for its
+    end (an orphan or time-wait socket) but with uid 0 and no inode, which must not be read as
+    root: both lookups name no one."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    client = socket.create_connection(server.getsockname())
+    client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    accepted, address = server.accept()
+    ours = accepted.getsockname()[:2]
+    assert tcp_peer_uid(address[:2], ours) == os.geteuid()  # while it is open
+    client.close()
+    try:
+        answer = _sock_diag(address[:2], ours)
+        assert answer is not None and not answer.live
+        assert answer.inode == 0 or answer.state != 1, answer
+        assert tcp_peer_uid(address[:2], ours) is None
+        assert _table_uid(address[:2], ours, TABLES) is None
+    finally:
+        accepted.close()
+        server.close()
