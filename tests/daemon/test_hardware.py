@@ -162,11 +162,11 @@ def test_new_driver_gets_cuda_13(tmp_path: Path) -> None:
     assert "torch213-cxx11-cu130-x86_64-linux" in plan(hw)
 
 
-def test_amd_host_prefetches_exact_rocm(tmp_path: Path) -> None:
+def test_amd_host_prefetches_its_rocm_minor(tmp_path: Path) -> None:
     hw = detect(fakehosts.amd(tmp_path, rocm="6.4.1-83"), machine="x86_64")
     assert plan(hw) == {
         "torch213-cxx11-cpu-x86_64-linux",
-        "torch213-cxx11-rocm64-x86_64-linux",  # not rocm63: ROCm matches exactly
+        "torch213-cxx11-rocm64-x86_64-linux",  # rocm63 loads too; the newest minor wins
         "torch-cpu",
         "torch-rocm",
     }

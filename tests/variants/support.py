@@ -145,6 +145,11 @@ ALL_NAMES = [
     *MALFORMED,
     "torch2013-cpu-x86_64-linux",
     "torch213-rocm064-x86_64-linux",
+    # Spelled like a local backend with a two-digit minor (ROCm 7.14, CANN 8.10, XPU 2025.10),
+    # which `kernels` reads with a one-digit minor (ROCm 71.4, ...).
+    "torch210-cxx11-rocm714-x86_64-linux",
+    "torch28-cxx11-cann810-aarch64-linux",
+    "torch29-cxx11-xpu202510-x86_64-linux",
 ]
 
 # New-format names (`kernels` 0.19), crossed over every part, and malformed ones; EVERY_NAME

@@ -9,6 +9,7 @@ import pytest
 
 from kerneld_client.variants import (
     UNRECOGNISED,
+    Backend,
     PlatformFacts,
     arch_compatible,
     device_compatible,
@@ -27,8 +28,12 @@ from tests.variants.support import (
     F_TVM,
     F_WIN,
     F_XPU,
+    B,
     verdict,
 )
+
+F_ROCM714 = replace(F_ROCM, backend=Backend(B.ROCM, (7, 14)))
+F_CANN810 = replace(F_CANN, backend=Backend(B.CANN, (8, 10)))
 
 ACCEPT_TABLE: list[tuple[PlatformFacts, str, bool, str]] = [
     # CUDA: same major, variant minor <= local minor.
@@ -69,15 +74,20 @@ ACCEPT_TABLE: list[tuple[PlatformFacts, str, bool, str]] = [
     (F_CPU, "torch-stable-abi214-cpu-x86_64-linux", False, "stable ABI 2.14 is newer"),
     (F_CPU, "torch-stable-abi30-cpu-x86_64-linux", False, "stable ABI 3.0 is newer"),
     (F_NO_TORCH, "torch-stable-abi28-cpu-x86_64-linux", False, "which is not installed"),
-    # ROCm, XPU, CANN: exact.
+    # ROCm as CUDA (0.19.1; 0.17.2 wanted the exact version): same major, minor <= local.
     (F_ROCM, "torch210-cxx11-rocm64-x86_64-linux", True, ""),
-    (F_ROCM, "torch210-cxx11-rocm63-x86_64-linux", False, "ROCm 6.3 != local ROCm 6.4"),
-    (F_ROCM, "torch210-cxx11-rocm65-x86_64-linux", False, "ROCm 6.5 != local ROCm 6.4"),
+    (F_ROCM, "torch210-cxx11-rocm63-x86_64-linux", True, ""),
+    (F_ROCM, "torch210-cxx11-rocm65-x86_64-linux", False, "ROCm 6.5 is newer than the local"),
+    (F_ROCM, "torch210-cxx11-rocm71-x86_64-linux", False, "another major version"),
     (F_ROCM, "torch210-cxx11-rocm064-x86_64-linux", True, ""),
+    (F_ROCM714, "torch210-cxx11-rocm714-x86_64-linux", True, ""),
+    (F_ROCM714, "torch210-cxx11-rocm71-x86_64-linux", True, ""),
+    # XPU, CANN: the exact version, compared as versions (`cann810` is CANN 81.0).
     (F_XPU, "torch29-cxx11-xpu20253-x86_64-linux", True, ""),
     (F_XPU, "torch29-cxx11-xpu20252-x86_64-linux", False, "XPU 2025.2 != local XPU 2025.3"),
     (F_CANN, "torch28-cxx11-cann81-aarch64-linux", True, ""),
     (F_CANN, "torch28-cxx11-cann80-aarch64-linux", False, "CANN 8.0 != local CANN 8.1"),
+    (F_CANN810, "torch28-cxx11-cann810-aarch64-linux", False, "CANN 81.0 != local CANN 8.10"),
     # tvm-ffi: exact.
     (F_TVM, "tvm-ffi01-cu128-x86_64-linux", True, ""),
     (F_TVM, "tvm-ffi01-cu126-x86_64-linux", True, ""),
@@ -100,16 +110,20 @@ ACCEPT_TABLE: list[tuple[PlatformFacts, str, bool, str]] = [
     (F_CU130, "torch-cpu", False, "noarch backend cpu != local backend cuda"),
     (F_ROCM, "torch-rocm", True, ""),
     (F_XPU, "torch-xpu", True, ""),
-    (F_CANN, "torch-npu", True, ""),
-    (F_CANN, "torch-cann", False, "noarch backend cann != local backend npu"),
+    # A CANN machine loads `torch-cann` (0.19.1; 0.17.2 loaded `torch-npu` there).
+    (F_CANN, "torch-cann", True, ""),
+    (F_CANN, "torch-npu", False, "kernels >= 0.19 loads torch-cann on CANN"),
     (F_NO_TORCH, "torch-cpu", True, ""),
     (F_NO_TORCH, "torch-universal", True, ""),
-    # Free-threaded CPython < 3.15: noarch only.
-    (F_FT313, "torch213-cxx11-cu128-x86_64-linux", False, "free-threaded Python accepts only"),
+    # Free-threaded CPython never loads abi3, which every legacy arch name is (0.19.1; 0.17.2
+    # let 3.15+ load it): noarch names, or new-format abi3t ones.
+    (F_FT313, "torch213-cxx11-cu128-x86_64-linux", False, "cannot load on free-threaded"),
     (F_FT313, "torch-stable-abi210-cu128-x86_64-linux", False, "free-threaded"),
     (F_FT313, "torch-cuda", True, ""),
     (F_FT313, "torch-universal", True, ""),
-    (F_FT315, "torch213-cxx11-cpu-x86_64-linux", True, ""),
+    (F_FT315, "torch213-cxx11-cpu-x86_64-linux", False, "...-cpython-3.15-abi3t-..."),
+    (F_FT315, "torch-2.13-cxx11-cpu-cpython-3.15-abi3t-x86_64-linux", True, ""),
+    (F_FT315, "torch-cpu", True, ""),
     # Unrecognised.
     (F_CPU, "torch213-cxx11-cpu-x86_64", False, UNRECOGNISED),
 ]

@@ -9,8 +9,20 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kerneld_client.variants import PlatformFacts, decide, fingerprint
-from tests.variants.support import BACKEND_FACTS, EVERY_NAME, F_CPU, F_CU130, F_FT313, F_MAC, FACTS
+from kerneld_client.variants import Backend, PlatformFacts, best_variant, decide, fingerprint
+from tests.variants.support import (
+    BACKEND_FACTS,
+    EVERY_NAME,
+    F_CPU,
+    F_CU130,
+    F_FT313,
+    F_MAC,
+    FACTS,
+    B,
+)
+
+# Local ROCm versions around a `rocm63` build: older, equal, newer minor, next major.
+ROCM_VERSIONS = [(6, 2), (6, 3), (6, 4), (7, 0)]
 
 # Replacement values for any field: some change what `decide` reads, some do not.
 OVERRIDES = st.fixed_dictionaries(
@@ -68,6 +80,30 @@ def test_what_new_names_read_is_in() -> None:
     assert fingerprint(mlx.to_dict()) == fingerprint(F_MAC.to_dict()) + "-mlx"
     assert [d.accepted for d in decide(["mlx-metal"], mlx)] == [True]
     assert [d.accepted for d in decide(["mlx-metal"], F_MAC)] == [False]
+
+
+def test_what_legacy_verdicts_read_is_in() -> None:
+    """kerneld judges legacy names as `kernels` 0.19.1 does, which reads facts there that 0.17.2
+    did not: whether Python is free-threaded at 3.15+ (abi3 never loads), the local ROCm minor
+    (an older one loads) and CANN (`torch-cann`, not `torch-npu`). Each is in the fingerprint,
+    so a warm load never takes the pick of a platform that differs there."""
+    gil = replace(F_CPU, python_version=(3, 15, 0))
+    ft = replace(gil, free_threaded=True)
+    assert fingerprint(ft.to_dict()) == fingerprint(gil.to_dict()) + "t"
+    legacy = "torch213-cxx11-cpu-x86_64-linux"
+    assert [d.accepted for d in decide([legacy], gil)] == [True]
+    assert [d.accepted for d in decide([legacy], ft)] == [False]
+
+    rocm63 = "torch210-cxx11-rocm63-x86_64-linux"
+    rocm = [
+        replace(F_CPU, torch_version=(2, 10), backend=Backend(B.ROCM, v)) for v in ROCM_VERSIONS
+    ]
+    assert len({fingerprint(f.to_dict()) for f in rocm}) == len(ROCM_VERSIONS)
+    assert [decide([rocm63], f)[0].accepted for f in rocm] == [False, True, True, False]
+
+    cann = replace(F_CPU, torch_version=(2, 8), backend=Backend(B.CANN, (8, 1)))
+    assert "-cann8.1-" in fingerprint(cann.to_dict())
+    assert best_variant(["torch-npu", "torch-cann"], cann) == "torch-cann"
 
 
 def test_readable_and_unambiguous() -> None:

@@ -4,10 +4,11 @@ rejected for the same first failing fact.
 The drift tests run the real resolvers of `kernels` 0.17.2 and 0.19.1 (their
 `_resolve_variant_for_system`, which takes explicit facts), each in its own clean venv
 (release_resolvers.py), on the same names and facts, so a change on either side shows up here.
-Legacy names keep 0.17.2's verdicts exactly; every name is judged as 0.19.1 judges it, except
-the legacy names where 0.19.1 changed the rules (ROCm older minors, abi3 on free-threaded 3.15+,
-`torch-cann` for `torch-npu`): there kerneld keeps 0.17.2's verdict, and these tests check that
-each such difference is one of those.
+Every name is judged as 0.19.1, the newest release, judges it, with no exception. Legacy names
+get 0.17.2's verdicts too, except where 0.19.1 changed the rules for them (a ROCm build with an
+older minor, abi3 on free-threaded Python 3.15+, `torch-cann` for `torch-npu` on CANN, and
+backend versions compared as versions, not spellings): these tests check that each difference
+from 0.17.2 is one of those, and that the corpus shows each.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def compare(
     f: PlatformFacts,
     reference: dict[str, Any] | None = None,
 ) -> set[str]:
-    """Assert that we decide `names` as `resolver` does; the names where we keep `reference`'s
-    verdict instead (legacy names only, with `reference`, 0.17.2's answer) are returned."""
+    """Assert that we decide `names` as `resolver` does; the names where we follow
+    `reference`'s verdict instead (legacy names only, with `reference`, 0.19.1's answer when
+    `resolver` is 0.17.2's) are returned."""
     ours = decide(names, f)
     by_name = {d.variant: d for d in ours}
     # Feed `kernels` the names in our order: its sort is stable, so it returns our order
@@ -122,14 +124,14 @@ def compare(
 
     ours_accepted = {d.variant for d in ours if d.accepted}
     k_accepted = set(k["accepted"])
-    kept: set[str] = set()
+    followed_reference: set[str] = set()
     for name in ours_accepted ^ k_accepted:
         followed = reference is not None and _is_legacy(name)
         if followed:
             assert reference is not None
             followed = (name in reference["accepted"]) == (name in ours_accepted)
         assert followed, (resolver.release, name, by_name[name].reason, k["rejected"].get(name), f)
-        kept.add(name)
+        followed_reference.add(name)
     # The accepted names both accept come in the same order.
     both = ours_accepted & k_accepted
     assert [n for n in k["accepted"] if n in both] == [
@@ -138,29 +140,33 @@ def compare(
     assert sorted(k["accepted_reversed"]) == sorted(k["accepted"])
     # `kernels` 0.17.2 drops arch variants from its trace on free-threaded < 3.15; we list them.
     if dropped:
-        assert f.arch_variants_unsupported
+        assert f.free_threaded and f.python_version[:2] < (3, 15)
         assert all("free-threaded" in by_name[n].reason for n in dropped)
     # The first failing check is the same one (so the reason talks about the same fact); for a
-    # legacy name where we keep the reference's verdict, the reference's first failing check.
+    # legacy name where we follow the reference's rules, the reference's first failing check.
     for name, reason in k["rejected"].items():
-        if name in unrecognised or name in kept:
+        if name in unrecognised or name in followed_reference:
             continue
         ours_cat = _our_category(by_name[name].reason)
         allowed = {_kernels_category(reason)}
         if reference is not None and _is_legacy(name) and name in reference["rejected"]:
             allowed.add(_kernels_category(reference["rejected"][name]))
         assert ours_cat in allowed, (resolver.release, name, by_name[name].reason, reason)
-    ours_rejected = {d.variant for d in ours if not d.accepted} - unparsable - dropped - kept
-    assert ours_rejected == set(k["rejected"]) - kept
-    return kept
+    ours_rejected = {d.variant for d in ours if not d.accepted} - unparsable - dropped
+    assert ours_rejected - followed_reference == set(k["rejected"]) - followed_reference
+    return followed_reference
 
 
 def compare_both(resolvers: Resolvers, names: list[str], f: PlatformFacts) -> set[str]:
-    """Legacy names exactly as 0.17.2; all names as 0.19.1 but where we keep 0.17.2's verdict."""
+    """Every name exactly as 0.19.1; the legacy names as 0.17.2 but where 0.19.1 differs from
+    it (those names are returned)."""
+    assert not compare(resolvers["0.19.1"], names, f)
     legacy = [n for n in names if n in set(ALL_NAMES) or _is_legacy(n)]
-    reference = resolvers["0.17.2"].judge(legacy, f.to_dict())
-    assert not compare(resolvers["0.17.2"], legacy, f)
-    return compare(resolvers["0.19.1"], names, f, reference)
+    reference = resolvers["0.19.1"].judge(legacy, f.to_dict())
+    differs = compare(resolvers["0.17.2"], legacy, f, reference)
+    for name in differs:
+        assert _why_0191_differs_from_0172(name, f) is not None, (name, f)
+    return differs
 
 
 F_PY312 = facts(python_version=(3, 12, 4), backend=cuda(12, 8))
@@ -177,7 +183,9 @@ DRIFT_FACTS = {
     "rocm64-torch210": F_ROCM,
     "rocm714-torch210": F_ROCM714,
     "xpu20253-torch29": F_XPU,
+    "xpu202510-torch29": replace(F_XPU, backend=Backend(B.XPU, (2025, 10))),
     "cann81-torch28": F_CANN,
+    "cann810-torch28": replace(F_CANN, backend=Backend(B.CANN, (8, 10))),
     "metal-macos26": F_MAC,
     "metal-macos26-mlx": replace(F_MAC, mlx=True),
     "metal-macos15": F_OLD_MAC,
@@ -219,21 +227,50 @@ def test_same_decisions_as_kernels(release_resolvers: Resolvers, key: str) -> No
     compare_both(release_resolvers, EVERY_NAME, DRIFT_FACTS[key])
 
 
-def test_where_we_keep_0172s_verdict(release_resolvers: Resolvers) -> None:
-    """The legacy names where 0.19.1 differs from 0.17.2 (and we follow 0.17.2) are exactly
-    the three rule changes of 0.19.1, each of which the corpus shows."""
-    kept = {key: compare_both(release_resolvers, EVERY_NAME, f) for key, f in DRIFT_FACTS.items()}
-    for key, names in kept.items():
-        f = DRIFT_FACTS[key]
+def _why_0191_differs_from_0172(name: str, f: PlatformFacts) -> str | None:
+    """Which of 0.19.1's rule changes makes it judge the legacy `name` otherwise than 0.17.2 on
+    `f`, or None when none applies."""
+    parsed = parse_variant(name)
+    if not (isinstance(parsed, Variant) and parsed.legacy):
+        return None
+    local, backend = f.backend, parsed.backend
+    if parsed.is_arch and f.free_threaded and f.python_version[:2] >= (3, 15):
+        return "abi3 on free-threaded Python"  # 0.17.2 let 3.15+ load abi3; 0.19.1 never
+    if name in ("torch-npu", "torch-cann") and local.type is B.CANN:
+        return "CANN noarch"  # 0.17.2 loads torch-npu there, 0.19.1 torch-cann
+    if not parsed.is_arch or backend is None or backend.type is not local.type:
+        return None
+    assert backend.version is not None and local.version is not None
+    if backend.token == local.token and backend.version != local.version:
+        return "spelling"  # `cann810`: 0.17.2 compared spellings, 0.19.1 reads CANN 81.0
+    same_major = backend.version[0] == local.version[0]
+    if local.type is B.ROCM and same_major and backend.version[1] < local.version[1]:
+        return "older ROCm minor"  # 0.19.1 treats ROCm as CUDA
+    return None
+
+
+def test_where_we_differ_from_0172(release_resolvers: Resolvers) -> None:
+    """kerneld agrees with 0.19.1 on every verdict; the legacy names where it (with 0.19.1)
+    differs from 0.17.2 are exactly those 0.19.1's rule changes explain, and the corpus shows
+    each change."""
+    differs = {
+        key: compare_both(release_resolvers, EVERY_NAME, f) for key, f in DRIFT_FACTS.items()
+    }
+    seen: dict[str, set[str]] = {}
+    for key, names in differs.items():
         for name in names:
-            parsed = parse_variant(name)
-            assert isinstance(parsed, Variant) and parsed.legacy, name
-            rocm = parsed.backend is not None and parsed.backend.type is B.ROCM
-            cann_noarch = name in ("torch-npu", "torch-cann") and f.backend.type is B.CANN
-            abi3_ft = f.free_threaded and parsed.is_arch
-            assert rocm or cann_noarch or abi3_ft, (key, name)
-    assert kept["rocm64-torch210"] and kept["cann81-torch28"] and kept["free-threaded-315"]
-    assert not kept["cpu-torch213-linux"] and not kept["cu128-torch29"]
+            why = _why_0191_differs_from_0172(name, DRIFT_FACTS[key])
+            assert why is not None, (key, name)
+            seen.setdefault(why, set()).add(key)
+    assert seen == {
+        "older ROCm minor": {"rocm64-torch210"},
+        "abi3 on free-threaded Python": {"free-threaded-315", "free-threaded-316-cu130"},
+        "CANN noarch": {"cann81-torch28", "cann810-torch28"},
+        "spelling": {"xpu202510-torch29", "cann810-torch28"},
+    }, seen
+    # `rocm714` is ROCm 7.14 for 0.19.1 too (its one exception to the one-digit minor).
+    assert not differs["rocm714-torch210"]
+    assert not differs["cpu-torch213-linux"] and not differs["cu128-torch29"]
 
 
 @pytest.mark.parametrize("key", ["cpu-torch213-linux", "cu128-torch213-py312", "metal-macos26-mlx"])
@@ -310,6 +347,4 @@ FUZZ_NAMES = st.lists(
 def test_fuzz_same_decisions_as_kernels(
     release_resolvers: Resolvers, names: list[str], f: PlatformFacts
 ) -> None:
-    if f.backend.type is B.NPU:
-        return
     compare_both(release_resolvers, names, f)

@@ -76,6 +76,10 @@ PARSE_TABLE = [
     ("torch2013-cpu-x86_64-linux", dict(torch_version=(2, 13))),
     ("torch213-cu1210-x86_64-linux", dict(backend=cuda(121, 0))),
     ("torch213-rocm700-x86_64-linux", dict(backend=Backend(B.ROCM, (70, 0)))),
+    # ... except `rocm714`, which 0.19.1 reads as ROCm 7.14 (`rocm7140` is 714.0 again).
+    ("torch210-cxx11-rocm714-x86_64-linux", dict(backend=Backend(B.ROCM, (7, 14)))),
+    ("torch210-cxx11-rocm7140-x86_64-linux", dict(backend=Backend(B.ROCM, (714, 0)))),
+    ("torch29-cxx11-xpu202510-x86_64-linux", dict(backend=Backend(B.XPU, (20251, 0)))),
     # Legacy arch names are implicitly cpython-3.9-abi3.
     ("torch213-cpu-x86_64-linux", dict(legacy=True, python_min=(3, 9), python_abi=PythonAbi.ABI3)),
     # kernels 0.19's format: dotted versions, full backend names, a minimum Python and its ABI.
@@ -184,6 +188,8 @@ def test_parse_is_total_on_near_misses(name: str) -> None:
 def test_parse_backend() -> None:
     assert parse_backend("cu128") == cuda(12, 8)
     assert parse_backend("rocm64") == Backend(B.ROCM, (6, 4))
+    assert parse_backend("rocm714") == Backend(B.ROCM, (7, 14))
+    assert parse_backend("rocm714").token == "rocm714"
     assert parse_backend("xpu20253") == Backend(B.XPU, (2025, 3))
     assert parse_backend("cann81").label == "CANN 8.1"
     assert parse_backend("cu130").token == "cu130"

@@ -4,10 +4,9 @@ The client and the daemon must agree on which folder under `build/` a process ca
 fast path and the RPC path would pick different kernels. Both call `decide()` with explicit
 `PlatformFacts`, so the daemon can rank variants for a process whose torch it never imports.
 
-The rules are those of the `kernels` package: 0.17.2's verdicts for the legacy names (see
-REFERENCE.md section 2), 0.19.1's for the new-format, SDK and MLX names and its preference for
-all (`choice`); where a page and the package differ, the package wins, so kerneld chooses the
-same variant `kernels` would.
+The rules are those of the newest `kernels` release, 0.19.1: its verdicts and its preference
+for every name, legacy, new-format, SDK and MLX (`choice`); where a page and the package
+differ, the package wins, so kerneld chooses the same variant `kernels` would.
 Nothing here imports torch, protobuf or grpc: the protobuf conversion lives in `wire`.
 
 Nothing is imported with the package itself: each name is imported from its submodule on first

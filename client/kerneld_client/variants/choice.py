@@ -1,9 +1,9 @@
 """Acceptance and preference: which variants a process can load, and the best of them.
 
-The rules of the `kernels` package, so kerneld picks the folder `kernels` would: a legacy name
-is judged as `kernels` 0.17.2 judges it, a new-format name (`cpython-...`, `sdk...`, `mlx-...`)
-as 0.19.1 does, and all of them are ranked with 0.19.1's preference (which orders the legacy
-names as 0.17.2 does).
+The rules of the newest `kernels` release, 0.19.1, for every name, legacy and new-format
+alike, so kerneld picks the folder `kernels` would. Its preference orders the legacy names as
+0.17.2 does; its verdicts on legacy names differ from 0.17.2's in a few places where 0.19.1
+changed the rules (docs/kernels-compatibility.md, "Build variants"), and kerneld follows 0.19.1.
 """
 
 from __future__ import annotations
@@ -43,11 +43,16 @@ def _missing(what: str, version: tuple[int, int], tool: str) -> str:
 
 
 def _python_reason(v: Variant, facts: PlatformFacts) -> str | None:
-    """0.19.1's `_python_mismatch`: abi3 never loads on free-threaded CPython, and the name's
-    `cpython-M.m` is a minimum."""
+    """0.19.1's `_python_mismatch`: abi3 never loads on free-threaded CPython (a legacy arch
+    name is implicitly `cpython-3.9-abi3`), and the name's `cpython-M.m` is a minimum."""
     if v.python_min is None:
         return None
     if v.python_abi is PythonAbi.ABI3 and facts.free_threaded:
+        if v.legacy:
+            return (
+                "Python abi3 (every legacy arch name) cannot load on free-threaded Python: "
+                "use a GIL-enabled Python or a build named ...-cpython-3.15-abi3t-..."
+            )
         return "Python abi3 cannot load on free-threaded Python (abi3t is needed)"
     if facts.python_version[:2] < v.python_min:
         local = dotted(facts.python_version[:2])
@@ -93,7 +98,8 @@ def _framework_reason(v: Variant, facts: PlatformFacts) -> str | None:
 
 
 def _minor_compatible(backend: Backend, local: Backend) -> str | None:
-    """Same major, minor <= local (CUDA in both releases; ROCm in new-format names)."""
+    """Same major, minor <= local (CUDA and ROCm). A legacy token is read with its minor the
+    last digit, as `kernels` does: `rocm714` is ROCm 71.4, never a local 7.14."""
     assert backend.version is not None
     if local.version is None:
         return f"{backend.label} cannot be checked against the local {local.label}"
@@ -111,37 +117,29 @@ def _metal_reason(facts: PlatformFacts) -> str | None:
     return None
 
 
-def _backend_reason(backend: Backend, facts: PlatformFacts, *, legacy: bool) -> str | None:
-    """The backend check of an arch (or compiled SDK) name: 0.17.2's for legacy names (ROCm,
-    XPU, CANN by token), 0.19.1's `_backend_mismatch` for new ones (ROCm like CUDA)."""
+_MINOR_COMPATIBLE = (BackendType.CUDA, BackendType.ROCM)
+
+
+def _backend_reason(backend: Backend, facts: PlatformFacts) -> str | None:
+    """0.19.1's `_backend_mismatch`, for legacy and new names alike: CUDA and ROCm accept the
+    same major and an older or equal minor; the others (XPU, CANN, ...) their backend and
+    version exactly, compared as versions (0.17.2 compared spellings: `cann810` matched a local
+    CANN 8.10, where 0.19.1 reads it as CANN 81.0)."""
     local = facts.backend
-    if local.type is BackendType.CUDA and backend.type is BackendType.CUDA:
+    if backend.type is local.type and local.type in _MINOR_COMPATIBLE:
         return _minor_compatible(backend, local)
-    if not legacy and local.type is BackendType.ROCM and backend.type is BackendType.ROCM:
-        return _minor_compatible(backend, local)
-    # Legacy: token equality, as in 0.17.2 (so `rocm710` matches a local ROCm 7.10);
-    # new: the backend and its version, as 0.19.1 compares them.
-    if (backend.token != local.token) if legacy else (backend != local):
+    if backend != local:
         return f"{backend.label} != local {local.label}"
     if backend.type is BackendType.METAL:
         return _metal_reason(facts)
     return None
 
 
-def _legacy_arch_reason(v: Variant, facts: PlatformFacts) -> str | None:
-    """A legacy arch name, with the checks of 0.17.2 in its order."""
-    assert v.backend is not None
-    if facts.arch_variants_unsupported:
-        return "free-threaded Python accepts only noarch variants"
-    reason = _system_reason(v, facts) or _framework_reason(v, facts)
-    return reason or _backend_reason(v.backend, facts, legacy=True)
-
-
-def _new_arch_reason(v: Variant, facts: PlatformFacts) -> str | None:
-    """A new-format arch name, with the checks of 0.19.1 in its order."""
+def _arch_reason(v: Variant, facts: PlatformFacts) -> str | None:
+    """An arch name, legacy or new, with the checks of 0.19.1 in its order."""
     assert v.backend is not None
     reason = _python_reason(v, facts) or _system_reason(v, facts) or _framework_reason(v, facts)
-    return reason or _backend_reason(v.backend, facts, legacy=False)
+    return reason or _backend_reason(v.backend, facts)
 
 
 def _sdk_reason(v: Variant, facts: PlatformFacts) -> str | None:
@@ -156,7 +154,7 @@ def _sdk_reason(v: Variant, facts: PlatformFacts) -> str | None:
                 local = facts.backend.type.value
                 return f"SDK backend {v.backend.type.value} != local backend {local}"
         else:
-            reason = _backend_reason(v.backend, facts, legacy=False)
+            reason = _backend_reason(v.backend, facts)
     return reason
 
 
@@ -167,8 +165,11 @@ def _reject_reason(v: Variant, facts: PlatformFacts) -> str | None:
         return None
     if v.kind is VariantKind.NOARCH:
         assert v.backend is not None
-        if v.backend.type.value != local.noarch_name:
-            return f"noarch backend {v.backend.type.value} != local backend {local.noarch_name}"
+        if v.backend.type is not local.type:
+            reason = f"noarch backend {v.backend.type.value} != local backend {local.type.value}"
+            if v.backend.type is BackendType.NPU and local.type is BackendType.CANN:
+                reason += " (kernels >= 0.19 loads torch-cann on CANN; torch-npu was its old name)"
+            return reason
         return None
     if v.kind is VariantKind.MLX_NOARCH:
         if not facts.mlx:
@@ -178,7 +179,7 @@ def _reject_reason(v: Variant, facts: PlatformFacts) -> str | None:
         return None
     if v.kind is VariantKind.SDK:
         return _sdk_reason(v, facts)
-    return _legacy_arch_reason(v, facts) if v.legacy else _new_arch_reason(v, facts)
+    return _arch_reason(v, facts)
 
 
 _RANKED_BACKENDS = (BackendType.CUDA, BackendType.ROCM, BackendType.XPU, BackendType.CANN)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kerneld_client.variants.names import (
-    FREE_THREADED_ABI3_MIN_PYTHON,
     NOARCH_NAMES,
     VERSION_PREFIX,
     Backend,
@@ -104,12 +103,6 @@ class PlatformFacts:
                 raise ValueError(f"{name} must be (major, minor), got {value!r}")
         if len(self.python_version) != 3:
             raise ValueError(f"python_version must be (major, minor, micro): {self.python_version}")
-
-    @property
-    def arch_variants_unsupported(self) -> bool:
-        """Free-threaded CPython < 3.15 cannot load the abi3 extensions of arch variants (the
-        rule `kernels` 0.17.2 applies to legacy names)."""
-        return self.free_threaded and self.python_version[:2] < FREE_THREADED_ABI3_MIN_PYTHON
 
     def with_backend(self, requested: str | None) -> PlatformFacts:
         """Facts for an explicit `backend=` request, with the rules of `kernels`.

@@ -10,7 +10,8 @@ the facts a client sent, the client from its detection, which produces that form
 building `PlatformFacts` (`kerneld_client.platform`). What `decide()` does not read is left out
 (device capabilities, checked before import; the Python micro version; whether the backend was
 asked for explicitly), so platforms that differ only there share their picks. The Python
-major.minor is always in it: a new-format name (`cpython-3.12-abi3`) names a minimum Python.
+major.minor is always in it: a new-format name (`cpython-3.12-abi3`) names a minimum Python;
+and whether it is free-threaded (`t`): abi3, every legacy arch name, never loads there.
 Example::
 
     torch2.13-cxx11-cuda13.0-x86_64-linux-py3.12   (py3.13t when free-threaded; + -macos26,

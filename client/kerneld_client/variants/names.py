@@ -24,8 +24,8 @@ from kerneld_client.variants.versions import dotted
 
 #: The rejection reason of a folder name that is not a build variant at all.
 UNRECOGNISED = "unrecognised variant name"
-#: Free-threaded CPython before this version cannot load abi3 extensions (arch variants).
-FREE_THREADED_ABI3_MIN_PYTHON = (3, 15)
+#: The free-threaded stable ABI (`abi3t`, PEP 803) needs at least this Python.
+ABI3T_MIN_PYTHON = (3, 15)
 #: Metal kernels are built with `-std=metal4.0`, which needs this macOS major version.
 METAL_MIN_MACOS = 26
 #: The minimum Python of a legacy arch name (`kernels`: implicitly `cpython-3.9-abi3`).
@@ -75,7 +75,8 @@ class BackendType(str, enum.Enum):
     METAL = "metal"
     NEURON = "neuron"
     TPU = "tpu"
-    # Only a noarch name (`torch-npu`): the noarch spelling of a CANN machine.
+    # Only a noarch name (`torch-npu`): what `kernels` before 0.19 loaded on a CANN machine,
+    # which 0.19.1 rejects there (it loads `torch-cann`); parsed so the reason can say so.
     NPU = "npu"
 
 
@@ -99,8 +100,8 @@ _LABEL: dict[BackendType, str] = {
 }
 # Unversioned backend tokens allowed in arch variant names (`npu` is noarch-only).
 _PLAIN_ARCH_TOKENS = {"cpu", "metal", "neuron", "tpu"}
-# Recognised `torch-<name>` noarch names (`torch-cann` parses but never matches, as in `kernels`:
-# a CANN machine loads `torch-npu`).
+# Recognised `torch-<name>` noarch names: a backend's own name matches it (a CANN machine loads
+# `torch-cann`, as in `kernels` 0.19.1); `torch-npu` parses but never matches.
 NOARCH_NAMES = {t.value for t in BackendType}
 
 
@@ -137,11 +138,6 @@ class Backend:
         return f"{self.type.value}-{dotted(self.version)}"
 
     @property
-    def noarch_name(self) -> str:
-        """The `torch-<name>` noarch variant this backend loads (CANN loads `torch-npu`)."""
-        return BackendType.NPU.value if self.type is BackendType.CANN else self.type.value
-
-    @property
     def label(self) -> str:
         """Human spelling for messages: `CUDA 13.0`, `CPU`."""
         name = _LABEL[self.type]
@@ -161,7 +157,7 @@ class Variant:
     stable-ABI variant. `backend` is None for `torch-universal`, `mlx-universal` and the SDK
     builds that name none. `cpu`/`os` are set for arch variants and compiled SDK builds;
     `python_min`/`python_abi` too (`cpython-3.9-abi3` for every legacy arch name). `legacy`:
-    the name is in the format `kernels` 0.17.2 knows, judged by its rules.
+    the name is in the format `kernels` 0.17.2 knows (judged, like every name, by 0.19.1's rules).
     """
 
     name: str
@@ -254,8 +250,10 @@ _NEW_STABLE_RE = re.compile(r"torch-stable-abi-([0-9]+)\.([0-9]+)")
 _TVM_FFI_RE = re.compile(r"tvm-ffi([0-9])([0-9]+)")
 _NEW_TVM_FFI_RE = re.compile(r"tvm-ffi-([0-9]+)\.([0-9]+)")
 _DOTTED_RE = re.compile(r"([0-9]+)\.([0-9]+)")
-# Greedy major: the minor is the last digit only (`cu1210` is 121.0, as in `kernels` 0.17.2).
+# Greedy major: the minor is the last digit only (`cu1210` is 121.0, as in `kernels`).
 _VERSIONED_RE = re.compile(r"(cu|rocm|xpu|cann)([0-9]+)([0-9])")
+# The exception `kernels` 0.19.1 makes: `rocm714` is ROCm 7.14, not 71.4.
+_TWO_DIGIT_MINOR_TOKENS = {"rocm714": (7, 14)}
 _PREFIX_TYPE = {prefix: t for t, prefix in VERSION_PREFIX.items()}
 _VERSIONED_NAMES = {t.value: t for t in VERSION_PREFIX}
 
@@ -279,7 +277,8 @@ def parse_backend(token: str) -> Backend:
     m = _VERSIONED_RE.fullmatch(token)
     if m is None:
         raise ValueError(f"unknown backend token {token!r}")
-    return Backend(_PREFIX_TYPE[m.group(1)], _two(m.group(2), m.group(3)))
+    version = _TWO_DIGIT_MINOR_TOKENS.get(token) or _two(m.group(2), m.group(3))
+    return Backend(_PREFIX_TYPE[m.group(1)], version)
 
 
 def parse_new_backend(parts: list[str]) -> Backend:
@@ -311,7 +310,7 @@ def _split_python(parts: list[str]) -> tuple[list[str], tuple[int, int], PythonA
         abi = PythonAbi(tail[2])
     except ValueError:
         raise ValueError(f"unknown Python ABI {tail[2]!r}") from None
-    if abi is PythonAbi.ABI3T and version < FREE_THREADED_ABI3_MIN_PYTHON:
+    if abi is PythonAbi.ABI3T and version < ABI3T_MIN_PYTHON:
         raise ValueError(f"abi3t needs Python >= 3.15, the name says {dotted(version)}")
     return parts[:i], version, abi
 
