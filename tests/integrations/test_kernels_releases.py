@@ -200,3 +200,8 @@ def test_every_public_name_has_the_release_signature(
         for problem in _compare(name, both["kernels"], both["kerneld"])
     ]
     assert problems == []
+    # every accepted difference is in the release's table, with its reason
+    from tests.client.test_kernels_names import documented
+
+    listed = documented(f"kernels {release}")
+    assert {name for name, _ in ACCEPTED} <= listed, listed
