@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "KernelFallbackWarning": "kerneld_client._config",
     "CorruptTree": "kerneld_client.errors",
     "DaemonUnavailable": "kerneld_client.errors",
+    "DependencyMissing": "kerneld_client.errors",
     "KernelDenied": "kerneld_client.errors",
     "KernelError": "kerneld_client.errors",
     "KernelLoadError": "kerneld_client.errors",
@@ -105,6 +106,7 @@ __all__ = [
     "CorruptTree",
     "DaemonUnavailable",
     "Decision",
+    "DependencyMissing",
     "Device",
     "FallbackPolicy",
     "FuncRepository",
@@ -176,6 +178,7 @@ if TYPE_CHECKING:
     from kerneld_client.errors import (
         CorruptTree,
         DaemonUnavailable,
+        DependencyMissing,
         KernelDenied,
         KernelError,
         KernelLoadError,

@@ -152,3 +152,8 @@ class CorruptTree(KernelLoadError):
     """Under `KERNELD_VERIFY=1`: the kernel's files on disk no longer match the digests the
     store published (a disk fault, or tampering by whoever can write the store). Nothing of it
     was imported."""
+
+
+class DependencyMissing(KernelLoadError, ValueError):
+    """The build declares a Python dependency (`python-depends`) this interpreter does not
+    have: refused before any of its code runs, with the ValueError `kernels` raises for it."""

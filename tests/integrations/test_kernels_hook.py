@@ -74,6 +74,13 @@ def test_a_denied_kernel_is_not_fetched_by_kernels(
     assert has["value"] is False
     assert hub.total() == 0, dict(hub.counts)  # nothing went around the deny
 
+    # A layer mapped to the denied kernel keeps its PyTorch forward: one warning, the reason.
+    out = run_child("_kernels_child", {"steps": [{"op": "kernelize", "version": 1}]}, env)
+    assert out["steps"][0].get("swapped") is False, out["steps"]
+    warned = [x for x in out["stderr"].splitlines() if ": KernelFallbackWarning: " in x]
+    assert len(warned) == 1 and ACTIVATION in warned[0] and "advisory 7" in warned[0], warned
+    assert hub.total() == 0, dict(hub.counts)
+
 
 @pytest.mark.slow
 def test_daemon_down_falls_back_to_kernels(

@@ -14,6 +14,7 @@ from typing import Any
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
+    DependencyMissing,
     KernelDenied,
     KernelError,
     NoCompatibleVariant,
@@ -57,9 +58,11 @@ def fall_back(
     if _config.require() or policy is FallbackPolicy.ERROR:
         raise error
     # Final: the admin's deny, no build for this platform, and what the daemon learnt from the
-    # upstream (no such revision, an untrusted publisher): the Hub would say the same, or
-    # serve what the admin refused.
-    final_terms = isinstance(error, KernelDenied | NoCompatibleVariant | RevisionNotFound)
+    # upstream (no such revision, an untrusted publisher), a Python dependency this job lacks:
+    # the Hub would say the same, or serve what the admin refused.
+    final_terms = isinstance(
+        error, KernelDenied | NoCompatibleVariant | RevisionNotFound | DependencyMissing
+    )
     if policy is FallbackPolicy.HUB and hub_allowed and not final_terms:
         from kerneld_client import _hub
 
