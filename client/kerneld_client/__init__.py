@@ -35,7 +35,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _EXPORTS: dict[str, str] = {
     "LoadedKernel": "kerneld_client.loader",
     "get_kernel": "kerneld_client.loader",
-    "get_kernel_variants": "kerneld_client.loader",
+    "get_kernel_variants": "kerneld_client.variant_verdicts",
     "get_loaded_kernels": "kerneld_client.loader",
     "get_local_kernel": "kerneld_client.loader",
     "get_locked_kernel": "kerneld_client.loader",
@@ -44,18 +44,20 @@ _EXPORTS: dict[str, str] = {
     "loaded_kernels": "kerneld_client.loader",
     "get_kernel_dep": "kerneld_client._deps",
     "report_suspect": "kerneld_client._report",
-    "RepoInfo": "kerneld_client._types",
+    "RepoInfo": "kerneld_client.repo_info",
     "SuspectReport": "kerneld_client._types",
     "FallbackPolicy": "kerneld_client.loading.fallback",
     "KernelFallbackWarning": "kerneld_client._config",
     "CorruptTree": "kerneld_client.errors",
     "DaemonUnavailable": "kerneld_client.errors",
+    "DependencyMissing": "kerneld_client.errors",
     "KernelDenied": "kerneld_client.errors",
     "KernelError": "kerneld_client.errors",
     "KernelLoadError": "kerneld_client.errors",
     "KernelNotFound": "kerneld_client.errors",
     "KernelUnavailable": "kerneld_client.errors",
     "NoCompatibleVariant": "kerneld_client.errors",
+    "RevisionNotFound": "kerneld_client.errors",
     "UntrustedPath": "kerneld_client.errors",
     "UntrustedPublisher": "kerneld_client.errors",
     "VariantReason": "kerneld_client.errors",
@@ -86,13 +88,25 @@ _EXPORTS: dict[str, str] = {
     "use_kernel_func_from_hub": "kerneld_client.layers",
     "use_kernel_mapping": "kerneld_client.layers",
     "use_kernelized_func": "kerneld_client.layers",
+    # the rest of `kernels`' public names (issue 40)
+    "Benchmark": "kerneld_client.benchmark",
+    "Metadata": "kerneld_client.kernel_metadata",
+    "VariantAccepted": "kerneld_client.variant_verdicts",
+    "VariantRejected": "kerneld_client.variant_verdicts",
+    "install_kernel": "kerneld_client.install",
+    "KernelizedFunc": "kerneld_client.layers",
+    "KernelizedLayer": "kerneld_client.layers",
+    "KernelizedLayers": "kerneld_client.layers",
+    "get_kernelized_layers": "kerneld_client.layers",
 }
 
 __all__ = [
+    "Benchmark",
     "CUDAProperties",
     "CorruptTree",
     "DaemonUnavailable",
     "Decision",
+    "DependencyMissing",
     "Device",
     "FallbackPolicy",
     "FuncRepository",
@@ -104,30 +118,39 @@ __all__ = [
     "KernelUnavailable",
     "KernelizeFallback",
     "KernelizeReport",
+    "KernelizedFunc",
+    "KernelizedLayer",
+    "KernelizedLayers",
     "LayerRepository",
     "LoadedKernel",
     "LocalFuncRepository",
     "LocalLayerRepository",
     "LockedFuncRepository",
     "LockedLayerRepository",
+    "Metadata",
     "Mode",
     "NoCompatibleVariant",
     "PlatformFacts",
     "ROCMProperties",
     "RepoInfo",
+    "RevisionNotFound",
     "SuspectReport",
     "UntrustedPath",
     "UntrustedPublisher",
+    "VariantAccepted",
     "VariantReason",
+    "VariantRejected",
     "VersionNotFound",
     "__version__",
     "get_kernel",
     "get_kernel_dep",
     "get_kernel_variants",
+    "get_kernelized_layers",
     "get_loaded_kernels",
     "get_local_kernel",
     "get_locked_kernel",
     "has_kernel",
+    "install_kernel",
     "kernelize",
     "kernelize_report",
     "load_kernel",
@@ -150,25 +173,33 @@ if TYPE_CHECKING:
     from kerneld_client._config import KernelFallbackWarning
     from kerneld_client._deps import get_kernel_dep
     from kerneld_client._report import report_suspect
-    from kerneld_client._types import RepoInfo, SuspectReport
+    from kerneld_client._types import SuspectReport
+    from kerneld_client.benchmark import Benchmark
     from kerneld_client.errors import (
         CorruptTree,
         DaemonUnavailable,
+        DependencyMissing,
         KernelDenied,
         KernelError,
         KernelLoadError,
         KernelNotFound,
         KernelUnavailable,
         NoCompatibleVariant,
+        RevisionNotFound,
         UntrustedPath,
         UntrustedPublisher,
         VariantReason,
         VersionNotFound,
     )
+    from kerneld_client.install import install_kernel
+    from kerneld_client.kernel_metadata import Metadata
     from kerneld_client.layers import (
         CUDAProperties,
         Device,
         FuncRepository,
+        KernelizedFunc,
+        KernelizedLayer,
+        KernelizedLayers,
         KernelizeFallback,
         KernelizeReport,
         LayerRepository,
@@ -178,6 +209,7 @@ if TYPE_CHECKING:
         LockedLayerRepository,
         Mode,
         ROCMProperties,
+        get_kernelized_layers,
         kernelize,
         kernelize_report,
         register_kernel_mapping,
@@ -191,7 +223,6 @@ if TYPE_CHECKING:
     from kerneld_client.loader import (
         LoadedKernel,
         get_kernel,
-        get_kernel_variants,
         get_loaded_kernels,
         get_local_kernel,
         get_locked_kernel,
@@ -201,6 +232,12 @@ if TYPE_CHECKING:
     )
     from kerneld_client.loading.fallback import FallbackPolicy
     from kerneld_client.platform import platform_facts, set_platform_facts
+    from kerneld_client.repo_info import RepoInfo
+    from kerneld_client.variant_verdicts import (
+        VariantAccepted,
+        VariantRejected,
+        get_kernel_variants,
+    )
     from kerneld_client.variants import Decision, PlatformFacts
 
 

@@ -1,7 +1,8 @@
 """The client's knobs, read from the environment on every call (cheap; tests and launchers change
 them between calls), and the once-per-kernel fallback warning.
 
-    KERNELD_FALLBACK        torch (default) | hub | error: what a failed load does
+    KERNELD_FALLBACK        torch (default; hub with the `kernels` hook) | hub | error: what a
+                            failed load does
     KERNELD_REQUIRE=1       every fallback becomes an error (fail hard)
     KERNELD_TIMEOUT         seconds for a daemon call that downloads nothing (default 1)
     KERNELD_FETCH_TIMEOUT   seconds for a daemon call that may download (default 300)
@@ -60,11 +61,14 @@ __all__ = [
     "fallback_policy",
     "fetch_timeout_s",
     "flag",
+    "hooked",
     "hub_cache_dir",
     "is_off",
+    "kernels_logger",
     "raw",
     "ref_max_age_s",
     "require",
+    "set_hooked",
     "store_owner_uid",
     "timeout_s",
     "verify_trees",
@@ -113,16 +117,39 @@ class KernelFallbackWarning(RuntimeWarning):
     """A kernel could not be loaded through kerneld and a fallback was used instead."""
 
 
+#: Set by the `kernels` hook while it serves the `kernels` package (None: not hooked): the
+#: logger names of that release (`versions`, `kernelize`), where records `kernels` writes go.
+_hooked: dict[str, str] | None = None
+
+
+def set_hooked(loggers: dict[str, str] | None) -> None:
+    """The `kernels` hook is on (with that release's logger names) or off (None)."""
+    global _hooked
+    _hooked = loggers
+
+
+def hooked() -> bool:
+    """Whether this process's `kernels` package is served by kerneld (the start-up hook)."""
+    return _hooked is not None
+
+
+def kernels_logger(kind: str, default: str) -> str:
+    """Where a record `kernels` also writes goes: `kernels`' logger of that `kind` when the
+    hook serves `kernels`, else `default` (kerneld_client's)."""
+    return _hooked.get(kind, default) if _hooked is not None else default
+
+
 def fallback_policy(explicit: str | None = None) -> str:
     """The name of this call's policy: the keyword (a name or a `FallbackPolicy`), else
-    $KERNELD_FALLBACK, else `torch`.
+    $KERNELD_FALLBACK, else `torch` (`hub` while the `kernels` hook serves `kernels`, whose
+    own code would download from the Hub).
 
     ValueError for an unknown name (a configuration error is not a kernel failure).
     """
     value = explicit if explicit is not None else os.environ.get(ENV_FALLBACK, "").strip()
     name = getattr(value, "value", value)  # a FallbackPolicy member is a str: its value
     if not name:
-        return "torch"
+        return "hub" if _hooked is not None else "torch"
     if name not in FALLBACK_POLICIES:
         names = ", ".join(FALLBACK_POLICIES)
         raise ValueError(f"unknown fallback policy {value!r}; expected one of {names}")

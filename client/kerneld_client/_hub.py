@@ -34,8 +34,10 @@ from kerneld_client.errors import (
     KernelNotFound,
     KernelUnavailable,
     NoCompatibleVariant,
+    RevisionNotFound,
     UntrustedPublisher,
     VariantReason,
+    VersionNotFound,
 )
 from kerneld_client.variants import PlatformFacts, decide
 
@@ -91,7 +93,7 @@ def _translate(exc: Exception, repo_id: str, revision: str) -> KernelError:
 
     ctx = {"repo_id": repo_id, "revision": revision}
     if isinstance(exc, RevisionNotFoundError):
-        return KernelNotFound("no such branch, tag or commit on the Hub", **ctx)
+        return RevisionNotFound("no such branch, tag or commit on the Hub", **ctx)
     if isinstance(exc, RepositoryNotFoundError):
         return KernelNotFound("no such kernel repository on the Hub", **ctx)
     if isinstance(exc, EntryNotFoundError):
@@ -130,8 +132,9 @@ def _commit(api: Any, repo_id: str, version: int | None, revision: str | None) -
         found = sorted(
             int(b.name[1:]) for b in refs.branches if b.name[:1] == "v" and b.name[1:].isdigit()
         )
-        raise KernelNotFound(
-            f"version {version} not found; available: {', '.join(map(str, found)) or 'none'}",
+        raise VersionNotFound(
+            f"Version {version} not found, available versions: "
+            f"{', '.join(map(str, found)) or 'none'}",
             repo_id=repo_id,
             revision=f"v{version}",
         )

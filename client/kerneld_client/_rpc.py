@@ -42,6 +42,7 @@ from kerneld_client.errors import (
     KernelNotFound,
     KernelUnavailable,
     NoCompatibleVariant,
+    RevisionNotFound,
     UntrustedPublisher,
     VariantReason,
     VersionNotFound,
@@ -257,6 +258,8 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         return _FetchNeeded(message) if not fetching else KernelNotFound(message, **ctx)
     if c == kerneld_pb2.REVISION_NOT_FOUND and req.version is not None:
         return VersionNotFound(message, **ctx)
+    if c == kerneld_pb2.REVISION_NOT_FOUND:
+        return RevisionNotFound(message, **ctx)
     if c in (kerneld_pb2.KERNEL_NOT_FOUND, kerneld_pb2.REVISION_NOT_FOUND):
         return KernelNotFound(message, **ctx)
     if c == kerneld_pb2.NO_COMPATIBLE_VARIANT:

@@ -6,36 +6,7 @@ loads a kernel, and defining a frozen dataclass costs about a millisecond each.
 
 from __future__ import annotations
 
-__all__ = ["KernelRequest", "RepoInfo", "SuspectReport"]
-
-
-class RepoInfo:
-    """Where a loaded kernel came from (the `kernels` name): its Hub repo and the revision asked
-    for (`v1`, a branch, tag or commit). Immutable and hashable, like `kernels`' dataclass."""
-
-    __slots__ = ("repo_id", "revision")
-
-    repo_id: str
-    revision: str
-
-    def __init__(self, repo_id: str, revision: str) -> None:
-        object.__setattr__(self, "repo_id", repo_id)
-        object.__setattr__(self, "revision", revision)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"RepoInfo is immutable: cannot set {name!r}")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RepoInfo) and (self.repo_id, self.revision) == (
-            other.repo_id,
-            other.revision,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.repo_id, self.revision))
-
-    def __repr__(self) -> str:
-        return f"RepoInfo(repo_id={self.repo_id!r}, revision={self.revision!r})"
+__all__ = ["KernelRequest", "SuspectReport"]
 
 
 class KernelRequest:

@@ -86,7 +86,13 @@ class KernelNotFound(KernelError, FileNotFoundError):
     """The repository, revision or file does not exist (or is not in an offline store)."""
 
 
-class VersionNotFound(KernelNotFound, ValueError):
+class RevisionNotFound(KernelNotFound):
+    """The repository has no such branch, tag or commit: a misspelt revision. Like a version
+    the repo does not have, a mapping naming it can never be right, so `kernelize` raises it
+    instead of keeping the PyTorch forward (`kernels` raises the Hub's error for both)."""
+
+
+class VersionNotFound(RevisionNotFound, ValueError):
     """The repo has no branch `vN` for the version asked for ("Version N not found, available
     versions: ..."). A mapping or call naming it can never be right, so this is also the
     `ValueError` `kernels` raises, and `kernelize` raises it instead of falling back."""
@@ -146,3 +152,8 @@ class CorruptTree(KernelLoadError):
     """Under `KERNELD_VERIFY=1`: the kernel's files on disk no longer match the digests the
     store published (a disk fault, or tampering by whoever can write the store). Nothing of it
     was imported."""
+
+
+class DependencyMissing(KernelLoadError, ValueError):
+    """The build declares a Python dependency (`python-depends`) this interpreter does not
+    have: refused before any of its code runs, with the ValueError `kernels` raises for it."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from kerneld_client import _config
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError
 from kerneld_client.loading.call import run
@@ -80,7 +81,7 @@ def get_kernel(
         user_agent=user_agent,
     )
     if version is not None and module is not fallback:
-        note_newer_version(req, "kerneld_client")
+        note_newer_version(req, _config.kernels_logger("versions", "kerneld_client"))
     return module
 
 

@@ -120,4 +120,4 @@ def test_default_policy_never_touches_the_hub(server: HubServer, tmp_path: Path)
 def test_hub_fallback_reports_missing_versions(server: HubServer, tmp_path: Path) -> None:
     out = _run(_env(tmp_path, server), version=7)
     assert out["result"] == "torch"
-    assert "version 7 not found" in out["warnings"][0]
+    assert "Version 7 not found" in out["warnings"][0]

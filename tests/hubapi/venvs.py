@@ -1,48 +1,98 @@
 """Throw-away virtual environments with one released `kernels` each, from the package registry.
 
-Unmodified `kernels` of several releases must load kernels through the daemon's Hub API. Each
-gets its own venv with only what pip resolves for `kernels==X` (so its own huggingface_hub);
-torch, which the registry would bring as a multi-GB CUDA build, comes from the project's venv
-through a `.pth` line, appended after the venv's own site-packages so that nothing else of the
-project's (its `kernels`, its huggingface_hub, kerneld's start-up hook) shadows the venv's.
-A `.pth` line only adds a folder: the `.pth` files inside it (kerneld's hook) are not run.
+Each venv holds only what pip resolves for its requirements (`kernels==0.19.1`, optionally the
+kerneld-client distribution in client/ with its start-up hook `.pth`), so a test of an
+"unmodified release" sees that release's own huggingface_hub and nothing of the project's:
+no sigstore, Transformers, grpc or kerneld_client unless pip put them there.
+
+The one thing not installed per venv is torch (the registry would bring a multi-GB CUDA build,
+and the local CPU wheel takes a minute to unpack). A `torch-only/` folder beside the venvs holds
+links to torch, the distributions it requires and numpy (torch warns without it), taken from
+the project's venv, and one `.pth` line appends it *after* the venv's site-packages: the venv's
+own copies of shared requirements (typing_extensions, filelock, fsspec) win, and nothing else
+of the project's is importable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-import sysconfig
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-#: The newest 0.14 and 0.16 releases, the one the hook patches, and the newest (issue 24).
-KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.19.1")
-#: The newest Transformers: it requires kernels>=0.19.1,<0.20, which the hook does not know.
+#: The newest 0.14 and 0.16 releases, 0.17.2, 0.18.3 and the newest (issue 24, issue 40).
+KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.18.3", "0.19.1")
+#: The releases the start-up hook serves (issue 40): each tested in a venv with kerneld-client.
+HOOK_RELEASES = ("0.17.2", "0.18.3", "0.19.1")
+#: The newest Transformers: it requires kernels>=0.19.1,<0.20.
 TRANSFORMERS_RELEASE = "5.25.0"
 INSTALL_TIMEOUT_S = 600
+CLIENT = Path(__file__).resolve().parents[2] / "client"
+#: The requirement that installs kerneld-client (editable: the venv runs the work tree's code).
+CLIENT_REQUIREMENT = f"--editable={CLIENT}"
+TORCH_ONLY = "torch-only"
 
 
-def _project_site_packages() -> str:
-    return sysconfig.get_paths()["purelib"]
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def make_venv(root: Path, requirement: str) -> Path:
-    """A venv at `root` with `requirement` (`kernels==0.16.2`) and what pip resolves for it;
-    its python. A venv a previous call finished (`.installed`) is reused as it is.
+def _closure(name: str) -> list[metadata.Distribution]:
+    """`name`'s distribution and every one it requires (no extras), as installed here."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [name]
+    while todo:
+        key = _requirement_name(todo.pop())
+        if key in seen:
+            continue
+        try:
+            dist = metadata.distribution(key)
+        except metadata.PackageNotFoundError:
+            continue  # an optional or platform-specific requirement not installed here
+        seen[key] = dist
+        for req in dist.requires or []:
+            if "extra ==" not in req:
+                todo.append(req)
+    return list(seen.values())
+
+
+def torch_only(root: Path) -> Path:
+    """`root/torch-only`: links to torch and its requirements in the project's venv."""
+    folder = root / TORCH_ONLY
+    if (folder / ".done").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    for dist in _closure("torch") + _closure("numpy"):  # torch warns at import without numpy
+        base = Path(str(dist.locate_file("")))
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops:
+            source, link = base / top, folder / top
+            if source.exists() and not link.exists() and not top.endswith(".pth"):
+                link.symlink_to(source)
+    (folder / ".done").write_text("")
+    return folder
+
+
+def make_venv(root: Path, requirements: list[str], *, name: str | None = None) -> Path:
+    """A venv at `root/<name>` with `requirements` (`kernels==0.16.2`, CLIENT_REQUIREMENT) and
+    what pip resolves for them, plus torch through `torch-only/`; its python. A venv a previous
+    call finished (`.installed`, same requirements) is reused as it is.
 
     The venv has no pip of its own: the project's pip installs into it (`pip --python`), which
     saves the seconds `ensurepip` spends copying pip into every venv."""
-    python = root / "bin" / "python"
-    done = root / ".installed"
-    if done.exists():
+    folder = root / (name or "+".join(r.replace("==", "-") for r in requirements))
+    python = folder / "bin" / "python"
+    done = folder / ".installed"
+    if done.exists() and done.read_text() == "\n".join(requirements) + "\n":
         return python
     if not python.exists():
         subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(root)],
+            [sys.executable, "-m", "venv", "--without-pip", str(folder)],
             check=True,
             timeout=120,
             capture_output=True,
@@ -58,7 +108,7 @@ def make_venv(root: Path, requirement: str) -> Path:
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            requirement,
+            *requirements,
         ],
         env=env,
         capture_output=True,
@@ -68,8 +118,8 @@ def make_venv(root: Path, requirement: str) -> Path:
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"pip install {requirement} failed (the package registry must be reachable):\n"
-            f"{proc.stdout}\n{proc.stderr}"
+            f"pip install {' '.join(requirements)} failed (the package registry must be "
+            f"reachable):\n{proc.stdout}\n{proc.stderr}"
         )
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -78,15 +128,30 @@ def make_venv(root: Path, requirement: str) -> Path:
         check=True,
         timeout=60,
     ).stdout.strip()
-    Path(purelib, "zz-project-torch.pth").write_text(_project_site_packages() + "\n")
-    done.write_text(requirement + "\n")
+    Path(purelib, "zz-torch-only.pth").write_text(f"{torch_only(root)}\n")
+    done.write_text("\n".join(requirements) + "\n")
     return python
 
 
 def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:
     """One venv per requirement, built side by side; requirement -> python."""
+    torch_only(root)
     with ThreadPoolExecutor(max_workers=len(requirements)) as pool:
-        futures = {r: pool.submit(make_venv, root / r.replace("==", "-"), r) for r in requirements}
+        futures = {r: pool.submit(make_venv, root, [r]) for r in requirements}
+        return {r: f.result() for r, f in futures.items()}
+
+
+def make_hook_venvs(root: Path, releases: tuple[str, ...] = HOOK_RELEASES) -> dict[str, Path]:
+    """One venv per `kernels` release with kerneld-client (and its hook) beside it; release ->
+    python."""
+    torch_only(root)
+    with ThreadPoolExecutor(max_workers=len(releases)) as pool:
+        futures = {
+            r: pool.submit(
+                make_venv, root, [f"kernels=={r}", CLIENT_REQUIREMENT], name=f"hook-kernels-{r}"
+            )
+            for r in releases
+        }
         return {r: f.result() for r, f in futures.items()}
 
 

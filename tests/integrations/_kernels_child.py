@@ -3,10 +3,13 @@
     python -m tests.integrations._kernels_child '{"steps": [{"op": "get", "version": 1}, ...]}'
 
 ops: `get` (kernels.get_kernel), `has` (kernels.has_kernel), `load` (kernels.load_kernel with
-`lockfile`), `locked` (kernels.get_locked_kernel with `lockfile`). `kernels` is imported first,
-before anything of kerneld's, so whatever routes it through kerneld is the start-up hook. Prints
-one JSON object: per step what came back (and where the module was loaded from), plus whether
-the hook was on and grpc imported.
+`lockfile`), `locked` (kernels.get_locked_kernel with `lockfile`), `kernelize` (a marked RMSNorm
+mapped to `repo` at `version` or `revision`: whether its forward was swapped, or the error).
+It imports nothing of the project's but kerneld_client, so a release venv can run it by path.
+`kernels` is imported first, before anything of kerneld's, so whatever routes it through kerneld
+is the start-up hook. Prints one JSON object: per step what came back (and where the module was
+loaded from), plus whether the hook was on, grpc imported, the release, and any kerneld object
+found in `kernels`' private modules (the hook must leave them alone).
 """
 
 from __future__ import annotations
@@ -56,14 +59,20 @@ def step(spec: dict[str, Any]) -> dict[str, Any]:
                 def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
                     return hidden_states
 
+            selector = {"revision": spec["revision"]} if "revision" in spec else {}
             repo_entry = kernels.LayerRepository(
-                repo, layer_name="RMSNorm", version=spec["version"]
+                repo, layer_name="RMSNorm", version=spec.get("version"), **selector
             )
+            norm = Norm()
             with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo_entry}}):
                 kernels.kernelize(
-                    torch.nn.Sequential(Norm()), mode=kernels.Mode.INFERENCE, device="cpu"
+                    torch.nn.Sequential(norm),
+                    mode=kernels.Mode.INFERENCE,
+                    device="cpu",
+                    use_fallback=spec.get("use_fallback", True),
                 )
-            return {"op": op, "value": "kernelized"}
+            # kerneld's kernelize binds the kernel's forward on the instance
+            return {"op": op, "value": "kernelized", "swapped": "forward" in norm.__dict__}
         else:
             raise ValueError(op)
     except Exception as exc:
@@ -92,6 +101,17 @@ def step(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def kerneld_in_private_modules() -> list[str]:
+    """`kernels.*` module attributes whose value is kerneld's: the hook must leave none."""
+    return sorted(
+        f"{name}.{attr}"
+        for name, module in list(sys.modules.items())
+        if name.startswith("kernels.") and module is not None
+        for attr, value in vars(module).items()
+        if str(getattr(value, "__module__", "") or "").startswith("kerneld_client")
+    )
+
+
 def main() -> None:
     args = json.loads(sys.argv[1])
     results = [step(s) for s in args["steps"]]
@@ -99,7 +119,13 @@ def main() -> None:
 
     print(
         json.dumps(
-            {"steps": results, "hooked": hook.installed(), "grpc": "grpc" in sys.modules},
+            {
+                "steps": results,
+                "hooked": hook.installed(),
+                "grpc": "grpc" in sys.modules,
+                "version": kernels.__version__,
+                "kerneld_in_private": kerneld_in_private_modules(),
+            },
             default=str,
         )
     )

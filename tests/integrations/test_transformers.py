@@ -57,15 +57,16 @@ def test_use_kernels_through_kerneld(
     assert count_warnings(warm["stderr"], "KernelFallbackWarning") == 0
 
     # The daemon is gone (and with it the advert that told clients where the store is): the
-    # model still loads and runs, through kernels' own resolver, with one warning per
-    # repository (activation: RMSNorm and SiLU; rotary).
+    # model still loads and runs, through kerneld_client's verified Hub download (the hook's
+    # default policy, what `kernels` would do), with one warning per repository (activation:
+    # RMSNorm and SiLU; rotary).
     assert hub_daemon.stop() == 0
     hub.reset_counts()
     down = run_child("_transformers_child", args, env, timeout=300)
     assert down["hooked"] is True
     assert kernelized(down) == COUNTS
-    assert not any(Path(f).is_relative_to(store) for f in layer_files(down))  # kernels' own
-    assert down["kerneld_sources"] == []
+    assert not any(Path(f).is_relative_to(store) for f in layer_files(down))  # the hub cache
+    assert set(down["kerneld_sources"]) == {"hub"}
     assert down["max_err"] < TOLERANCE
     assert hub.counts["resolve_get"] > 0
     warnings = [line for line in down["stderr"].splitlines() if ": KernelFallbackWarning: " in line]

@@ -5,6 +5,8 @@ It must cost next to nothing and never break the interpreter: it imports neither
 torch (most processes never load a kernel), only puts a finder on `sys.meta_path` that waits for
 `import kernels`, lets that import finish, then calls `kerneld_client.integrations.kernels
 .install()`. Every failure becomes one warning and the process goes on with plain `kernels`.
+The `kernels` command line itself (`kernels download`, `kernels lock`...) is left alone: it is
+`kernels`' tool, and what it downloads or locks must be what `kernels` would.
 """
 
 from __future__ import annotations
@@ -35,8 +37,15 @@ def _warn(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _kernels_cli() -> bool:
+    argv = getattr(sys, "argv", None) or [""]
+    return str(argv[0]).rsplit("/", 1)[-1] == TARGET
+
+
 def _hook_now() -> None:
     """`kernels` is imported: route it through kerneld (install() warns about what it refuses)."""
+    if _kernels_cli():
+        return
     try:
         from kerneld_client.integrations import kernels as hook
 

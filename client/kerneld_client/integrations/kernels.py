@@ -5,93 +5,101 @@ warm start, the verified store and node-wide denies without changing a line.
     from kerneld_client.integrations import kernels as kerneld_kernels
     kerneld_kernels.install()          # or KERNELD_HOOK_KERNELS=1 before the interpreter starts
 
-Where it hooks (kernels >=0.17.2,<0.18, checked; anything else: one warning, no hook):
-- `get_kernel_with_resolver` in `kernels.load`, `kernels.layer.layer` and `kernels.layer.func`:
-  every Hub load funnels through it (get_kernel, get_locked_kernel, load_kernel,
-  LayerRepository/FuncRepository loads, LockedLayerRepository/LockedFuncRepository);
-- `select_revision_or_version` in `kernels.layer.layer` and `kernels.layer.func`: how a
-  LayerRepository turns `version=N` into a commit (a Hub refs request in `kernels`);
-- `has_kernel` (public names in `kernels` and `kernels.load`: it has no inner funnel, so a caller
-  that bound it before install() keeps the original).
-The first two are module globals looked up at call time: callers that imported `kernels.get_kernel`
-before the hook (Transformers does) are routed too, and kernels' own layer machinery (mappings,
-modes, `kernelize` fallbacks) is untouched. Local kernels (`LOCAL_KERNELS`, `get_local_kernel`,
-`LocalLayerRepository`) and resolvers this module does not know stay with `kernels`.
+How: every name of the release's public API (`kernels.__all__`: 34 names in 0.17.2, 38 in
+0.18.3 and 0.19.1) is bound, in the `kernels` module itself, to its `kerneld_client` namesake
+(`_kernels_names.SERVED`), which has the same signature and meaning. `kernels`' private modules
+are neither read nor changed, so a release that reorganises them (0.19 moved every one under
+`kernels._internals`) is served the same way; the `kernels` command line stays `kernels`' own
+(the start-up hook does not bind in it). Code that looks the names up after the hook ran
+(`from kernels import get_kernel`, `kernels.kernelize(...)`: Transformers does) gets kerneld's;
+the hook runs right after `import kernels` finishes, before anyone else can look.
 
-A routed load is what `kerneld_client.get_kernel` does (published index, else the daemon; store
-trust checks; arch check before import; kernel-depends; bytecode never written into the store),
-then kernels' own metadata validators (python-depends, kernels_minver, dirty build; the arch one
-excepted, kerneld did it) and registration in `kernels.get_loaded_kernels()`. Publisher trust is
-the daemon's (`[trust]`, the same rule as kernels'): the call's `trust_remote_code` goes with the
-request, and a refusal is kernels' own `ValueError`.
+Which releases: 0.17.2 to 0.19.x are tested; a later 0.x is served when every name of its
+`__all__` is one kerneld serves. Anything else (older than 0.17.2, 1.0 or later, a name kerneld
+does not serve) gets one KerneldHookWarning saying what the job gets instead, and `kernels` is
+left as it is.
 
-When kerneld cannot provide the kernel, $KERNELD_FALLBACK decides (one KernelFallbackWarning per
-repository and process):
-- unset or `hub`: kernels' own code runs, unchanged (it may download from the Hub); if it fails
-  on the network or the Hub too, KernelUnavailable (so a layer mapped to a repo nobody has keeps
-  PyTorch instead of failing the model load);
-- `torch`: KernelUnavailable (a FileNotFoundError: `kernelize` keeps the PyTorch forward, and
-  nothing touches the Hub);
-- `error`, or KERNELD_REQUIRE=1: the typed error.
-A kernel the administrator denied, or that has no build for this platform, is never handed to
-`kernels` (that would bypass the deny): KernelDenied / NoCompatibleVariant, both FileNotFoundError.
-
-This module is the switch (install, uninstall, the version gate). The replacements are in
-`_kernels_wrappers`, what they decide (kerneld or `kernels`, and the fallback) in
-`_kernels_routing`, and the parts of `kernels` they read, with the installed state, in
-`_kernels_api`.
+What a routed call does when kerneld cannot provide the kernel is kerneld_client's fallback
+policy, with `hub` as the default in a hooked process (`kernels` would download from the Hub):
+$KERNELD_FALLBACK `hub` (default here) downloads and verifies it in-process from `HF_ENDPOINT`;
+`torch` raises the typed error at once (a FileNotFoundError); `error` (or KERNELD_REQUIRE=1)
+raises the typed error. A denied kernel, or one with no build for this platform, is never
+downloaded. `kernelize` keeps the PyTorch forward of a layer whose kernel cannot be had (a repo
+that is missing, denied, unreachable, whose publisher cannot be checked, a daemon that is
+down) with one KernelFallbackWarning per repo; a repo whose publisher is untrusted, a version or
+revision that does not exist, still raise as in `kernels`.
 """
 
 from __future__ import annotations
 
-import importlib
+import os
 import re
-import sys
 import threading
 import warnings
+from types import ModuleType
 from typing import Any
 
 from kerneld_client import _config
-from kerneld_client.integrations._kernels_api import (
-    HookState,
-    KernelsApi,
-    installed_state,
-    set_installed_state,
-)
-from kerneld_client.integrations._kernels_wrappers import FACTORIES, MARK
+from kerneld_client.integrations import _kernels_names
 
-__all__ = ["RECOGNISED", "KerneldHookWarning", "install", "installed", "uninstall"]
+__all__ = ["TESTED", "KerneldHookWarning", "install", "installed", "recognised", "uninstall"]
 
-RECOGNISED = ">=0.17.2,<0.18"
-"""The `kernels` versions whose internals this hook knows (0.17.2 is what it is tested with)."""
+TESTED = ">=0.17.2,<0.20"
+"""The `kernels` releases the hook is tested with (0.17.2, 0.18.3, 0.19.1)."""
 _LOWEST = (0, 17, 2)
-_BELOW = (0, 18)
-
-# (module, attribute) replaced by install() (the factory of each replacement: FACTORIES[attribute])
-_POINTS: tuple[tuple[str, str], ...] = (
-    ("kernels.load", "get_kernel_with_resolver"),
-    ("kernels.layer.layer", "get_kernel_with_resolver"),
-    ("kernels.layer.func", "get_kernel_with_resolver"),
-    ("kernels.layer.layer", "select_revision_or_version"),
-    ("kernels.layer.func", "select_revision_or_version"),
-    # Only the name the layer repositories call: a load for a layer (see _kernels_wrappers).
-    ("kernels.layer.layer", "get_kernel"),
-    ("kernels.layer.func", "get_kernel"),
-    ("kernels.load", "has_kernel"),
-    ("kernels", "has_kernel"),
-)
+_TESTED_BELOW = (0, 20)
+_BELOW = (1, 0)
 
 
 class KerneldHookWarning(RuntimeWarning):
-    """The hook was not installed; `kernels` works as usual, without kerneld."""
+    """The hook was not installed; the warning says what the job gets instead."""
+
+
+class _State:
+    """The hook as installed: the module, its release, and the values it replaced."""
+
+    __slots__ = ("module", "originals", "version")
+
+    def __init__(self, module: ModuleType, version: str, originals: dict[str, Any]) -> None:
+        self.module = module
+        self.version = version
+        self.originals = originals
 
 
 _lock = threading.RLock()  # reentrant: `import kernels` below may run the start-up hook
+_state: _State | None = None
 _refused = False  # install() said no, with its one warning
 
 
-def _refuse(message: str) -> bool:
+def _release(version: str) -> tuple[int, int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return None if match is None else (int(match[1]), int(match[2]), int(match[3]))
+
+
+def recognised(version: str) -> bool:
+    """Whether `version` (kernels.__version__) is one the hook may serve (0.17.2 to 0.x)."""
+    parts = _release(version)
+    return parts is not None and _LOWEST <= parts < _BELOW
+
+
+def instead() -> str:
+    """What a job whose `kernels` is not hooked gets: `kernels`' own code, from HF_ENDPOINT."""
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip()
+    if endpoint:
+        return (
+            f"kernels' own code downloads from HF_ENDPOINT={endpoint} (where that is kerneld's "
+            "Hub endpoint, the host's store serves it, without the warm index path and kerneld's "
+            "fallback rules; a missing kernel or a stopped daemon fails there as on the Hub)"
+        )
+    return (
+        "kernels' own code downloads from the Hugging Face Hub, without kerneld (set "
+        "HF_ENDPOINT to kerneld's Hub endpoint to serve it from the host's store)"
+    )
+
+
+def _refuse(reason: str) -> bool:
     global _refused
+    message = f"kerneld: {reason}; the kernels hook is off: {instead()}"
     if not _refused:
         warnings.warn(message, KerneldHookWarning, stacklevel=3)
     _refused = True
@@ -99,73 +107,68 @@ def _refuse(message: str) -> bool:
     return False
 
 
-def recognised(version: str) -> bool:
-    """Whether `version` (kernels.__version__) is in RECOGNISED."""
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    if match is None:
-        return False
-    parts = tuple(int(p) for p in match.groups())
-    return _LOWEST <= parts < _BELOW
-
-
 def installed() -> bool:
     """Whether `kernels` is routed through kerneld in this process."""
-    return installed_state() is not None
+    return _state is not None
+
+
+def _loggers(version: tuple[int, int, int]) -> dict[str, str]:
+    """The logger names `kernels` writes its records to (the version notice, the
+    kernel_condition skip), so that the hook's records go where `kernels`' would."""
+    prefix = "kernels._internals" if version >= (0, 19, 0) else "kernels"
+    return {"versions": f"{prefix}._versions", "kernelize": f"{prefix}.layer.kernelize"}
 
 
 def install() -> bool:
     """Route the `kernels` package through kerneld in this process; True if it is (now or
-    already). Never raises: an unknown `kernels` gets one KerneldHookWarning and no hook."""
+    already). Never raises: a release it cannot serve gets one KerneldHookWarning."""
+    global _state
     with _lock:
-        if installed_state() is not None:
+        if _state is not None:
             return True
         try:
             import kernels
         except Exception as exc:
-            return _refuse(f"kerneld: cannot import the kernels package ({exc!r}); nothing hooked")
-        if installed_state() is not None:  # that import ran the start-up hook, which installed it
+            return _refuse(f"cannot import the kernels package ({exc!r})")
+        if _state is not None:  # that import ran the start-up hook, which installed it
             return True
         version = str(getattr(kernels, "__version__", "unknown"))
-        if not recognised(version):
+        parts = _release(version)
+        if parts is None or not _LOWEST <= parts < _BELOW:
             return _refuse(
-                f"kerneld: kernels {version} is not a version the kerneld hook knows "
-                f"({RECOGNISED}); kernels works as usual, without kerneld"
+                f"kernels {version} is not a release the kerneld hook serves "
+                f"(0.17.2 to 0.x; tested: {TESTED})"
+            )
+        public = getattr(kernels, "__all__", None)
+        if not isinstance(public, list | tuple) or not all(isinstance(n, str) for n in public):
+            return _refuse(f"kernels {version} has no list of public names (__all__)")
+        missing = _kernels_names.unserved(list(public))
+        if missing:
+            return _refuse(
+                f"kernels {version} has public names kerneld does not serve ({', '.join(missing)})"
             )
         try:
-            api = KernelsApi()
-            modules = {name: importlib.import_module(name) for name, _ in _POINTS}
-            state = HookState(api)
-            for name, attr in _POINTS:
-                current = getattr(modules[name], attr)
-                while getattr(current, MARK, False):  # wrapped by another copy of this hook
-                    current = current.__wrapped__
-                if not callable(current):
-                    raise AttributeError(f"{name}.{attr} is not callable")
-                state.originals[(name, attr)] = current
-        except (ImportError, AttributeError) as exc:
-            return _refuse(
-                f"kerneld: kernels {version} does not look as the kerneld hook expects ({exc}); "
-                "kernels works as usual, without kerneld"
-            )
-        # One wrapper per original, so `kernels.has_kernel is kernels.load.has_kernel` stays.
-        wrappers: dict[int, Any] = {}
-        for (name, attr), original in state.originals.items():
-            if id(original) not in wrappers:
-                wrappers[id(original)] = FACTORIES[attr](original)
-            setattr(modules[name], attr, wrappers[id(original)])
-        set_installed_state(state)
-        _config.log.debug("kernels %s now resolves through kerneld", version)
+            names = _kernels_names.bound_names(list(public))
+            bound = {name: _kernels_names.implementation(name) for name in names}
+        except Exception as exc:  # a broken kerneld_client install
+            return _refuse(f"kerneld_client could not provide kernels' public names ({exc!r})")
+        originals = {name: kernels.__dict__.get(name) for name in bound}
+        for name, value in bound.items():
+            setattr(kernels, name, value)
+        _state = _State(kernels, version, originals)
+        _config.set_hooked(_loggers(parts))
+        _config.log.debug("kernels %s: its %d public names are kerneld's", version, len(bound))
         return True
 
 
 def uninstall() -> None:
-    """Give `kernels` its own functions back."""
+    """Give `kernels` its own public names back."""
+    global _state
     with _lock:
-        state = installed_state()
+        state = _state
         if state is None:
             return
-        for (name, attr), original in state.originals.items():
-            module = sys.modules.get(name)
-            if module is not None and getattr(getattr(module, attr, None), MARK, False):
-                setattr(module, attr, original)
-        set_installed_state(None)
+        for name, original in state.originals.items():
+            setattr(state.module, name, original)
+        _state = None
+        _config.set_hooked(None)

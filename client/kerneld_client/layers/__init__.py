@@ -80,6 +80,12 @@ from kerneld_client.layers._funcs import (
     LockedFuncRepository,
     use_kernel_func_from_hub,
 )
+from kerneld_client.layers._inspect import (
+    KernelizedFunc,
+    KernelizedLayer,
+    KernelizedLayers,
+    get_kernelized_layers,
+)
 from kerneld_client.layers._kernelize import (
     ENV_ALLOW_NONDETERMINISTIC,
     ENV_DISABLE,
@@ -121,6 +127,9 @@ __all__ = [
     "KernelSource",
     "KernelizeFallback",
     "KernelizeReport",
+    "KernelizedFunc",
+    "KernelizedLayer",
+    "KernelizedLayers",
     "LayerReport",
     "LayerRepository",
     "LayerStatus",
@@ -134,6 +143,7 @@ __all__ = [
     "ROCMProperties",
     "clear_kernel_cache",
     "declared_deterministic",
+    "get_kernelized_layers",
     "kernelize",
     "kernelize_report",
     "register_kernel_mapping",

@@ -60,11 +60,13 @@ def classify(exc: BaseException) -> tuple[Cause, str]:
 
 
 def is_configuration_error(exc: BaseException) -> bool:
-    """An error no fallback can make right (a version the repo does not have): `kernelize`
-    raises it whatever `use_fallback` says, as `kernels` does."""
-    from kerneld_client.errors import VersionNotFound
+    """An error no fallback can make right: `kernelize` raises it whatever `use_fallback`
+    says, as `kernels` does. A version or revision the repo does not have (the mapping can
+    never be right), and a repo whose publisher is untrusted (a security decision, not an
+    outage; a publisher that could not be checked is an outage, KernelUnavailable)."""
+    from kerneld_client.errors import RevisionNotFound, UntrustedPublisher
 
-    return isinstance(exc, VersionNotFound)
+    return isinstance(exc, RevisionNotFound | UntrustedPublisher)
 
 
 #: `MappingMiss.stage` -> the report's cause, and the fallback flag that allows it.

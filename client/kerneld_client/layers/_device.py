@@ -46,6 +46,14 @@ class CUDAProperties:
     def __post_init__(self) -> None:
         _check_range("CUDA", self.min_capability, self.max_capability)
 
+    def validate_capability_range(self) -> None:
+        """ValueError unless min_capability <= max_capability (checked at construction)."""
+        _check_range("CUDA", self.min_capability, self.max_capability)
+
+    def validate(self) -> None:
+        """Check the fields again (`kernels`' strict dataclasses have it)."""
+        self.__post_init__()
+
 
 @dataclass(frozen=True)
 class ROCMProperties:
@@ -56,6 +64,14 @@ class ROCMProperties:
 
     def __post_init__(self) -> None:
         _check_range("ROCm", self.min_capability, self.max_capability)
+
+    def validate_capability_range(self) -> None:
+        """ValueError unless min_capability <= max_capability (checked at construction)."""
+        _check_range("ROCm", self.min_capability, self.max_capability)
+
+    def validate(self) -> None:
+        """Check the fields again (`kernels`' strict dataclasses have it)."""
+        self.__post_init__()
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,10 @@ class Device:
             self.properties, CUDAProperties | ROCMProperties
         ):
             raise TypeError(f"unknown device properties {self.properties!r}")
+
+    def validate(self) -> None:
+        """Check the fields again (`kernels`' strict dataclasses have it)."""
+        self.__post_init__()
 
     def __str__(self) -> str:
         if self.properties is None:

@@ -66,6 +66,7 @@ class FuncRepository(LayerRepository):
         revision: str | None = None,
         version: int | None = None,
         trust_remote_code: bool | list[str] = False,
+        check_arch: bool = True,
     ) -> None:
         _deprecated("FuncRepository", "LayerRepository")
         super().__init__(
@@ -74,6 +75,7 @@ class FuncRepository(LayerRepository):
             revision=revision,
             version=version,
             trust_remote_code=trust_remote_code,
+            check_arch=check_arch,
         )
         self.func_name = func_name
 
@@ -99,9 +101,9 @@ class FuncRepository(LayerRepository):
 class LocalFuncRepository(LocalLayerRepository):
     """A function of a kernel on local disk."""
 
-    def __init__(self, repo_path: str | Path, *, func_name: str) -> None:
+    def __init__(self, repo_path: str | Path, *, func_name: str, check_arch: bool = True) -> None:
         _deprecated("LocalFuncRepository", "LocalLayerRepository")
-        super().__init__(repo_path, layer_name=func_name)
+        super().__init__(repo_path, layer_name=func_name, check_arch=check_arch)
         self.func_name = func_name
 
     def layer_class(self, source: KernelSource) -> type[nn.Module]:
@@ -130,10 +132,15 @@ class LockedFuncRepository(LockedLayerRepository):
         lockfile: str | Path | None = None,
         func_name: str,
         trust_remote_code: bool | list[str] = False,
+        check_arch: bool = True,
     ) -> None:
         _deprecated("LockedFuncRepository", "LockedLayerRepository")
         super().__init__(
-            repo_id, lockfile=lockfile, layer_name=func_name, trust_remote_code=trust_remote_code
+            repo_id,
+            lockfile=lockfile,
+            layer_name=func_name,
+            trust_remote_code=trust_remote_code,
+            check_arch=check_arch,
         )
         self.func_name = func_name
 

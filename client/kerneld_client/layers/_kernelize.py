@@ -193,7 +193,9 @@ class _Run:
         )
         condition = getattr(cls, CONDITION_ATTR, None)
         if condition is not None and not condition(module):
-            log.info(  # the record `kernels` writes (it has no report to put it in)
+            # the record `kernels` writes (it has no report to put it in), on its logger when
+            # the hook serves `kernels`
+            logging.getLogger(_config.kernels_logger("kernelize", log.name)).info(
                 "Skipping kernelization for `%s` using `%s` due to kernel_condition.",
                 cls.__name__,
                 layer_name,
@@ -261,6 +263,13 @@ class _Run:
                 allowed_by=KernelizeFallback.CANNOT_LOAD,
                 error=obtained.error,
             )
+            # One warning per repository and process (the loader's hub fallback shares it).
+            where = f"{base.repo}@{base.revision}" if base.revision else base.repo
+            _config.warn_once(
+                repo_id or base.repo,
+                f"kerneld: kernel {where} cannot be loaded ({obtained.reason}); layer "
+                f"`{layer_name}` keeps its PyTorch forward",
+            )
             return
         layer, source = obtained
         if source is not None:
@@ -312,7 +321,7 @@ class _Run:
                 return
             if not ok:
                 note = f"used in deterministic warn-only mode although {why}"
-        install_forward(module, layer)
+        install_forward(module, layer, repo)
         self.entries.append(
             replace(base, status=LayerStatus.KERNELIZED, cause=Cause.NONE, reason=note)
         )

@@ -130,6 +130,7 @@ class LayerRepository(_Repository):
         backend: str | None = None,
         trust_remote_code: bool | list[str] = False,
         user_agent: str | dict[str, str] | None = None,
+        check_arch: bool = True,
     ) -> None:
         if revision is not None and version is not None:
             raise ValueError("Either a revision or a version must be specified, not both.")
@@ -144,6 +145,7 @@ class LayerRepository(_Repository):
             tuple(trust_remote_code) if isinstance(trust_remote_code, list) else trust_remote_code
         )
         self._user_agent = user_agent
+        self.check_arch = check_arch
 
     @property
     def ref(self) -> str:
@@ -151,7 +153,8 @@ class LayerRepository(_Repository):
         return f"v{self.version}" if self.version is not None else str(self.revision)
 
     def cache_key(self, backend: str | None) -> Hashable:
-        return ("hub", self.repo_id, self.revision, self.version, self.backend or backend)
+        key = ("hub", self.repo_id, self.revision, self.version, self.backend or backend)
+        return key if self.check_arch else (*key, "no-arch-check")
 
     def describe(self) -> tuple[str, str]:
         return self.repo_id, self.ref
@@ -170,6 +173,7 @@ class LayerRepository(_Repository):
             backend=self.backend or backend,
             trust_remote_code=list(trust) if isinstance(trust, tuple) else trust,
             user_agent=self._user_agent,
+            check_arch=self.check_arch,
         )
         return _source_of(_as_module(module, self.repo_id), self.repo_id, self.ref)
 
@@ -179,6 +183,7 @@ class LayerRepository(_Repository):
             and (self.repo_id, self.layer_name, self.revision, self.version, self.backend)
             == (other.repo_id, other.layer_name, other.revision, other.version, other.backend)
             and self._trust_remote_code == other._trust_remote_code
+            and self.check_arch == other.check_arch
         )
 
     def __hash__(self) -> int:
@@ -197,12 +202,13 @@ class LayerRepository(_Repository):
 class LocalLayerRepository(_Repository):
     """A layer of a kernel on local disk: a repo with `build/<variant>/`, or a variant folder."""
 
-    def __init__(self, repo_path: str | Path, *, layer_name: str) -> None:
+    def __init__(self, repo_path: str | Path, *, layer_name: str, check_arch: bool = True) -> None:
         self.repo_path = Path(repo_path)
         self.layer_name = layer_name
+        self.check_arch = check_arch
 
     def cache_key(self, backend: str | None) -> Hashable:
-        return ("local", str(self.repo_path.absolute()), backend)
+        return ("local", str(self.repo_path.absolute()), backend, self.check_arch)
 
     def describe(self) -> tuple[str, str]:
         return str(self.repo_path), ""
@@ -213,7 +219,9 @@ class LocalLayerRepository(_Repository):
     def fetch(self, backend: str | None) -> KernelSource:
         from kerneld_client import loader
 
-        module = loader.get_local_kernel(self.repo_path, backend=backend)
+        module = loader.get_local_kernel(
+            self.repo_path, backend=backend, check_arch=self.check_arch
+        )
         return _source_of(_as_module(module, str(self.repo_path)), str(self.repo_path), "")
 
     def __eq__(self, other: object) -> bool:
@@ -260,8 +268,10 @@ class LockedLayerRepository(_Repository):
         lockfile: str | Path | None = None,
         layer_name: str,
         trust_remote_code: bool | list[str] = False,
+        check_arch: bool = True,
     ) -> None:
         self.repo_id = repo_id
+        self.check_arch = check_arch
         self.lockfile = Path(lockfile) if lockfile is not None else None
         self.layer_name = layer_name
         self._caller = _caller_module() if lockfile is None else ""
@@ -309,7 +319,8 @@ class LockedLayerRepository(_Repository):
         raise lf.LockfileError(f"kernel `{self.repo_id}` is not locked", source=source)
 
     def cache_key(self, backend: str | None) -> Hashable:
-        return ("hub", self.repo_id, self.pin()[0], None, backend)
+        key = ("hub", self.repo_id, self.pin()[0], None, backend)
+        return key if self.check_arch else (*key, "no-arch-check")
 
     def describe(self) -> tuple[str, str]:
         pin = self._pin
@@ -334,6 +345,7 @@ class LockedLayerRepository(_Repository):
                 lockfile=self.lockfile,
                 backend=backend,
                 trust_remote_code=list(trust) if isinstance(trust, tuple) else trust,
+                check_arch=self.check_arch,
             )
         else:
             module = loader.get_kernel(
@@ -341,6 +353,7 @@ class LockedLayerRepository(_Repository):
                 revision=commit,
                 backend=backend,
                 trust_remote_code=list(trust) if isinstance(trust, tuple) else trust,
+                check_arch=self.check_arch,
             )
         return _source_of(_as_module(module, self.repo_id), self.repo_id, commit)
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "REPO_ATTR",
     "SAVED_ATTR",
     "install_forward",
     "kernelize_report",
@@ -43,17 +44,22 @@ class _Saved:
 #: Instance attribute (in `__dict__`) holding the `_Saved` state; it travels with
 #: `copy.deepcopy`, so a copy of a kernelized model can be unkernelized too.
 SAVED_ATTR = "_kerneld_saved_forward"
+#: Instance attribute (in `__dict__`) holding the repository whose kernel the forward is now
+#: (`get_kernelized_layers` reads it), while it is.
+REPO_ATTR = "_kerneld_kernel_repo"
 
 _reports: weakref.WeakKeyDictionary[Any, KernelizeReport] = weakref.WeakKeyDictionary()
 _state_lock = threading.Lock()
 
 
-def install_forward(module: nn.Module, layer: type[nn.Module]) -> None:
-    """Bind `layer.forward` as `module`'s own forward, saving the original on the first swap."""
+def install_forward(module: nn.Module, layer: type[nn.Module], repo: Any = None) -> None:
+    """Bind `layer.forward` as `module`'s own forward, saving the original on the first swap;
+    `repo` is the repository it came from."""
     state = module.__dict__
     if SAVED_ATTR not in state:
         state[SAVED_ATTR] = _Saved("forward" in state, state.get("forward"))
     state["forward"] = MethodType(layer.forward, module)
+    state[REPO_ATTR] = repo
 
 
 def restore_forward(module: nn.Module, *, forget: bool = False) -> None:
@@ -63,6 +69,7 @@ def restore_forward(module: nn.Module, *, forget: bool = False) -> None:
     saved = state.get(SAVED_ATTR)
     if not isinstance(saved, _Saved):
         return
+    state.pop(REPO_ATTR, None)
     if saved.had_forward:
         state["forward"] = saved.forward
     else:

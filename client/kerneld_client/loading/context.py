@@ -66,6 +66,12 @@ def parse_request(
     return KernelRequest(repo_id, version=version, revision=revision)
 
 
+def _check_python_depends(folder: Path, variant: str) -> None:
+    from kerneld_client.loading.python_deps import check_python_depends
+
+    check_python_depends(folder, variant)
+
+
 class LoadOptions:
     """The caller's choices that change what a load may do (part of the memo key, except
     `before_import`, which only the `kernels` hook sets)."""
@@ -83,9 +89,9 @@ class LoadOptions:
     ) -> None:
         self.check_arch = check_arch
         self.allow_fetch = allow_fetch
-        # (folder, variant) -> None, or raises: a caller's own check of a verified tree before
-        # its code runs (the start-up hook runs kernels' metadata validators here)
-        self.before_import = before_import
+        # (folder, variant) -> None, or raises: a check of a verified tree before its code runs
+        # (default: the build's `python-depends` are installed)
+        self.before_import = before_import or _check_python_depends
         # repo -> locked commit, from a lock file (applies to dependencies too)
         self.locks: Mapping[str, str] = locks or {}
         # `kernels`' trust_remote_code: True, or the repos whose publisher the caller trusts

@@ -13,7 +13,13 @@ from typing import Any
 
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
-from kerneld_client.errors import KernelDenied, KernelError, NoCompatibleVariant
+from kerneld_client.errors import (
+    DependencyMissing,
+    KernelDenied,
+    KernelError,
+    NoCompatibleVariant,
+    RevisionNotFound,
+)
 from kerneld_client.loading.call import SingleFlight
 from kerneld_client.loading.context import MISSING, LoadContext, as_kernel_error
 from kerneld_client.loading.hub import HubSource
@@ -51,7 +57,12 @@ def fall_back(
     policy = FallbackPolicy(policy)
     if _config.require() or policy is FallbackPolicy.ERROR:
         raise error
-    final_terms = isinstance(error, KernelDenied | NoCompatibleVariant)
+    # Final: the admin's deny, no build for this platform, and what the daemon learnt from the
+    # upstream (no such revision, an untrusted publisher), a Python dependency this job lacks:
+    # the Hub would say the same, or serve what the admin refused.
+    final_terms = isinstance(
+        error, KernelDenied | NoCompatibleVariant | RevisionNotFound | DependencyMissing
+    )
     if policy is FallbackPolicy.HUB and hub_allowed and not final_terms:
         from kerneld_client import _hub
 

@@ -15,10 +15,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _trust, file_locks, locations, published_index
-from kerneld_client._types import RepoInfo
+from kerneld_client.kernel_metadata import Metadata
+
+if TYPE_CHECKING:
+    from kerneld_client.repo_info import RepoInfo
 
 
 class LoadedKernel:
@@ -60,7 +63,8 @@ class LoadedKernel:
         self.path = path
         self.digest = digest
         self.module = module
-        self.metadata = metadata
+        # `kernels`' Metadata attributes (`.name`, `.backend`...) on the parsed JSON object
+        self.metadata = Metadata.of(metadata)
         self.source = source
 
     @property
@@ -69,8 +73,13 @@ class LoadedKernel:
 
     @property
     def repo_info(self) -> RepoInfo | None:
-        """The repo and the revision asked for (`kernels`' field); None for a local kernel."""
-        return None if self.source == "local" else RepoInfo(self.repo_id, self.ref)
+        """The repo and the commit it was loaded at (`kernels`' field; its dataclass); None for
+        a local kernel."""
+        if self.source == "local":
+            return None
+        from kerneld_client.repo_info import RepoInfo
+
+        return RepoInfo(self.repo_id, self.commit or self.ref)
 
     @property
     def provenance(self) -> published_index.Provenance | None:
