@@ -60,9 +60,10 @@ def _resolve_rows(python: str, env: dict[str, str]) -> list[Row]:
     for cap, expect in (("9.0", True), ("8.0", True), ("7.5", False)):
         got = probe(python, {**env, "KERNELD_PLATFORM_JSON": FACTS.format(cap=cap)}, "resolve")
         imported = "imported" in got
-        detail = f"chosen {got['chosen']}; " + (
-            f"import ok, ops {got.get('ops')}" if imported else got.get("import_error", "")[:120]
-        )
+        # The device check's reason, without the repo and the hint around it.
+        why = got.get("import_error", "").split("on this device: ")[-1][:110]
+        result = f"import ok, ops {got.get('ops')}" if imported else f"refused: {why}"
+        detail = f"chosen {got['chosen']}; {result}"
         rows.append((f"resolve+import, injected cc {cap}", detail, _verdict(imported == expect)))
     return rows
 
