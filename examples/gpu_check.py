@@ -68,6 +68,17 @@ def _resolve_rows(python: str, env: dict[str, str]) -> list[Row]:
     return rows
 
 
+def _kernelize_rows(python: str, env: dict[str, str]) -> list[Row]:
+    """This process's real facts: without a device, kernelize for `cuda` must keep PyTorch."""
+    got = probe(python, env, "kernelize")
+    if got["cuda_available"]:
+        return []  # the GPU rows run the kernel itself
+    ok = not got["kernelized"] and len(got["kept"]) == 2 and got["output_unchanged"]
+    reasons = "; ".join(sorted(set(got["kept"].values())))[:110]
+    detail = f"kept PyTorch, output unchanged: {got['output_unchanged']} ({reasons})"
+    return [("kernelize for cuda, no device", detail, _verdict(ok))]
+
+
 def _verdict(ok: bool) -> str:
     return "ok" if ok else "FAIL"
 
@@ -164,6 +175,7 @@ def run_check(work: Path, *, dry_run: bool, python: str, loads: int) -> list[Row
             )
         )
         rows += _resolve_rows(python, env)
+        rows += _kernelize_rows(python, env)
         if not dry_run:
             rows += _gpu_rows(python, env, built.root, loads)
     return rows

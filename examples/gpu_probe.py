@@ -3,7 +3,8 @@
     python -m examples.gpu_probe resolve|ops|load-kerneld|load-kernels [--path DIR]
 
 Prints one JSON object. `resolve`: the variant kerneld ranks first for this process's facts
-(`KERNELD_PLATFORM_JSON` injects a GPU's) and whether its `.so` imports. `ops`: the CUDA ops
+(`KERNELD_PLATFORM_JSON` injects a GPU's) and whether its `.so` imports. `kernelize`: a model
+kernelized for `cuda` without a device keeps PyTorch. `ops`: the CUDA ops
 against PyTorch references on the GPU. `load-*`: seconds of one warm load in this process,
 through kerneld or through `kernels` 0.17 from the same variant folders (`--path`).
 """
@@ -74,6 +75,57 @@ def ops() -> dict[str, Any]:
     }
 
 
+def kernelize_no_device() -> dict[str, Any]:
+    """A model whose RMSNorm and SiluAndMul map to the CUDA kernel, kernelized for `cuda` in a
+    process without a CUDA device: every layer must keep its PyTorch forward and compute."""
+    import torch
+    from torch import nn
+
+    import kerneld_client
+
+    @kerneld_client.use_kernel_forward_from_hub("RMSNorm")
+    class RMSNorm(nn.Module):
+        def __init__(self, hidden: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(hidden) + 0.5)
+            self.variance_epsilon = 1e-6
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+            return x * scale * self.weight
+
+    @kerneld_client.use_kernel_forward_from_hub("SiluAndMul")
+    class SiluAndMul(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            d = x.shape[-1] // 2
+            return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+    mapping = {
+        name: {
+            "cuda": kerneld_client.LayerRepository(
+                repo_id=REPO_ID, revision=REVISION, layer_name=name
+            )
+        }
+        for name in ("RMSNorm", "SiluAndMul")
+    }
+    model = nn.Sequential(RMSNorm(16), SiluAndMul())
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        expected = model(x)
+    with kerneld_client.use_kernel_mapping(mapping, inherit_mapping=False):
+        kerneld_client.kernelize(model, mode=kerneld_client.Mode.INFERENCE, device="cuda")
+    report = kerneld_client.kernelize_report(model)
+    with torch.no_grad():
+        same = bool(torch.equal(model(x), expected))
+    layers = [] if report is None else list(report)
+    return {
+        "cuda_available": torch.cuda.is_available(),
+        "kernelized": [r.name for r in layers if r.kernelized],
+        "kept": {r.name: f"{r.status}: {r.reason}"[:120] for r in layers if not r.kernelized},
+        "output_unchanged": same,
+    }
+
+
 def load(through: str, path: str | None) -> dict[str, Any]:
     started = time.perf_counter()
     if through == "kerneld":
@@ -93,11 +145,15 @@ def load(through: str, path: str | None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("resolve", "ops", "load-kerneld", "load-kernels"))
+    parser.add_argument(
+        "mode", choices=("resolve", "kernelize", "ops", "load-kerneld", "load-kernels")
+    )
     parser.add_argument("--path")
     args = parser.parse_args(argv)
     if args.mode == "resolve":
         result = resolve()
+    elif args.mode == "kernelize":
+        result = kernelize_no_device()
     elif args.mode == "ops":
         result = ops()
     else:

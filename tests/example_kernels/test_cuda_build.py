@@ -103,5 +103,7 @@ def test_gpu_check_dry_run_serves_and_resolves_the_cuda_variant(tmp_path: Path) 
         row = next(line for line in lines if f"injected cc {cap}" in line)
         assert "cuda-13.0" in row and "import ok" in row and row.rstrip().endswith("ok")
     refused = next(line for line in lines if "injected cc 7.5" in line)
-    assert "not supported by the build's archs" in refused
+    assert "7.5 is not supported by the build's archs" in refused
+    kept = next(line for line in lines if "kernelize for cuda, no device" in line)
+    assert "kept PyTorch, output unchanged: True" in kept
     assert "FAIL" not in done.stdout
