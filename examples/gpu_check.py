@@ -87,7 +87,11 @@ def _gpu_rows(python: str, env: dict[str, str], build_root: Path, loads: int) ->
     rows: list[Row] = []
     got = probe(python, env, "ops")
     if "error" in got:
-        raise CheckFailed(f"the GPU part needs a CUDA torch and a device: {got['error']}")
+        raise CheckFailed(
+            f"the GPU part needs a CUDA torch and a device: {got['error']}. On a GPU host, pass "
+            "--python with a venv holding the CUDA torch, kerneld-client and kernels; "
+            "elsewhere run --dry-run"
+        )
     for r in got["rows"]:
         detail = f"{got['device']} (cc {got['capability']}), max abs err {r['max_abs_err']:.2e}"
         rows.append((f"{r['op']} {r['dtype']} vs PyTorch", detail, _verdict(r["ok"])))
