@@ -55,5 +55,13 @@ CHAOS_ARGS ?=
 chaos: bootstrap
 	$(PY) -m chaos --duration $(DURATION) --clients $(CLIENTS) $(CHAOS_ARGS)
 
+# The CUDA example kernel (issue 44), opt-in: downloads the CUDA 13.0 toolkit wheels (about
+# 100 MiB, cached in .cache/cuda-wheels/), builds activation-cuda for sm_80/sm_90 with nvcc,
+# checks its archs, and runs its tests and scripts/gpu-check --dry-run. `make test` never does.
+.PHONY: cuda-examples
+cuda-examples: bootstrap
+	$(PY) -m examples.kernels.cuda.build --mirror .cache/cuda-mirror
+	KERNELD_CUDA_EXAMPLES=1 $(PY) -m pytest tests/example_kernels/test_cuda_build.py -q $(PYTEST_ARGS)
+
 clean:
 	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
