@@ -292,9 +292,12 @@ def test_field_bounds_and_made_up_names_cost_nothing_and_leave_nothing(
     publishers = d.store_root / "index" / "v1" / "publishers.json"
     before = publishers.read_bytes()
     hub.reset_counts()
-    # A revision over the wire's bound: refused before anything is asked or written.
-    status, message = endpoint(url, f"/api/kernels/{SIGNED}/revision/{'r' * 60_000}")
+    # A revision over the wire's bound: refused before anything is asked or written (one that
+    # does not even fit the HTTP front's head limit is refused before it is parsed).
+    status, message = endpoint(url, f"/api/kernels/{SIGNED}/revision/{'r' * 1000}")
     assert status == 400 and "revision" in message and "limit" in message, (status, message)
+    status, _ = endpoint(url, f"/api/kernels/{SIGNED}/revision/{'r' * 60_000}")
+    assert status == 431, status
     assert hub.total() == 0, hub.requests
     # Made-up organisations: the Hub is asked once each (charged to the caller), the answer
     # is a 404 ("could not verify", as on the Hub), and nothing is published.
