@@ -78,10 +78,12 @@ def torch_only(root: Path) -> Path:
     return folder
 
 
-def make_venv(root: Path, requirements: list[str], *, name: str | None = None) -> Path:
+def make_venv(
+    root: Path, requirements: list[str], *, name: str | None = None, with_torch: bool = True
+) -> Path:
     """A venv at `root/<name>` with `requirements` (`kernels==0.16.2`, CLIENT_REQUIREMENT) and
-    what pip resolves for them, plus torch through `torch-only/`; its python. A venv a previous
-    call finished (`.installed`, same requirements) is reused as it is.
+    what pip resolves for them, plus torch through `torch-only/` unless `with_torch` is False;
+    its python. A venv a previous call finished (`.installed`, same requirements) is reused.
 
     The venv has no pip of its own: the project's pip installs into it (`pip --python`), which
     saves the seconds `ensurepip` spends copying pip into every venv."""
@@ -128,7 +130,8 @@ def make_venv(root: Path, requirements: list[str], *, name: str | None = None) -
         check=True,
         timeout=60,
     ).stdout.strip()
-    Path(purelib, "zz-torch-only.pth").write_text(f"{torch_only(root)}\n")
+    if with_torch:
+        Path(purelib, "zz-torch-only.pth").write_text(f"{torch_only(root)}\n")
     done.write_text("\n".join(requirements) + "\n")
     return python
 

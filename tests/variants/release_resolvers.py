@@ -12,47 +12,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import IO, Any
+
+from tests.hubapi.venvs import make_venv
 
 #: The release kerneld's legacy verdicts follow, and the newest (new names, SDKs, MLX).
 RELEASES = ("0.17.2", "0.19.1")
 CHILD = Path(__file__).with_name("kernels_resolver_child.py")
-INSTALL_TIMEOUT_S = 600
 
 
 def make_clean_venv(root: Path, requirement: str) -> Path:
-    """A venv at `root` with `requirement` and what pip resolves for it, nothing else; its
-    python. Reused when a previous call finished it (`.installed`)."""
-    python = root / "bin" / "python"
-    done = root / ".installed"
-    if done.exists():
-        return python
-    if not python.exists():
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(root)],
-            check=True,
-            timeout=120,
-            capture_output=True,
-        )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_TARGET", "PYTHON"))}
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    proc = subprocess.run(
-        [*pip, "install", "--quiet", requirement],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"pip install {requirement} failed (the package registry must be reachable):\n"
-            f"{proc.stdout}\n{proc.stderr}"
-        )
-    done.write_text(requirement + "\n")
-    return python
+    """A venv at `root` with `requirement` and what pip resolves for it, nothing else (no
+    torch: the resolver takes its facts as arguments); its python."""
+    return make_venv(root.parent, [requirement], name=root.name, with_torch=False)
 
 
 class ReleaseResolver:
