@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from kerneld.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.store import (
@@ -40,6 +40,7 @@ from kerneld.upstream.errors import (
     every_upstream,
 )
 from kerneld.upstream.retry import TransientError
+from kerneld_client.single_flight import SingleFlight
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -48,40 +49,6 @@ log = logging.getLogger("kerneld.fetch")
 #: Files of one variant downloaded at once: a variant is a handful of files, so on a link with
 #: real round trips the wait is one file's, not the sum (huggingface_hub's snapshot uses 8).
 PARALLEL_FILES = 8
-
-
-class SingleFlight(Generic[K, V]):
-    """Run `fn` once per key at a time; concurrent callers with that key wait and share."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[K, Future[V]] = {}
-
-    def do(self, key: K, fn: Callable[[], V]) -> tuple[V, bool]:
-        """Return (result, shared): `shared` is True for callers that waited on another's call."""
-        with self._lock:
-            future = self._calls.get(key)
-            leader = future is None
-            if future is None:
-                future = Future()
-                self._calls[key] = future
-        if not leader:
-            return future.result(), True
-        try:
-            result = fn()
-        except BaseException as exc:
-            future.set_exception(exc)
-            raise
-        else:
-            future.set_result(result)
-            return result, False
-        finally:
-            with self._lock:
-                del self._calls[key]
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._calls)
 
 
 @dataclass(frozen=True)
@@ -125,7 +92,7 @@ class Fetcher:
     def fetch_variant(
         self, repo_id: str, commit: str, variant: str, *, progress: FetchProgressFn | None = None
     ) -> FetchResult:
-        result, _ = self._variants.do(
+        result = self._variants.do(
             (repo_id, commit, variant),
             lambda: self._fetch_variant(repo_id, commit, variant, progress),
         )
@@ -236,7 +203,7 @@ class Fetcher:
 
         def one(i: int, f: RemoteFile) -> None:
             key = ("sha256", f.sha256) if f.sha256 else ("gitsha1", f.git_sha1 or "")
-            (info, fresh_bytes), _ = self._blobs.do(
+            info, fresh_bytes = self._blobs.do(
                 key, lambda: self._ingest_file(upstream, repo_id, commit, variant, f)
             )
             with tally_lock:  # progress callbacks are called one at a time

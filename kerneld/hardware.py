@@ -18,7 +18,8 @@ and /sys elsewhere) can point detection at a fake tree:
 - Intel: `sys/class/drm/card*/device/vendor` == 0x8086. The XPU toolkit version cannot be read
   from the host (torch XPU wheels bring their own runtime): XPU arch variants are prefetched for
   the versions clients have shown, noarch `torch-xpu` always.
-- CPU: always; `platform.machine()` normalised as the variant grammar spells it.
+- CPU: always; `platform.machine()` as variant names spell it (`kerneld_client.vocabulary`,
+  the client's rule, so both compute the same fingerprint).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
+from kerneld_client.vocabulary import cuda_capability, normalise_machine, rocm_target
 
 log = logging.getLogger("kerneld.hardware")
 
@@ -162,12 +164,6 @@ class Hardware:
         return " ".join(bits)
 
 
-def normalise_machine(machine: str) -> str:
-    """`platform.machine()` as the variant grammar spells it."""
-    lowered = machine.lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(lowered, lowered)
-
-
 def cuda_for_driver(driver: str) -> tuple[int, int] | None:
     """The newest CUDA version a driver (`570.86.15`) runs, from the release-notes table."""
     try:
@@ -191,7 +187,7 @@ def gfx_name(target_version: int) -> str:
     """KFD `gfx_target_version` (major*10000 + minor*100 + stepping) -> `gfx942`, `gfx90a`."""
     major, rest = divmod(target_version, 10000)
     minor, stepping = divmod(rest, 100)
-    return f"gfx{major}{minor:x}{stepping:x}"
+    return rocm_target(major, minor, stepping)
 
 
 def _read(path: Path) -> str | None:
@@ -245,7 +241,7 @@ def _nvml() -> tuple[list[Gpu], str | None, tuple[int, int] | None] | None:
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             bus = nvml.nvmlDeviceGetPciInfo(handle).busId
             bus = bus.decode() if isinstance(bus, bytes) else str(bus)
-            gpus.append(Gpu("nvidia", name, f"{major}.{minor}", bus))
+            gpus.append(Gpu("nvidia", name, cuda_capability(major, minor), bus))
         return gpus, driver, cuda
     except Exception as exc:
         log.warning("NVML query failed, falling back to /proc: %s", exc)
@@ -382,9 +378,10 @@ def detect(
     intel = _intel(root)
     if intel:
         notes.append("XPU version unknown: XPU arch variants only for client platforms")
+    os_name = platform.system().lower()
     hw = Hardware(
-        cpu=normalise_machine(machine if machine is not None else platform.machine()),
-        os=platform.system().lower(),
+        cpu=normalise_machine(machine if machine is not None else platform.machine(), os_name),
+        os=os_name,
         gpus=tuple(gpus + amd + intel),
         nvidia_driver=driver,
         cuda_driver=cuda,

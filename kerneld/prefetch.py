@@ -31,7 +31,6 @@ from kerneld.fetch_progress import FetchProgress
 from kerneld.hardware import Hardware
 from kerneld.resolve import Admit, KernelSpec, NoVariantFits, Resolver
 from kerneld.store import Hold, Store, TreeNotFoundError
-from kerneld.upstream.base import is_commit
 from kerneld.upstream.errors import EntryNotFound
 from kerneld_client.variants import (
     Backend,
@@ -42,6 +41,7 @@ from kerneld_client.variants import (
     decide,
     parse_variant,
 )
+from kerneld_client.vocabulary import is_commit
 
 log = logging.getLogger("kerneld.prefetch")
 

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kerneld.fetch import Fetcher, FetchResult, SingleFlight, VariantFetcher
+from kerneld.fetch import Fetcher, FetchResult, VariantFetcher
 from kerneld.fetch_progress import FetchProgressFn
 from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
-from kerneld.upstream.base import Upstream, check_repo_id, is_commit
+from kerneld.upstream.base import Upstream, check_repo_id
 from kerneld.upstream.errors import (
     RepoNotFound,
     RevisionNotFound,
@@ -25,7 +25,9 @@ from kerneld.upstream.errors import (
     every_upstream,
 )
 from kerneld_client.metadata import kernel_depends
+from kerneld_client.single_flight import SingleFlight
 from kerneld_client.variants import Decision, PlatformFacts, decide
+from kerneld_client.vocabulary import is_commit
 
 log = logging.getLogger("kerneld.resolve")
 
@@ -199,7 +201,7 @@ class Resolver:
         `record=False` asks without moving the recorded ref: the caller moves it (`set_ref`)
         once the new commit's trees are in the store, so the published index never names a
         commit that jobs would have to download first."""
-        result, _ = self._ref_flight.do(
+        result = self._ref_flight.do(
             (spec.repo_id, spec.ref, allow_network, refresh, record),
             lambda: self._commit_for(
                 spec, allow_network=allow_network, refresh=refresh, record=record
@@ -353,7 +355,7 @@ class Resolver:
 
         Concurrent callers share one listing.
         """
-        result, _ = self._variants_flight.do(
+        result = self._variants_flight.do(
             (repo_id, commit, allow_network),
             lambda: self._variant_names(repo_id, commit, allow_network=allow_network),
         )

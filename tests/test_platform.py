@@ -25,12 +25,12 @@ from kerneld_client.platform import (
     ENV_VAR,
     detect_platform_facts,
     facts_from_json,
-    normalise_cpu,
     platform_facts,
     reset_platform_facts,
     set_platform_facts,
 )
 from kerneld_client.variants import Backend, BackendType, PlatformFacts, decide
+from kerneld_client.vocabulary import normalise_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 B = BackendType
@@ -100,7 +100,7 @@ def test_this_process() -> None:
     major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     assert f.torch_version == (major, minor)
     assert f.os == stdlib_platform.system().lower()
-    assert f.cpu == normalise_cpu(stdlib_platform.machine(), f.os)
+    assert f.cpu == normalise_machine(stdlib_platform.machine(), f.os)
     assert f.python_version == tuple(sys.version_info[:3])
     assert f.free_threaded == bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
     assert f.backend_explicit is False
@@ -250,7 +250,7 @@ def test_broken_torch_is_treated_as_absent(monkeypatch: pytest.MonkeyPatch) -> N
     ],
 )
 def test_cpu_names(machine: str, os_name: str, cpu: str) -> None:
-    assert normalise_cpu(machine, os_name) == cpu
+    assert normalise_machine(machine, os_name) == cpu
 
 
 def test_macos_facts(monkeypatch: pytest.MonkeyPatch) -> None:

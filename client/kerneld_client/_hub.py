@@ -20,7 +20,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -40,12 +39,12 @@ from kerneld_client.errors import (
     VersionNotFound,
 )
 from kerneld_client.variants import PlatformFacts, decide
+from kerneld_client.vocabulary import is_commit
 
 __all__ = ["HubTree", "available", "fetch"]
 
 REPO_TYPE = "kernel"
 CHUNK = 1 << 20
-_COMMIT = re.compile(r"[0-9a-f]{40}")
 _VARIANTS_FILE = "variants.json"
 _NOT_HASHED = {"metadata.json", "metadata.json.sigstore"}
 #: For the author of a kernel whose files changed after the build hashed them.
@@ -139,10 +138,10 @@ def _commit(api: Any, repo_id: str, version: int | None, revision: str | None) -
             revision=f"v{version}",
         )
     rev = revision or "main"
-    if _COMMIT.fullmatch(rev):
+    if is_commit(rev):
         return rev
     sha = getattr(api.repo_info(repo_id, revision=rev, repo_type=REPO_TYPE), "sha", None)
-    if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+    if not isinstance(sha, str) or not is_commit(sha):
         raise KernelUnavailable(f"the Hub named no commit for {rev}", repo_id=repo_id)
     return sha
 

@@ -90,3 +90,62 @@ def lock_shared(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> 
         os.close(fd)
         raise
     return fd
+
+
+#: A pid lock file is private: `flock` needs only a read-only descriptor, so one other users
+#: could open would let any of them hold it and keep the daemon from (re)starting.
+PID_LOCK_MODE = 0o600
+
+
+class PidLockHeld(Exception):
+    """Another live process holds the pid lock; `pid` is what it wrote (None if unreadable)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(f"{path} is held by pid {pid if pid is not None else 'unknown'}")
+        self.path = path
+        self.pid = pid
+
+
+class PidLock:
+    """An exclusive `flock` on a private file that holds the owner's pid: one daemon per socket
+    path, one owner per store. The lock dies with its process, so a crash never leaves it
+    stale; the pid is only there to name the holder in the error."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, PID_LOCK_MODE)
+        if not try_flock(fd):
+            pid = read_lock_pid(fd)
+            os.close(fd)
+            raise PidLockHeld(path, pid)
+        os.fchmod(fd, PID_LOCK_MODE)  # lock files made before they became private
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_lock_pid(fd: int) -> int | None:
+    """The pid a `PidLock` holder wrote into its file, or None."""
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+def pid_lock_held(path: Path) -> bool:
+    """True if some process holds the `PidLock` at `path` (a shared probe: it never takes the
+    lock from, or blocks, the holder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        return not try_flock(fd, shared=True)
+    finally:
+        os.close(fd)

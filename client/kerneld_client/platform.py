@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kerneld_client import _config
 from kerneld_client.variants.fingerprints import fingerprint
 from kerneld_client.variants.versions import dotted, parse_version
+from kerneld_client.vocabulary import cuda_capability, normalise_machine
 
 if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts
@@ -44,7 +45,6 @@ __all__ = [
     "current_platform",
     "detect_platform_facts",
     "facts_from_json",
-    "normalise_cpu",
     "platform_facts",
     "reset_platform_facts",
     "set_platform_facts",
@@ -143,16 +143,6 @@ def reset_platform_facts() -> None:
         _cached = None
 
 
-def normalise_cpu(machine: str, os_name: str) -> str:
-    """`platform.machine()` as variant names spell it: macOS `arm64` and Windows `AMD64` are
-    renamed like `kernels` does; nothing else is (Linux already says `aarch64`/`x86_64`)."""
-    if os_name == "darwin" and machine == "arm64":
-        return "aarch64"
-    if os_name == "windows" and machine == "AMD64":
-        return "x86_64"
-    return machine
-
-
 def _free_threaded_build() -> bool:
     """Whether this interpreter was built free-threaded (PEP 703).
 
@@ -172,7 +162,7 @@ def _interpreter_facts() -> dict[str, Any]:
     os_name = _stdlib_platform.system().lower()
     mac = _stdlib_platform.mac_ver()[0] if os_name == "darwin" else ""
     return {
-        "cpu": normalise_cpu(_stdlib_platform.machine(), os_name),
+        "cpu": normalise_machine(_stdlib_platform.machine(), os_name),
         "os": os_name,
         "python_version": ".".join(str(p) for p in sys.version_info[:3]),
         # The build flag decides abi3 support, whether or not the GIL was re-enabled at run time.
@@ -335,7 +325,7 @@ def _device_capabilities(torch: Any, backend: str) -> list[str]:
         index = cuda.current_device()
         if backend == "cuda":
             major, minor = cuda.get_device_capability(index)
-            return [f"{major}.{minor}"]
+            return [cuda_capability(major, minor)]
         arch = str(cuda.get_device_properties(index).gcnArchName)
         return [arch.split(":", maxsplit=1)[0]]
     except Exception as exc:

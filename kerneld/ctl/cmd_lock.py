@@ -41,6 +41,7 @@ from kerneld_client.lockfile import (
     read_pyproject_dependencies,
 )
 from kerneld_client.metadata import kernel_depends
+from kerneld_client.vocabulary import is_commit
 
 MAX_METADATA = 1 << 20
 
@@ -73,7 +74,6 @@ class HubSource:
         self.endpoint = self.hub.endpoint
 
     def commit(self, dep: Dependency) -> str:
-        from kerneld.upstream.base import is_commit
 
         if dep.version is not None:
             versions = self.hub.list_refs(dep.repo_id).versions()

@@ -13,9 +13,10 @@ from kerneld_client.lockfile import (
     load_lockfile,
     read_pyproject_dependencies,
 )
+from kerneld_client.vocabulary import is_commit, is_repo_id
 
-_SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?::(\d+)|@(\S+))?$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: `<repo>`, `<repo>:<version>` or `<repo>@<revision>`; the repo id is checked by its one rule.
+_SPEC = re.compile(r"^([^:@\s]+)(?::(\d+)|@(\S+))?$")
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Spec:
 def parse_spec(text: str) -> Spec:
     """`org/name` (main), `org/name:1` (branch v1), `org/name@rev` (branch, tag or commit)."""
     m = _SPEC.match(text.strip())
-    if not m or ".." in m.group(1):
+    if not m or not is_repo_id(m.group(1)):
         raise CtlError(
             f"bad kernel {text!r}: expected org/name, org/name:VERSION or org/name@REVISION",
             code=EXIT_USAGE,
@@ -73,7 +74,7 @@ def parse_spec(text: str) -> Spec:
     repo, version, rev = m.group(1), m.group(2), m.group(3)
     if version is not None:
         return Spec(repo, version=int(version))
-    if rev is not None and _COMMIT.match(rev):
+    if rev is not None and is_commit(rev):
         return Spec(repo, locked_commit=rev)
     return Spec(repo, revision=rev)
 

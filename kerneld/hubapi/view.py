@@ -39,8 +39,9 @@ from kerneld.server.errors import RateLimited
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.store import PublishedFile, RefRow, ResourceExhaustedError
-from kerneld.upstream.base import Refs, RemoteFile, is_commit
+from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
+from kerneld_client.vocabulary import is_commit
 
 log = logging.getLogger("kerneld.hubapi")
 

@@ -35,7 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kerneld.upstream.base import SHA256_RE, RemoteFile, check_repo_id, is_commit
+from kerneld.upstream.base import RemoteFile, check_repo_id
+from kerneld_client.vocabulary import is_commit, is_hex
 
 FORMAT = "kerneld-mirror"
 VERSION = 1
@@ -57,7 +58,7 @@ def manifest_path(repo_id: str, commit: str) -> str:
 
 
 def blob_path(sha256: str) -> str:
-    if not SHA256_RE.match(sha256):
+    if not is_hex(sha256, 64):
         raise MirrorFormatError(f"not a sha256 hex digest: {sha256!r}")
     return f"blobs/sha256/{sha256[:2]}/{sha256}"
 
@@ -140,7 +141,7 @@ def _file(entry: Any, variant: str) -> RemoteFile:
     git_sha1 = entry.get("git_sha1")
     if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool):
         raise MirrorFormatError(f"variant {variant!r}: bad file entry {entry!r}")
-    if size < 0 or not isinstance(sha256, str) or not SHA256_RE.match(sha256):
+    if size < 0 or not isinstance(sha256, str) or not is_hex(sha256, 64):
         raise MirrorFormatError(f"variant {variant!r}: bad size or sha256 for {path!r}")
     if git_sha1 is not None and not (isinstance(git_sha1, str) and is_commit(git_sha1)):
         raise MirrorFormatError(f"variant {variant!r}: bad git_sha1 for {path!r}")

@@ -17,8 +17,9 @@ from typing import Any
 from kerneld.mirror.destination import ExportError
 from kerneld.store import Store
 from kerneld.store.manifest import ManifestEntry, parse_manifest
-from kerneld.upstream.base import check_repo_id, is_commit
+from kerneld.upstream.base import check_repo_id
 from kerneld_client.lockfile import LockFile
+from kerneld_client.vocabulary import is_commit
 
 _SPEC_RE = re.compile(r"^([^/@:\s]+/[^/@:\s]+)(?::(\d+)|@(\S+))?$")
 #: How long the export's leases keep its trees from GC (released when the export ends).

@@ -39,7 +39,8 @@ from kerneld.mirror.selection import SelectedKernel
 from kerneld.store import Store
 from kerneld.store.layout import FILE_MODE_EXEC
 from kerneld.store.manifest import ManifestEntry
-from kerneld.upstream.base import RemoteFile, is_commit
+from kerneld.upstream.base import RemoteFile
+from kerneld_client.vocabulary import is_commit
 
 
 @dataclass

@@ -14,7 +14,8 @@ from typing import Any
 from kerneld.publish import PublishError
 from kerneld.store import StoreError
 from kerneld.store.paths import validate_ref, validate_repo
-from kerneld.upstream.base import check_repo_id, is_commit
+from kerneld.upstream.base import check_repo_id
+from kerneld_client.vocabulary import is_commit
 
 #: `is_ancestor(older, newer)`: True/False, or None when it cannot be told (unknown commit).
 Ancestry = Callable[[str, str], bool | None]

@@ -26,10 +26,10 @@ from kerneld.server.bounds import (
     clip,
 )
 from kerneld.store import Lease
-from kerneld.upstream.base import is_commit
 from kerneld_client.metadata import backend_of, kernel_depends
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.variants import Decision, PlatformFacts
+from kerneld_client.vocabulary import is_commit
 from kerneld_client.wire import decision_to_proto, facts_from_proto
 
 

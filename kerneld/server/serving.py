@@ -38,9 +38,9 @@ from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics
 from kerneld.server.trust import PublisherTrust, UntrustedPublisher
 from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
-from kerneld.upstream.base import is_commit
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide
+from kerneld_client.vocabulary import is_commit
 
 log = logging.getLogger("kerneld.daemon")
 

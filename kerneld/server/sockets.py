@@ -26,16 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kerneld.config import SocketConfig
-from kerneld_client.file_locks import try_flock
+from kerneld_client.file_locks import PidLock, PidLockHeld
 from kerneld_client.locations import Advert, advert_path
 
 log = logging.getLogger("kerneld.sockets")
 
 #: sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
-#: `flock` needs only a read-only descriptor: a lock file others could open would let any local
-#: user hold it and keep the daemon from (re)starting.
-LOCK_FILE_MODE = 0o600
 
 
 class SocketBusy(Exception):
@@ -47,33 +44,22 @@ class SocketSetupError(Exception):
 
 
 class SocketLock:
-    """The exclusive lock that makes one daemon the owner of a socket path."""
+    """The exclusive lock that makes one daemon the owner of a socket path (a `PidLock` on
+    `<socket>.lock`)."""
 
     def __init__(self, sock: Path) -> None:
         self.path = sock.with_name(sock.name + ".lock")
         sock.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        fd = os.open(
-            self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, LOCK_FILE_MODE
-        )
-        if not try_flock(fd):
-            try:
-                pid = os.pread(fd, 32, 0).decode().strip() or "unknown"
-            except (OSError, UnicodeDecodeError):
-                pid = "unknown"
-            os.close(fd)
+        try:
+            self._lock = PidLock(self.path)
+        except PidLockHeld as exc:
             raise SocketBusy(
-                f"another kerneld (pid {pid}) is serving {sock}; stop it first, or give this one "
-                "another --socket/--admin-socket"
-            )
-        os.fchmod(fd, LOCK_FILE_MODE)  # lock files made before they became private
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd: int | None = fd
+                f"another kerneld (pid {exc.pid or 'unknown'}) is serving {sock}; stop it first, "
+                "or give this one another --socket/--admin-socket"
+            ) from None
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._lock.release()
 
 
 def is_live(path: Path) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneld_client.file_locks import try_flock
+from kerneld_client.vocabulary import is_hex
 
 from . import faults
 from .errors import (
@@ -40,7 +41,7 @@ from .errors import (
     SizeMismatchError,
     StoreError,
 )
-from .layout import FILE_MODE_BLOB, is_hex
+from .layout import FILE_MODE_BLOB
 
 log = logging.getLogger("kerneld.store.blobs")
 

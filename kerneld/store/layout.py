@@ -65,10 +65,6 @@ FILE_MODE_PUBLIC = 0o644
 FILE_MODE_DB = 0o600
 
 
-def is_hex(value: str, length: int) -> bool:
-    return len(value) == length and all(c in "0123456789abcdef" for c in value)
-
-
 @dataclass(frozen=True)
 class Layout:
     """Every path of a store, derived from its root. Pure: creates nothing except in ``ensure``."""

@@ -32,7 +32,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kerneld_client.file_locks import OFD_WRITE, TreeGone, lock_shared, ofd_lock, try_flock
+from kerneld_client.file_locks import (
+    OFD_WRITE,
+    PidLock,
+    PidLockHeld,
+    TreeGone,
+    lock_shared,
+    ofd_lock,
+    pid_lock_held,
+    try_flock,
+)
 
 from .errors import StoreLockedError
 from .layout import FILE_MODE_LOCK
@@ -46,55 +55,27 @@ __all__ = [
     "hold_tree_lock",
     "is_held",
     "owner_is_running",
-    "read_owner_pid",
     "try_lock_exclusive",
 ]
 
 
-#: The owner lock is private: ``flock`` needs only a read-only descriptor, so a lock file other
-#: users could open would let any of them hold it and keep the daemon from starting.
-OWNER_LOCK_MODE = 0o600
-
-
 class OwnerLock:
-    """The exclusive lock that makes one process the owner of a store."""
+    """The exclusive lock that makes one process the owner of a store (a `PidLock`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, OWNER_LOCK_MODE)
-        if not try_flock(fd):
-            pid = read_owner_pid(fd)
-            os.close(fd)
-            raise StoreLockedError(str(path.parent), pid)
-        os.fchmod(fd, OWNER_LOCK_MODE)  # stores made before the lock became private
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd: int | None = fd
+        try:
+            self._lock = PidLock(path)
+        except PidLockHeld as exc:
+            raise StoreLockedError(str(path.parent), exc.pid) from None
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def read_owner_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode().strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
-        return None
+        self._lock.release()
 
 
 def owner_is_running(path: Path) -> bool:
     """True if some process holds the owner lock (a live daemon)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        return not try_flock(fd, shared=True)
-    finally:
-        os.close(fd)
+    return pid_lock_held(path)
 
 
 def create_tree_lock(path: Path) -> None:

@@ -9,6 +9,8 @@ import logging
 import time
 from collections.abc import Iterable
 
+from kerneld_client.vocabulary import is_commit
+
 from .errors import DeniedError, InvalidInputError, log_context
 from .index import ALL, DenyRow, NegativeRow, PinRow, RefRow
 from .paths import validate_commit, validate_ref, validate_repo, validate_variant
@@ -32,7 +34,7 @@ class Names:
         ref = self._state.index.get_ref(repo, revision)
         if ref is not None:
             return ref.commit
-        if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        if is_commit(revision):
             return revision
         return None
 

@@ -11,6 +11,8 @@ import re
 import stat
 from collections.abc import Iterable
 
+from kerneld_client.vocabulary import is_commit, is_hex, is_repo_id
+
 from .errors import (
     DuplicatePathError,
     InvalidDigestError,
@@ -20,7 +22,7 @@ from .errors import (
     PathConflictError,
     UnsupportedFileTypeError,
 )
-from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC, is_hex
+from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
@@ -29,7 +31,6 @@ MAX_PATH_BYTES = 4096
 #: never delete it.
 MAX_PATH_DEPTH = 64
 
-_REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,95})$")
 _REF = re.compile(r"^[A-Za-z0-9._/+-]{1,255}$")
 
 
@@ -117,22 +118,20 @@ def normalize_mode(mode: int, path: str, **ctx: str | None) -> int:
 
 
 def validate_repo(repo: object) -> str:
-    """A Kernel Hub repo id ``org/name``."""
+    """A Kernel Hub repo id ``org/name`` (the rule: `kerneld_client.vocabulary.is_repo_id`)."""
     if not isinstance(repo, str):
         raise InvalidRepoError(f"repo id must be a string, got {type(repo).__name__}")
-    parts = repo.split("/")
-    if len(parts) != 2 or not all(_REPO_PART.match(p) for p in parts):
+    if not is_repo_id(repo):
         raise InvalidRepoError(
-            f"invalid repo id {repo!r}: expected 'org/name' of letters, digits, '.', '_', '-'"
+            f"invalid repo id {repo!r}: expected 'org/name' of letters, digits, '.', '_', '-' "
+            "(no '..')"
         )
-    if any(p in (".", "..") or ".." in p for p in parts):
-        raise InvalidRepoError(f"invalid repo id {repo!r}: '..' is not allowed")
     return repo
 
 
 def validate_commit(commit: object, **ctx: str | None) -> str:
     """A full 40-hex git commit id (lower case)."""
-    if not isinstance(commit, str) or not is_hex(commit, 40):
+    if not isinstance(commit, str) or not is_commit(commit):
         raise InvalidRevisionError(
             f"invalid commit {commit!r}: expected 40 lower-case hex digits", **ctx
         )

@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kerneld_client.vocabulary import is_hex
+
 from .index import Index
-from .layout import DIR_MODE_TREE, FILE_MODE_BLOB, Layout, is_hex, user_name
+from .layout import DIR_MODE_TREE, FILE_MODE_BLOB, Layout, user_name
 from .manifest import parse_manifest
 
 log = logging.getLogger("kerneld.store.verify")

@@ -8,22 +8,16 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+from kerneld_client.vocabulary import is_repo_id
 
 #: Files never taken from an upstream (REFERENCE.md section 1).
 SKIPPED_PARTS = ("__pycache__",)
 SKIPPED_SUFFIXES = (".pyc",)
 
 
-def is_commit(revision: str) -> bool:
-    return bool(COMMIT_RE.match(revision))
-
-
 def check_repo_id(repo_id: str) -> str:
     """Validate an `org/name` repo id before it reaches a URL or a path."""
-    if not REPO_ID_RE.match(repo_id) or ".." in repo_id:
+    if not is_repo_id(repo_id):
         raise ValueError(
             f"invalid kernel repo id {repo_id!r}: expected 'org/name' "
             "(letters, digits, '.', '_', '-')"

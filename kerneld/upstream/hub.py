@@ -40,14 +40,7 @@ from huggingface_hub.utils import (
 from huggingface_hub.utils._http import hf_request_event_hook
 
 from kerneld import __version__
-from kerneld.upstream.base import (
-    SHA256_RE,
-    Refs,
-    RemoteFile,
-    check_repo_id,
-    is_commit,
-    skipped,
-)
+from kerneld.upstream.base import Refs, RemoteFile, check_repo_id, skipped
 from kerneld.upstream.errors import (
     EntryNotFound,
     MalformedAnswer,
@@ -64,6 +57,7 @@ from kerneld.upstream.retry import (
     request_timeout,
     with_retries,
 )
+from kerneld_client.vocabulary import is_commit, is_hex
 
 T = TypeVar("T")
 
@@ -150,7 +144,7 @@ def _remote_file(rel: str, entry: RepoFile) -> RemoteFile | None:
     if entry.lfs is not None:
         # An LFS file's git oid is the pointer's, not the content's: only sha256 counts.
         size, sha256 = _size(entry.lfs.size), entry.lfs.sha256
-        if size is None or not isinstance(sha256, str) or not SHA256_RE.match(sha256):
+        if size is None or not isinstance(sha256, str) or not is_hex(sha256, 64):
             return None
         return RemoteFile(rel, size, sha256=sha256)
     size, blob_id = _size(entry.size), entry.blob_id

@@ -35,7 +35,7 @@ from kerneld.mirror.documents import (
     refs_path,
 )
 from kerneld.mirror.keys import SignatureError, sig_path, verify_signature
-from kerneld.upstream.base import Refs, RemoteFile, check_repo_id, is_commit
+from kerneld.upstream.base import Refs, RemoteFile, check_repo_id
 from kerneld.upstream.errors import (
     EntryNotFound,
     RepoNotFound,
@@ -50,6 +50,7 @@ from kerneld.upstream.retry import (
     request_timeout,
     with_retries,
 )
+from kerneld_client.vocabulary import is_commit
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey

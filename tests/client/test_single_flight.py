@@ -15,14 +15,14 @@ import pytest
 
 from kerneld_client import get_kernel, loaded_kernels
 from kerneld_client.loading import call
-from kerneld_client.loading.call import SingleFlight
 from kerneld_client.loading.context import LoadOptions, parse_request
+from kerneld_client.single_flight import SingleFlight
 
 WAIT_S = 10
 
 
 def test_one_call_per_key_while_it_runs() -> None:
-    flights: SingleFlight[int] = SingleFlight()
+    flights: SingleFlight[str, int] = SingleFlight()
     started, release = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -48,7 +48,7 @@ def test_one_call_per_key_while_it_runs() -> None:
 
 
 def test_a_failure_reaches_every_waiter_and_the_next_call_runs_again() -> None:
-    flights: SingleFlight[int] = SingleFlight()
+    flights: SingleFlight[str, int] = SingleFlight()
     started, release = threading.Event(), threading.Event()
 
     def failing() -> int:
@@ -78,13 +78,13 @@ def test_a_failure_reaches_every_waiter_and_the_next_call_runs_again() -> None:
 
 
 def test_reentry_on_the_same_thread_does_not_wait_for_itself() -> None:
-    flights: SingleFlight[int] = SingleFlight()
+    flights: SingleFlight[str, int] = SingleFlight()
     assert flights.do("k", lambda: flights.do("k", lambda: 5) + 1) == 6
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_does_not_wait_for_the_parents_flight() -> None:
-    flights: SingleFlight[int] = SingleFlight()
+    flights: SingleFlight[str, int] = SingleFlight()
     started, release = threading.Event(), threading.Event()
 
     def slow() -> int:

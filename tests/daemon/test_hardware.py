@@ -10,6 +10,7 @@ import pytest
 from kerneld.hardware import Hardware, cuda_for_driver, detect, gfx_name, nvidia_capability
 from kerneld.prefetch import ClientPlatforms, host_backends, plan_variants
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
+from kerneld_client.vocabulary import normalise_machine
 from tests.daemon import fakehosts
 from tests.fixtures_daemon import MULTI_VARIANTS
 
@@ -25,8 +26,15 @@ def test_cpu_only_host(tmp_path: Path) -> None:
 
 
 def test_empty_root_is_cpu_only(tmp_path: Path) -> None:
-    assert detect(tmp_path, machine="AMD64").gpus == ()
-    assert detect(tmp_path, machine="arm64").cpu == "aarch64"
+    assert detect(tmp_path, machine="aarch64").gpus == ()
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64", "arm64", "AMD64", "ppc64le"])
+def test_the_daemon_names_the_machine_as_the_client_does(tmp_path: Path, machine: str) -> None:
+    """One rule (kerneld_client.vocabulary): a daemon that spelt the machine otherwise would
+    prefetch variants no client on the host asks for."""
+    hw = detect(tmp_path, machine=machine)
+    assert hw.cpu == normalise_machine(machine, hw.os)
 
 
 def test_nvidia_host(tmp_path: Path) -> None:

@@ -185,8 +185,8 @@ def inside(path: Path, root: Path) -> bool:
 
 def check_lockfile(data: bytes | str) -> None:
     """`parse_lockfile`: a LockFile whose entries are valid and round-trip, or LockfileError."""
-    from kerneld.upstream.base import REPO_ID_RE
     from kerneld_client.lockfile import LockfileError, dumps_locks, parse_lockfile
+    from kerneld_client.vocabulary import is_repo_id
 
     out = typed(lambda: parse_lockfile(data, source="fuzz.lock"), (LockfileError,), "lockfile")
     if out.error is not None:
@@ -196,7 +196,7 @@ def check_lockfile(data: bytes | str) -> None:
     assert lock is not None
     expect(lock.format in ("0.17", "old"), f"unknown format {lock.format!r}")
     for repo_id, commit, _ref in lock.pinned():
-        expect(REPO_ID_RE.match(repo_id) and ".." not in repo_id, f"bad repo id {repo_id!r}")
+        expect(is_repo_id(repo_id), f"bad repo id {repo_id!r}")
         expect(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", commit), f"bad commit {commit!r}")
     for old in lock.old:
         for name, vh in old.variants.items():
@@ -212,14 +212,14 @@ def check_lockfile(data: bytes | str) -> None:
 
 def check_pyproject(data: bytes, workdir: Path) -> None:
     """`read_pyproject_dependencies`: valid dependencies, or LockfileError."""
-    from kerneld.upstream.base import REPO_ID_RE
     from kerneld_client.lockfile import MAX_VERSION, LockfileError, read_pyproject_dependencies
+    from kerneld_client.vocabulary import is_repo_id
 
     path = workdir / "pyproject.toml"
     path.write_bytes(data)
     out = typed(lambda: read_pyproject_dependencies(path), (LockfileError,), "pyproject")
     for dep in out.value or []:
-        expect(REPO_ID_RE.match(dep.repo_id), f"bad repo id {dep.repo_id!r}")
+        expect(is_repo_id(dep.repo_id), f"bad repo id {dep.repo_id!r}")
         expect(dep.version is not None and 0 <= dep.version <= MAX_VERSION, f"bad {dep}")
 
 

@@ -10,9 +10,10 @@ inject it with `set_platform_facts()` or `KERNELD_PLATFORM_JSON`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from kerneld_client.vocabulary import capability_number
 
 __all__ = [
     "SUPPORTED_DEVICE_TYPES",
@@ -120,19 +121,3 @@ def coerce_device(value: Any) -> Device:
         lo, hi = props.min_capability, props.max_capability
         converted = CUDAProperties(lo, hi) if dtype == "cuda" else ROCMProperties(lo, hi)
     return Device(type=dtype, properties=converted)
-
-
-_NUMERIC = re.compile(r"([0-9]+)\.([0-9]+)")
-_GFX = re.compile(r"gfx([0-9]+)([0-9a-f])([0-9a-f])(?::.*)?")
-
-
-def capability_number(text: str) -> int | None:
-    """`"8.6"` -> 86; a ROCm target `"gfx942"` -> 94 (major 9, minor 4, as torch's
-    `get_device_capability` reports it on ROCm); None when not understood."""
-    m = _NUMERIC.fullmatch(text.strip())
-    if m is not None:
-        return int(m.group(1)) * 10 + int(m.group(2))
-    g = _GFX.fullmatch(text.strip().lower())
-    if g is not None:
-        return int(g.group(1)) * 10 + int(g.group(2), 16)
-    return None

@@ -11,10 +11,8 @@ since each caller may pass its own `fallback=` object and policy.
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
@@ -23,64 +21,14 @@ from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_e
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.pipeline import load
 from kerneld_client.platform import current_platform
+from kerneld_client.single_flight import SingleFlight
 
 if TYPE_CHECKING:
     from kerneld_client.loading.fallback import FallbackPolicy
 
-T = TypeVar("T")
-
-
-class _Call(Generic[T]):
-    __slots__ = ("done", "error", "owner", "value")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.owner = threading.get_ident()
-        self.value: T | None = None
-        self.error: BaseException | None = None
-
-
-class SingleFlight(Generic[T]):
-    """`do(key, fn)`: run `fn` once for all the threads that ask for `key` meanwhile."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[Hashable, _Call[T]] = {}
-        os.register_at_fork(after_in_child=self._forget)
-
-    def do(self, key: Hashable, fn: Callable[[], T]) -> T:
-        with self._lock:
-            call = self._calls.get(key)
-            leader = call is None
-            if call is None:
-                call = self._calls[key] = _Call()
-        if not leader:
-            if call.owner == threading.get_ident():
-                return fn()  # re-entered on the same thread: waiting would be for ourselves
-            call.done.wait()
-            if call.error is not None:
-                raise call.error
-            return call.value  # type: ignore[return-value]
-        try:
-            call.value = fn()
-            return call.value
-        except BaseException as exc:
-            call.error = exc
-            raise
-        finally:
-            with self._lock:
-                del self._calls[key]
-            call.done.set()
-
-    def _forget(self) -> None:
-        """In a forked child: the parent's threads (and their calls) are not there."""
-        self._lock = threading.Lock()
-        self._calls = {}
-
-
 #: (request, backend, options) -> what the first successful load of it gave.
 _memo: dict[tuple[object, ...], LoadedKernel] = {}
-_flights: SingleFlight[LoadedKernel | KernelError] = SingleFlight()
+_flights: SingleFlight[Hashable, LoadedKernel | KernelError] = SingleFlight()
 
 
 def run(

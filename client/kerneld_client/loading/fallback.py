@@ -8,7 +8,7 @@ Hub would say the same or, worse, serve what the admin refused.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from kerneld_client import _config
@@ -20,12 +20,12 @@ from kerneld_client.errors import (
     NoCompatibleVariant,
     RevisionNotFound,
 )
-from kerneld_client.loading.call import SingleFlight
 from kerneld_client.loading.context import MISSING, LoadContext, as_kernel_error
 from kerneld_client.loading.hub import HubSource
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.materialize import dependency_requests, materialize
 from kerneld_client.loading.pipeline import load
+from kerneld_client.single_flight import SingleFlight
 
 
 class FallbackPolicy(str, enum.Enum):
@@ -36,7 +36,7 @@ class FallbackPolicy(str, enum.Enum):
     ERROR = "error"  # raise the typed error
 
 
-_hub_flights: SingleFlight[LoadedKernel] = SingleFlight()
+_hub_flights: SingleFlight[Hashable, LoadedKernel] = SingleFlight()
 
 
 def fall_back(

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from kerneld_client.vocabulary import parse_cuda_capability
+
 _CUDA_ARCH_RE = re.compile(r"([0-9]+)\.([0-9]+)([af]?)(\+PTX)?")
-_CAPABILITY_RE = re.compile(r"([0-9]+)\.([0-9]+)")
 
 
 def _cuda_arch_supports(arch: str, cap: tuple[int, int]) -> bool | None:
@@ -43,11 +44,7 @@ def arch_compatible(archs: Sequence[str], capability: str) -> tuple[bool, str]:
         if target in archs:
             return True, f"ROCm arch {target} is declared by the build"
         return False, f"ROCm arch {target} is not among the build's architectures: {listed}"
-    m = _CAPABILITY_RE.fullmatch(capability)
-    try:
-        cap = (int(m.group(1)), int(m.group(2))) if m is not None else None
-    except ValueError:  # more digits than int() converts
-        cap = None
+    cap = parse_cuda_capability(capability)
     if cap is None:
         return True, f"device capability {capability[:40]!r} is not understood; not checked"
     verdicts = [_cuda_arch_supports(a, cap) for a in archs]
