@@ -21,9 +21,11 @@ them between calls), and the once-per-kernel fallback warning.
                             owned by another user is refused (UntrustedPath)
     ... and the variables of the ENV_* constants below, each with its `#:` comment.
 
-Socket and store paths are `locations.py`'s (they are where things are, not how to behave);
-the start-up hook reads KERNELD_HOOK_KERNELS itself (`integrations/_autohook.py`: it runs at
-every interpreter start and imports nothing). Yes/no values are one convention, `flag`.
+This is the one module of the client that reads the environment: `locations.py` turns the path
+variables read here into where things are (sockets, stores, caches), the `kernels` hook asks
+here for HF_ENDPOINT. The one exception is the start-up gate, KERNELD_HOOK_KERNELS, which
+`kerneld_client_hook.pth` and `integrations/_autohook.py` read at every interpreter start
+before anything of ours is imported. Yes/no values are one convention, `flag`.
 """
 
 from __future__ import annotations
@@ -35,9 +37,8 @@ import threading
 import warnings
 from pathlib import Path
 
-from kerneld_client.locations import user_cache_dir
-
 __all__ = [
+    "ENV_ADMIN_SOCKET",
     "ENV_ALLOW_NONDETERMINISTIC",
     "ENV_BACKOFF",
     "ENV_BYTECODE_CACHE",
@@ -46,11 +47,14 @@ __all__ = [
     "ENV_DISABLE_KERNEL_MAPPING",
     "ENV_FALLBACK",
     "ENV_FETCH_TIMEOUT",
+    "ENV_HF_ENDPOINT",
     "ENV_HUB_CACHE",
     "ENV_LOCAL_KERNELS",
     "ENV_PLATFORM_JSON",
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
+    "ENV_SOCKET",
+    "ENV_STORE",
     "ENV_STORE_OWNER",
     "ENV_TIMEOUT",
     "ENV_VERIFY",
@@ -58,11 +62,14 @@ __all__ = [
     "KernelFallbackWarning",
     "backoff_s",
     "coalescing",
+    "env_path",
+    "env_value",
     "fallback_policy",
     "fetch_timeout_s",
     "flag",
+    "hf_endpoint",
+    "home_dir",
     "hooked",
-    "hub_cache_dir",
     "is_off",
     "kernels_logger",
     "raw",
@@ -77,6 +84,14 @@ __all__ = [
 
 log = logging.getLogger("kerneld_client")
 
+#: The daemon's user socket, for what any `kerneld-users` member may ask (status): $KERNELD_SOCKET,
+#: else beside an explicit --admin-socket, else the defaults.
+ENV_SOCKET = "KERNELD_SOCKET"
+#: the daemon's admin socket (default: $KERNELD_ADMIN_SOCKET, else the one that exists, else
+#: /run/kerneld/admin.sock as root or on a system install, else $XDG_RUNTIME_DIR/kerneld/admin.sock)
+ENV_ADMIN_SOCKET = "KERNELD_ADMIN_SOCKET"
+#: The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
+ENV_STORE = "KERNELD_STORE"
 ENV_FALLBACK = "KERNELD_FALLBACK"
 ENV_REQUIRE = "KERNELD_REQUIRE"
 ENV_TIMEOUT = "KERNELD_TIMEOUT"
@@ -98,6 +113,8 @@ ENV_ALLOW_NONDETERMINISTIC = "KERNELD_ALLOW_NONDETERMINISTIC"
 ENV_DISABLE_KERNEL_MAPPING = "DISABLE_KERNEL_MAPPING"
 #: `LOCAL_KERNELS=org/a=/path:org/b=/path`, as `kernels` reads it.
 ENV_LOCAL_KERNELS = "LOCAL_KERNELS"
+#: What a job whose `kernels` is not hooked gets: `kernels`' own code, from HF_ENDPOINT.
+ENV_HF_ENDPOINT = "HF_ENDPOINT"
 #: A JSON facts object that replaces platform detection (tests, launchers that know better).
 ENV_PLATFORM_JSON = "KERNELD_PLATFORM_JSON"
 #: The system user of the packaged daemon (systemd `User=kerneld`, sysusers.d).
@@ -288,9 +305,27 @@ def passwd_file_uid(name: str) -> int | None:
     return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
 
 
-def hub_cache_dir() -> Path:
-    env = os.environ.get(ENV_HUB_CACHE)
-    return Path(env) if env else user_cache_dir() / "hub"
+def env_path(name: str) -> Path | None:
+    """A path variable's value (not stripped: a path may end in a space), None when unset or
+    empty."""
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def env_value(name: str) -> str | None:
+    """A variable's exact value, None when unset or empty (where the text itself matters, as
+    for the identity of $KERNELD_STORE)."""
+    return os.environ.get(name) or None
+
+
+def home_dir() -> Path:
+    """$HOME, else the password database's home."""
+    return Path(os.environ.get("HOME") or Path.home())
+
+
+def hf_endpoint() -> str:
+    """$HF_ENDPOINT, stripped: where `kernels` (and huggingface_hub) download from."""
+    return raw(ENV_HF_ENDPOINT)
 
 
 _warned: set[str] = set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kerneld_client import _config
+from kerneld_client import _config, locations
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, KernelError, NoCompatibleVariant
 from kerneld_client.loading.context import LoadContext, LoadOptions, parse_request
@@ -53,7 +53,7 @@ def install_kernel(
             version=version,
             revision=revision,
             facts=ctx.facts,
-            cache_root=_config.hub_cache_dir(),
+            cache_root=locations.hub_cache_dir(),
             trust_remote_code=trust_remote_code,
             user_agent=user_agent,
         )

@@ -20,10 +20,12 @@ import json
 import os
 from pathlib import Path
 
-ENV_SOCKET = "KERNELD_SOCKET"
-ENV_ADMIN_SOCKET = "KERNELD_ADMIN_SOCKET"
-#: The store a client reads: $KERNELD_STORE, else the running daemon's, else the defaults.
-ENV_STORE = "KERNELD_STORE"
+from kerneld_client import _config
+
+# The path variables' names, for the daemon and kerneldctl (they are read in `_config`).
+ENV_SOCKET = _config.ENV_SOCKET
+ENV_ADMIN_SOCKET = _config.ENV_ADMIN_SOCKET
+ENV_STORE = _config.ENV_STORE
 
 SYSTEM_RUN_DIR = Path("/run/kerneld")
 SYSTEM_STORE = Path("/var/lib/kerneld/store")
@@ -33,13 +35,14 @@ ADVERT_SUFFIX = ".json"
 ADVERT_FORMAT = "kerneld-advert"
 
 
-def _home() -> Path:
-    return Path(os.environ.get("HOME") or Path.home())
-
-
 def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else _home() / ".cache") / "kerneld"
+    base = _config.env_path("XDG_CACHE_HOME")
+    return (base or _config.home_dir() / ".cache") / "kerneld"
+
+
+def hub_cache_dir() -> Path:
+    """The `hub` fallback's download cache: $KERNELD_HUB_CACHE, else in the user's cache."""
+    return _config.env_path(_config.ENV_HUB_CACHE) or user_cache_dir() / "hub"
 
 
 def private_dir(path: Path, uid: int) -> bool:
@@ -73,8 +76,7 @@ def private_tmp_dir(name: str) -> Path | None:
 
 def runtime_dir() -> Path | None:
     """$XDG_RUNTIME_DIR (the user's private runtime directory), None when unset."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) if runtime else None
+    return _config.env_path("XDG_RUNTIME_DIR")
 
 
 def user_run_dir() -> Path:
@@ -83,8 +85,8 @@ def user_run_dir() -> Path:
 
 
 def user_config_file() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(base) if base else _home() / ".config") / "kerneld" / "kerneld.toml"
+    base = _config.env_path("XDG_CONFIG_HOME")
+    return (base or _config.home_dir() / ".config") / "kerneld" / "kerneld.toml"
 
 
 SYSTEM_CONFIG_FILE = Path("/etc/kerneld/kerneld.toml")
@@ -92,9 +94,9 @@ SYSTEM_CONFIG_FILE = Path("/etc/kerneld/kerneld.toml")
 
 def default_socket() -> Path:
     """The user socket a client talks to: $KERNELD_SOCKET, else the system one, else the user's."""
-    env = os.environ.get(ENV_SOCKET)
+    env = _config.env_path(ENV_SOCKET)
     if env:
-        return Path(env)
+        return env
     system = SYSTEM_RUN_DIR / SOCKET_NAME
     if system.exists():
         return system
@@ -102,9 +104,9 @@ def default_socket() -> Path:
 
 
 def default_admin_socket() -> Path:
-    env = os.environ.get(ENV_ADMIN_SOCKET)
+    env = _config.env_path(ENV_ADMIN_SOCKET)
     if env:
-        return Path(env)
+        return env
     system = SYSTEM_RUN_DIR / ADMIN_SOCKET_NAME
     if system.exists():
         return system
@@ -234,7 +236,7 @@ def default_store() -> Path:
 def named_store() -> tuple[Path, tuple[object, ...] | None]:
     """`default_store()`, and what named it as `store_identity()` gives it (None: the
     defaults), from the same read."""
-    env = os.environ.get(ENV_STORE)
+    env = _config.env_value(ENV_STORE)
     if env:
         return Path(env), _env_identity(env)
     read = _read_advert(advert_path(default_socket()))
@@ -248,7 +250,7 @@ def store_identity() -> tuple[object, ...] | None:
     check): the variable's value, else the daemon's advert (its path, and its inode and change
     time, which a new daemon or a change of its content, owner or mode renews). None when
     neither names it (no daemon: the defaults, which may change at any moment)."""
-    env = os.environ.get(ENV_STORE)
+    env = _config.env_value(ENV_STORE)
     if env:
         return _env_identity(env)
     advert = str(advert_path(default_socket()))

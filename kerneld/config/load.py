@@ -1,6 +1,6 @@
 """Where the daemon's settings come from: the file (`path`, $KERNELD_CONFIG, or the system or
-user file), then the `KERNELD_*` variables that override it. The one module that reads them
-(the command-line flags are applied by kerneld/server/main.py on top)."""
+user file), then the `KERNELD_*` variables that override it (read by `environment.py`; the
+command-line flags are applied by kerneld/server/main.py on top)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kerneld.config.environment import ENV_LOG_LEVEL, Environment
 from kerneld.config.errors import ConfigError
 from kerneld.config.model import LOG_LEVELS, Config, default_config
 from kerneld.config.parse import parse_config
@@ -22,26 +23,24 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-def apply_env(cfg: Config, env: Mapping[str, str]) -> Config:
+def apply_env(cfg: Config, env: Environment) -> Config:
     """`KERNELD_STORE`, `KERNELD_SOCKET`, `KERNELD_ADMIN_SOCKET`, `KERNELD_LOG_LEVEL` override."""
     updates: dict[str, Any] = {}
-    if env.get(locations.ENV_STORE):
-        updates["store_path"] = Path(env[locations.ENV_STORE])
-    if env.get(locations.ENV_SOCKET):
-        updates["user_socket"] = replace(cfg.user_socket, path=Path(env[locations.ENV_SOCKET]))
-    if env.get(locations.ENV_ADMIN_SOCKET):
-        updates["admin_socket"] = replace(
-            cfg.admin_socket, path=Path(env[locations.ENV_ADMIN_SOCKET])
-        )
-    if env.get("KERNELD_LOG_LEVEL"):
-        updates["log_level"] = _env_level(env["KERNELD_LOG_LEVEL"])
+    if env.store:
+        updates["store_path"] = env.store
+    if env.user_socket:
+        updates["user_socket"] = replace(cfg.user_socket, path=env.user_socket)
+    if env.admin_socket:
+        updates["admin_socket"] = replace(cfg.admin_socket, path=env.admin_socket)
+    if env.log_level:
+        updates["log_level"] = _env_level(env.log_level)
     return replace(cfg, **updates)
 
 
 def _env_level(value: str) -> str:
     if value not in LOG_LEVELS:
         raise ConfigError(
-            "environment", "KERNELD_LOG_LEVEL", f"expected debug/info/warning/error, got {value!r}"
+            "environment", ENV_LOG_LEVEL, f"expected debug/info/warning/error, got {value!r}"
         )
     return value
 
@@ -50,16 +49,16 @@ def load_config(
     path: Path | None = None, *, env: Mapping[str, str] | None = None, system: bool | None = None
 ) -> Config:
     """Load the config: `path`, else $KERNELD_CONFIG, else the system or user file if present."""
-    env = os.environ if env is None else env
-    if path is None and env.get("KERNELD_CONFIG"):
-        path = Path(env["KERNELD_CONFIG"])
+    environment = Environment.read(env)
+    if path is None and environment.config_file:
+        path = environment.config_file
     if system is None:
         system = os.geteuid() == 0 and path is None and locations.SYSTEM_CONFIG_FILE.exists()
     if path is None:
         candidate = locations.SYSTEM_CONFIG_FILE if system else locations.user_config_file()
         path = candidate if candidate.exists() else None
     if path is None:
-        return apply_env(default_config(system=system), env)
+        return apply_env(default_config(system=system), environment)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -70,4 +69,4 @@ def load_config(
         raise ConfigError(str(path), "(file)", f"not valid TOML: {exc}") from exc
     except RecursionError:
         raise ConfigError(str(path), "(file)", "not valid TOML: nested too deeply") from None
-    return apply_env(parse_config(doc, source=str(path), system=system), env)
+    return apply_env(parse_config(doc, source=str(path), system=system), environment)

@@ -189,9 +189,5 @@ def offline(ctx: Ctx) -> bool:
     return bool(getattr(ctx.args, "store", None))
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false", "no")
-
-
 def stdout_ctx(args: argparse.Namespace) -> Ctx:
     return Ctx(args=args, out=sys.stdout, err=sys.stderr)

@@ -415,9 +415,10 @@ def _quiet_library_logs() -> None:
     """kerneld's modules log for the daemon's journal; here their outcome is already reported
     by the command, so only errors pass unless $KERNELD_LOG_LEVEL asks for more."""
     import logging
-    import os
 
-    level = os.environ.get("KERNELD_LOG_LEVEL", "error").upper()
+    from kerneld.config.environment import Environment
+
+    level = (Environment.read().log_level or "error").upper()
     logging.basicConfig(
         level=getattr(logging, level, logging.ERROR),
         format="kerneldctl: %(levelname)s %(name)s: %(message)s",

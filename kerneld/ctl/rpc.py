@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kerneld.config.environment import Environment
 from kerneld.ctl.common import (
     EXIT_FAILURE,
     CtlError,
@@ -54,14 +55,15 @@ def system_install() -> bool:
     return locations.SYSTEM_CONFIG_FILE.exists() or locations.SYSTEM_STORE.exists()
 
 
-def _default_socket(env: str, name: str) -> Path:
-    """A socket the admin means: $ENV, else whichever daemon listens (system first), else the
-    system one when run as root or where the system install exists, else the user's."""
+def _default_socket(explicit_socket: Path | None, name: str) -> Path:
+    """A socket the admin means: the variable's (`explicit_socket`), else whichever daemon
+    listens (system first), else the system one when run as root or where the system install
+    exists, else the user's."""
     from kerneld_client import locations
 
-    explicit = os.environ.get(env)
+    explicit = explicit_socket
     if explicit:
-        return Path(explicit)
+        return explicit
     system = locations.SYSTEM_RUN_DIR / name
     user = locations.user_run_dir() / name
     if system.exists():
@@ -79,7 +81,7 @@ def admin_socket(ctx: Ctx) -> Path:
         return Path(explicit)
     from kerneld_client import locations
 
-    return _default_socket(locations.ENV_ADMIN_SOCKET, locations.ADMIN_SOCKET_NAME)
+    return _default_socket(Environment.read().admin_socket, locations.ADMIN_SOCKET_NAME)
 
 
 def user_socket(ctx: Ctx) -> Path:
@@ -87,13 +89,13 @@ def user_socket(ctx: Ctx) -> Path:
     $KERNELD_SOCKET, else beside an explicit --admin-socket, else the defaults."""
     from kerneld_client import locations
 
-    env = os.environ.get(locations.ENV_SOCKET)
+    env = Environment.read().user_socket
     if env:
-        return Path(env)
+        return env
     explicit = getattr(ctx.args, "admin_socket", None)
     if explicit:
         return Path(explicit).with_name(locations.SOCKET_NAME)
-    return _default_socket(locations.ENV_SOCKET, locations.SOCKET_NAME)
+    return _default_socket(env, locations.SOCKET_NAME)
 
 
 def _offline_hint(path: Path) -> str:

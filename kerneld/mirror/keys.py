@@ -36,6 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from kerneld.config.environment import Environment
 from kerneld_client import locations
 
 KEY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -44,7 +45,6 @@ SIG_FORMAT = "kerneld-mirror-sig"
 SIG_VERSION = 1
 SIG_SUFFIX = ".sig"
 CONTEXT = b"kerneld-mirror-v1\n"
-ENV_KEY_DIR = "KERNELD_KEY_DIR"
 SYSTEM_KEY_DIR = Path("/etc/kerneld/keys")
 MAX_SIG_BYTES = 64 << 10
 
@@ -69,9 +69,9 @@ def default_key_dir() -> Path:
     """$KERNELD_KEY_DIR, else /etc/kerneld/keys for root on a system install (kerneld.toml
     there), else ~/.config/kerneld/keys. Keys belong to the admin who signs: `kerneldctl` signs
     exports itself, also through the daemon, which never reads a private key."""
-    env = os.environ.get(ENV_KEY_DIR)
+    env = Environment.read().key_dir
     if env:
-        return Path(env)
+        return env
     if os.geteuid() == 0 and locations.SYSTEM_CONFIG_FILE.exists():
         return SYSTEM_KEY_DIR
     return locations.user_config_file().parent / "keys"

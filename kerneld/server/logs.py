@@ -13,11 +13,12 @@ cost megabytes of log.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import time
 from collections.abc import Mapping
+
+from kerneld.config.environment import Environment
 
 _PRIORITY = {
     logging.DEBUG: 7,
@@ -47,8 +48,7 @@ def redact(text: str) -> str:
 
 
 def under_systemd(env: Mapping[str, str] | None = None) -> bool:
-    env = os.environ if env is None else env
-    return bool(env.get("JOURNAL_STREAM") or env.get("INVOCATION_ID"))
+    return Environment.read(env).under_systemd
 
 
 class OneLineFormatter(logging.Formatter):

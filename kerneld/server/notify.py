@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import sdnotify
 
+from kerneld.config.environment import Environment
+
 if TYPE_CHECKING:
     from kerneld.store import Store
 
@@ -31,8 +33,7 @@ class Notifier:
     """Thin wrapper over `sdnotify` that knows whether systemd is listening."""
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
-        self.enabled = bool(env.get("NOTIFY_SOCKET"))
+        self.enabled = bool(Environment.read(env).notify_socket)
         self._lock = threading.Lock()
         self._notifier = sdnotify.SystemdNotifier() if self.enabled else None
         self._summary: Callable[[], str] | None = None
@@ -116,11 +117,11 @@ def store_summary(store: Store, socket: Path) -> str:
 def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
     """Seconds between pings (half of `WATCHDOG_USEC`), or None when no watchdog is armed for
     this process (`WATCHDOG_PID`, when set, must be ours)."""
-    env = os.environ if env is None else env
-    usec = env.get("WATCHDOG_USEC")
+    environment = Environment.read(env)
+    usec = environment.watchdog_usec
     if not usec:
         return None
-    pid = env.get("WATCHDOG_PID")
+    pid = environment.watchdog_pid
     if pid and pid != str(os.getpid()):
         return None
     try:

@@ -32,7 +32,6 @@ revision that does not exist, still raise as in `kernels`.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import warnings
@@ -84,7 +83,7 @@ def recognised(version: str) -> bool:
 
 def instead() -> str:
     """What a job whose `kernels` is not hooked gets: `kernels`' own code, from HF_ENDPOINT."""
-    endpoint = os.environ.get("HF_ENDPOINT", "").strip()
+    endpoint = _config.hf_endpoint()
     if endpoint:
         return (
             f"kernels' own code downloads from HF_ENDPOINT={endpoint} (where that is kerneld's "

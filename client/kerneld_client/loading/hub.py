@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from kerneld_client import _config, _trust, published_index
+from kerneld_client import _config, _trust, locations, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, UntrustedPath
 from kerneld_client.loading.context import LoadContext
@@ -38,7 +38,7 @@ class HubSource:
                     raise KernelDenied(reason or "denied on this host", repo_id=request.repo_id)
 
         check_denied(request.ref)
-        cache = _config.hub_cache_dir()
+        cache = locations.hub_cache_dir()
         tree = _hub.fetch(
             request.repo_id,
             version=request.version,
