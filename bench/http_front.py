@@ -88,8 +88,8 @@ def serve(kind: str) -> None:
         print(port, flush=True)
         server.serve_forever()
     elif kind == "front":
-        from kerneld.hubapi.peers import identify_peer
         from kerneld.server.httpd import HttpFront
+        from kerneld.server.peers import identify_peer
 
         front = HttpFront("bench", Handler, identify=identify_peer)
         front.add(sock, "bench", tcp=True)

@@ -1,6 +1,7 @@
 """atheris target: the HTTP front of the Hub endpoint and the metrics listener
 (`kerneld.server.httpd`, `httphead`) with the endpoint's own request parsing
-(`kerneld.hubapi.server`: routes, ranges). Input: the bytes a client sends on one connection."""
+(`kerneld.server.hubapi.server`: routes, ranges). Input: the bytes a client sends on one
+connection."""
 
 from __future__ import annotations
 
@@ -25,4 +26,4 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 
 
 if __name__ == "__main__":
-    run("http", ["kerneld.server.httpd", "kerneld.server.httphead", "kerneld.hubapi"], make)
+    run("http", ["kerneld.server.httpd", "kerneld.server.httphead", "kerneld.server.hubapi"], make)

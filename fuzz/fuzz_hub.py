@@ -1,6 +1,6 @@
 """atheris target: Hub tree listings served by a crafted Hub endpoint, read by HubUpstream
 (huggingface_hub underneath) and fetched into a real store (`kerneld.upstream.hub`,
-`kerneld.fetch`). Input: the recursive listing of build/<variant>, optionally followed by
+`kerneld.pipeline.fetch`). Input: the recursive listing of build/<variant>, optionally followed by
 `\\0` and the listing of build/."""
 
 from __future__ import annotations
@@ -33,4 +33,4 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 
 
 if __name__ == "__main__":
-    run("hub", ["kerneld.upstream.hub", "kerneld.fetch", "kerneld.store"], make)
+    run("hub", ["kerneld.upstream.hub", "kerneld.pipeline.fetch", "kerneld.store"], make)

@@ -46,6 +46,11 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 if __name__ == "__main__":
     run(
         "metadata",
-        ["kerneld.store", "kerneld.store.manifest", "kerneld.resolve", "kerneld.server.convert"],
+        [
+            "kerneld.store",
+            "kerneld.store.manifest",
+            "kerneld.pipeline.resolve",
+            "kerneld.server.convert",
+        ],
         make,
     )

@@ -65,6 +65,6 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 if __name__ == "__main__":
     run(
         "resolve",
-        ["kerneld.server.kernels_service", "kerneld.server.convert", "kerneld.resolve"],
+        ["kerneld.server.kernels_service", "kerneld.server.convert", "kerneld.pipeline.resolve"],
         make,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kerneld.mirror.documents import Manifest, MirrorWriter, blob_path, manifest_path
+from kerneld.mirror.upstream import MirrorDirUpstream, MirrorHttpUpstream
 from kerneld.upstream.base import RemoteFile
 from kerneld.upstream.errors import (
     EntryNotFound,
@@ -17,7 +18,6 @@ from kerneld.upstream.errors import (
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
-from kerneld.upstream.mirror import MirrorDirUpstream, MirrorHttpUpstream
 from kerneld.upstream.retry import RetryPolicy
 from tests.support.nginx import Nginx, nginx_binary
 

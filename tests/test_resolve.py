@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.fetch import Fetcher
-from kerneld.resolve import (
+from kerneld.mirror.upstream import MirrorDirUpstream, MirrorHttpUpstream
+from kerneld.pipeline.fetch import Fetcher
+from kerneld.pipeline.resolve import (
     DependencyCycle,
     FetchNotAllowed,
     KernelSpec,
@@ -19,7 +20,6 @@ from kerneld.resolve import (
 from kerneld.store import DeniedError, IntegrityError, Store
 from kerneld.upstream.errors import RevisionNotFound, UpstreamProtocolError, UpstreamUnavailable
 from kerneld.upstream.hub import HubUpstream
-from kerneld.upstream.mirror import MirrorDirUpstream, MirrorHttpUpstream
 from kerneld.upstream.retry import RetryPolicy
 from kerneld_client.variants import PlatformFacts
 from tests.fixtures_hub import REPO, VARIANT, SyntheticHub

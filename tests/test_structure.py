@@ -8,8 +8,13 @@ tree, so a comment or a string that mentions them does not count, and each check
 catch a violation.
 
 No module passes `MAX_LINES` (generated stubs aside): a module that grows past it is doing more
-than one job. No import cycle among kerneld's and the client's modules, counting imports at
-module level (`TYPE_CHECKING` blocks aside): a cycle means two modules are one.
+than one job. No import cycle among kerneld's and the client's modules, counting every import,
+those inside functions too (`TYPE_CHECKING` blocks aside): a cycle means two modules are one, and
+a lazy import only hides it. No cycle between packages either (`kerneld.server`, `kerneld.mirror`,
+`kerneld_client.loading`, ...): two packages that import each other are one layer.
+
+The environment is read in one settings module per package (`kerneld.config.environment`,
+`kerneld_client._config`), and the daemon uses only the client's public modules.
 """
 
 from __future__ import annotations
@@ -121,33 +126,34 @@ def test_no_module_passes_the_size_limit() -> None:
 
 
 def module_imports(source: str, module: str, *, is_package: bool, known: set[str]) -> set[str]:
-    """The modules of `known` that `module` imports at module level (`TYPE_CHECKING` aside)."""
+    """The modules of `known` that `module` imports anywhere (in functions too), the bodies of
+    `if TYPE_CHECKING:` aside (those run only under the type checker)."""
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, ast.If):
-                test = node.test
-                name = getattr(test, "id", None) or getattr(test, "attr", None)
-                visit(node.orelse if name == "TYPE_CHECKING" else node.body + node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body + node.orelse + node.finalbody)
-                for handler in node.handlers:
-                    visit(handler.body)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name in known)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[: len(parts) - (node.level - 1)]
-                    base = ".".join(parts + ([node.module] if node.module else []))
-                for alias in node.names:
-                    sub = f"{base}.{alias.name}"
-                    found.add(sub if sub in known else base)
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If):
+            test = node.test
+            name = getattr(test, "id", None) or getattr(test, "attr", None)
+            for child in node.orelse if name == "TYPE_CHECKING" else node.body + node.orelse:
+                visit(child)
+            visit(node.test)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
 
-    visit(ast.parse(source).body)
+    visit(ast.parse(source))
     return (found & known) - {module}
 
 
@@ -186,7 +192,7 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycles() -> None:
+def _import_graph() -> tuple[dict[str, set[str]], dict[str, Path]]:
     roots = {PACKAGE: "kerneld", ROOT / "client" / "kerneld_client": "kerneld_client"}
     files: dict[str, Path] = {}
     for base, name in roots.items():
@@ -200,15 +206,99 @@ def test_no_import_cycles() -> None:
         )
         for m, p in files.items()
     }
+    return graph, files
+
+
+def package_of(module: str, packages: set[str]) -> str:
+    """The top-level part a module belongs to: `kerneld.server.hubapi.view` -> `kerneld.server`
+    (a package directly under `kerneld`/`kerneld_client`), `kerneld.cli` -> itself."""
+    parts = module.split(".")
+    top = ".".join(parts[:2])
+    return top if top in packages else module
+
+
+def package_graph(graph: Mapping[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """Module imports lifted to the top-level packages (an import within one package drops)."""
+    lifted: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        source = package_of(module, packages)
+        for imported in imports:
+            target = package_of(imported, packages)
+            # A package's own __init__ (`kerneld`) is the root, not a layer.
+            if target != source and target not in ("kerneld", "kerneld_client"):
+                lifted.setdefault(source, set()).add(target)
+    return lifted
+
+
+def test_no_import_cycles() -> None:
+    graph, files = _import_graph()
     assert len(graph) > 100 and sum(map(len, graph.values())) > 200  # the walk sees imports
     assert cycles(graph) == []
+    packages = {m for m, p in files.items() if p.name == "__init__.py" and m.count(".") == 1}
+    assert {"kerneld.server", "kerneld.mirror", "kerneld_client.loading"} <= packages
+    assert cycles(package_graph(graph, packages)) == []
+
+
+#: Where the environment may be read: one settings module per package. The `.pth` start-up
+#: gate is not Python under the package. `publish/checkout.py` copies the environment into the
+#: `git` it runs (it reads no variable).
+SETTINGS_MODULES = {"kerneld/config/environment.py", "client/kerneld_client/_config.py"}
+PASSES_ENVIRONMENT_ON = {"kerneld/publish/checkout.py"}
+
+
+def environment_reads(source: str) -> list[str]:
+    """`os.environ`, `os.getenv`, `environ[...]`/`environ.get(...)`: each as text."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [
+                f"line {node.lineno}: from os import {a.name}"
+                for a in node.names
+                if a.name in ("environ", "getenv")
+            ]
+    return found
+
+
+def test_the_environment_is_read_in_one_settings_module_per_package() -> None:
+    offenders = {}
+    for base in (PACKAGE, ROOT / "client" / "kerneld_client"):
+        for path in _modules(base):
+            rel = str(path.relative_to(ROOT))
+            if rel in SETTINGS_MODULES | PASSES_ENVIRONMENT_ON:
+                continue
+            if hits := environment_reads(path.read_text(encoding="utf-8")):
+                offenders[rel] = hits
+    assert offenders == {}, "read it in the package's settings module: " + str(offenders)
+    for rel in SETTINGS_MODULES:
+        assert environment_reads((ROOT / rel).read_text(encoding="utf-8")), rel
+
+
+def test_the_daemon_uses_only_the_clients_public_modules() -> None:
+    graph, _ = _import_graph()
+    private = {
+        f"{m} -> {i}"
+        for m, imports in graph.items()
+        if m.startswith("kerneld.")
+        for i in imports
+        if i.startswith("kerneld_client.") and any(p.startswith("_") for p in i.split(".")[1:])
+    }
+    assert private == set(), "make it public in the client, or keep it on the client side"
 
 
 def test_the_shape_checks_catch_what_they_are_for() -> None:
     known = {"p", "p.a", "p.b"}
     assert module_imports("from p import b", "p.a", is_package=False, known=known) == {"p.b"}
     assert module_imports("from . import b", "p.a", is_package=False, known=known) == {"p.b"}
-    lazy = "def f():\n    import p.b\nif TYPE_CHECKING:\n    import p.b"
-    assert module_imports(lazy, "p.a", is_package=False, known=known) == set()
+    lazy = "def f():\n    import p.b"
+    assert module_imports(lazy, "p.a", is_package=False, known=known) == {"p.b"}
+    typing_only = "if TYPE_CHECKING:\n    import p.b\nelse:\n    x = 1"
+    assert module_imports(typing_only, "p.a", is_package=False, known=known) == set()
+    lifted = package_graph({"k.s.app": {"k.h.view"}, "k.h.view": {"k.s.core"}}, {"k.s", "k.h"})
+    assert cycles(lifted) == [["k.h", "k.s"]]
+    assert environment_reads("import os\nx = os.environ.get('A')")
+    assert environment_reads("from os import getenv")
+    assert not environment_reads("env = {}\nenv.get('A')  # os.environ")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []

@@ -8,7 +8,7 @@ Rules that keep a training job safe:
 - one channel per call, closed before the call returns: nothing of grpc's is open across a
   `fork()` the caller may do next; a child forked after grpc was imported never uses it
   (`_daemon_gate`, which also keeps the back-off and the probe);
-- every call carries this process's caller token (`_caller`);
+- every call carries this process's caller token (`caller`);
 - every call has a deadline: KERNELD_TIMEOUT (1 s) for calls that download nothing. A resolve
   that needs a download is asked in two steps: first without fetching, under the short deadline
   (a hung daemon is found within it); only if the daemon answers that the kernel must be
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kerneld_client import _config, _daemon_gate
-from kerneld_client._caller import caller_metadata, forget_token
 from kerneld_client._daemon_gate import daemon_down_reason, reset_backoff
 from kerneld_client._types import KernelRequest, SuspectReport
+from kerneld_client.caller import caller_metadata, forget_token
 from kerneld_client.errors import (
     DaemonUnavailable,
     KernelDenied,

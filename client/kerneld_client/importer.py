@@ -362,7 +362,7 @@ def _imported_from(module: ModuleType) -> Path | None:
 def _same_build(existing: ModuleType, folder: Path) -> bool:
     """Is `folder` the build `existing` was imported from: byte-identical metadata.json with a
     digest of every file, and `folder`'s files match that digest? (No code from `folder` runs.)"""
-    from kerneld_client import _verify
+    from kerneld_client import tree_verify
     from kerneld_client.errors import CorruptTree
 
     other = _imported_from(existing)
@@ -373,11 +373,11 @@ def _same_build(existing: ModuleType, folder: Path) -> bool:
         theirs = (other / "metadata.json").read_bytes()
     except OSError:
         return False
-    if mine != theirs or _verify.metadata_digest(mine) is None:
+    if mine != theirs or tree_verify.metadata_digest(mine) is None:
         return False
     try:
         # Bytecode a standard import wrote there is no part of the build (none of it runs).
-        _verify.verify_tree(folder, None, skip_bytecode=True)
+        tree_verify.verify_tree(folder, None, skip_bytecode=True)
     except CorruptTree:
         return False
     return True

@@ -73,10 +73,10 @@ def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], 
 
 def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
     from kerneld.config import ConfigError, load_config
-    from kerneld.fetch import Fetcher
-    from kerneld.hardware import detect
-    from kerneld.prefetch import ClientPlatforms, Prefetcher, parse_torch_versions
-    from kerneld.resolve import KernelSpec, Resolver
+    from kerneld.pipeline.fetch import Fetcher
+    from kerneld.pipeline.hardware import detect
+    from kerneld.pipeline.prefetch import ClientPlatforms, Prefetcher, parse_torch_versions
+    from kerneld.pipeline.resolve import KernelSpec, Resolver
 
     upstreams: list[Any]
     if ctx.args.hub_endpoint:

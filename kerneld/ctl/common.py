@@ -158,7 +158,7 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[An
             hint="drop --store to go through the daemon, or stop it first",
         )
     if writable:  # republishing the index: with the picks the daemon publishes
-        from kerneld.prefetch import saved_client_platforms
+        from kerneld.pipeline.prefetch import saved_client_platforms
 
         platforms = saved_client_platforms(root)
     try:

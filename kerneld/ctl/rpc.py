@@ -148,7 +148,7 @@ def _with_caller(channel: grpc.Channel, path: Path) -> grpc.Channel:
     lines name the admin's real uid (kerneld/server/identity.py); unchanged without one."""
     import grpc
 
-    from kerneld_client._caller import caller_metadata
+    from kerneld_client.caller import caller_metadata
 
     extra = caller_metadata(path)
     if not extra:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kerneld.ctl.common import Ctx, human_bytes
-from kerneld.fetch_progress import FetchProgress
+from kerneld.pipeline.fetch_progress import FetchProgress
 
 
 def progress_from_proto(event: Any) -> FetchProgress:

@@ -1,8 +1,8 @@
 """The one gate every front end passes to get a kernel: each decision is taken here, once.
 
 Front ends only translate: gRPC `Resolve` and `ListVariants` (`serving.py`), the Hub API
-endpoint (`kerneld.hubapi.view`), `kerneldctl prefetch` and the configured prefetch
-(`kerneld.prefetch`, through `Core.prefetch`) and the scrub's re-fetch (`scrubber.py`) call
+endpoint (`kerneld.server.hubapi.view`), `kerneldctl prefetch` and the configured prefetch
+(`kerneld.pipeline.prefetch`, through `Core.prefetch`) and the scrub's re-fetch (`scrubber.py`) call
 this service; the published index publishes only what it would answer (the store leaves out
 what the provenance gate refuses, and `publishers.json` holds only the trust verdicts below).
 The decisions, in the order a request meets them:
@@ -18,11 +18,11 @@ The decisions, in the order a request meets them:
    refuse an unverified one themselves while signatures are required, for every caller;
 5. the fetch gate (`open_network`, `may_fetch`): `[fetch] allow`, `allow_groups` and the
    caller's per-uid budget, with one audit line per decision;
-6. the fetch (`fetch_variant`): single-flight and verified (`kerneld.fetch.Fetcher`, which only
-   this service holds), recorded in the fetch history whoever asked.
+6. the fetch (`fetch_variant`): single-flight and verified (`kerneld.pipeline.fetch.Fetcher`,
+   which only this service holds), recorded in the fetch history whoever asked.
 
-Refs, variant choice, holds and dependencies are the resolver's (`kerneld.resolve`); it calls
-back here for 2-3 once it knows a kernel's commit (`admitter`) and for 6 (`fetch_variant`).
+Refs, variant choice, holds and dependencies are the resolver's (`kerneld.pipeline.resolve`);
+it calls back here for 2-3 once it knows a kernel's commit (`admitter`) and for 6 (`fetch_variant`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.fetch import Fetcher, FetchResult
-from kerneld.fetch_progress import FetchProgressFn
-from kerneld.resolve import Admit, FetchNotAllowed, KernelSpec
+from kerneld.pipeline.fetch import Fetcher, FetchResult
+from kerneld.pipeline.fetch_progress import FetchProgressFn
+from kerneld.pipeline.resolve import Admit, FetchNotAllowed, KernelSpec
 from kerneld.server.bounds import check_kernel_fields
 from kerneld.server.errors import RateLimited
 from kerneld.server.fetch_history import FetchHistory

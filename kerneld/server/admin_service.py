@@ -18,9 +18,9 @@ from typing import NoReturn
 
 import grpc
 
-from kerneld.fetch_progress import FetchProgress
-from kerneld.prefetch import parse_torch_versions
-from kerneld.resolve import KernelSpec
+from kerneld.pipeline.fetch_progress import FetchProgress
+from kerneld.pipeline.prefetch import parse_torch_versions
+from kerneld.pipeline.resolve import KernelSpec
 from kerneld.server import convert
 from kerneld.server.core import Core
 from kerneld.server.errors import Unimplemented, abort, classify, log_level, rpc_handler

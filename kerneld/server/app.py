@@ -30,10 +30,10 @@ from grpc_reflection.v1alpha import reflection
 
 from kerneld import __version__
 from kerneld.config import Config, ConfigError, config_key
-from kerneld.hubapi.server import HubApiServer
 from kerneld.server.access import apply_store_access
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
+from kerneld.server.hubapi.server import HubApiServer
 from kerneld.server.identity import (
     CallerInterceptor,
     CredentialListener,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from kerneld.resolve import KernelSpec, Resolution
+from kerneld.pipeline.resolve import KernelSpec, Resolution
 from kerneld.server.bounds import (
     MAX_CLIENT,
     MAX_DEVICES,

@@ -21,11 +21,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from kerneld.config import Config
-from kerneld.fetch import Fetcher
-from kerneld.hardware import Hardware, detect
-from kerneld.prefetch import ClientPlatforms, Emit, Prefetcher, PrefetchSummary, platforms_file
-from kerneld.provenance import provenance_check
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.pipeline.fetch import Fetcher
+from kerneld.pipeline.hardware import Hardware, detect
+from kerneld.pipeline.prefetch import (
+    ClientPlatforms,
+    Emit,
+    Prefetcher,
+    PrefetchSummary,
+    platforms_file,
+)
+from kerneld.pipeline.provenance import provenance_check
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server import logs
 from kerneld.server.acquire import Acquire
 from kerneld.server.errors import NotReady

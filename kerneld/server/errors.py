@@ -49,7 +49,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import grpc
 
 from kerneld.config import ConfigError
-from kerneld.resolve import (
+from kerneld.pipeline.resolve import (
     DependencyCycle,
     FetchNotAllowed,
     NoVariantFits,

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kerneld.fetch import FetchResult
+from kerneld.pipeline.fetch import FetchResult
 from kerneld.server.metrics import Metrics
 from kerneld.store import IntegrityError
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound

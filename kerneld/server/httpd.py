@@ -494,7 +494,7 @@ class HttpListeners:
         limits: HttpLimits | None = None,
     ) -> None:
         """`socket` gives the unix socket's mode and group (default 0660, the daemon's group);
-        `identify` names each peer at accept (`kerneld.hubapi.peers.identify_peer`), `admit`
+        `identify` names each peer at accept (`kerneld.server.peers.identify_peer`), `admit`
         checks it."""
         self.name = name
         self.where: list[str] = []

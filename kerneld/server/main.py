@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
 
     if args.check_config:
-        from kerneld.hardware import detect
+        from kerneld.pipeline.hardware import detect
 
         print(dump_config(cfg), end="")
         logging.disable(logging.CRITICAL)

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
 from prometheus_client.core import GaugeMetricFamily
 
 from kerneld.config import SocketConfig
-from kerneld.hubapi.peers import identify_peer
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.httphead import HttpLimits
+from kerneld.server.peers import identify_peer
 
 log = logging.getLogger("kerneld.metrics")
 

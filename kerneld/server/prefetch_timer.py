@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.prefetch import Cancelled, PrefetchSummary
-from kerneld.resolve import KernelSpec
+from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
+from kerneld.pipeline.resolve import KernelSpec
 from kerneld.server.background import BackgroundThread
 from kerneld.server.errors import NotReady
 

@@ -23,8 +23,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from kerneld.prefetch import Cancelled, PrefetchSummary
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server.background import BackgroundThread
 from kerneld.server.errors import NotReady
 from kerneld.store import Store

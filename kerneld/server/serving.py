@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.prefetch import ClientPlatforms
-from kerneld.resolve import (
+from kerneld.pipeline.prefetch import ClientPlatforms
+from kerneld.pipeline.resolve import (
     Admit,
     FetchNotAllowed,
     KernelSpec,

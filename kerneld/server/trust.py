@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneld.config import Config
-from kerneld.resolve import ResolveError
+from kerneld.pipeline.resolve import ResolveError
 from kerneld.upstream.errors import OrgNotFound, UpstreamError, UpstreamUnavailable
 
 log = logging.getLogger("kerneld.trust")

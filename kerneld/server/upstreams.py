@@ -156,13 +156,13 @@ def build_upstreams(cfg: Config) -> list[TrackedUpstream]:
                 name=up.name,
             )
         elif up.kind == "mirror-dir":
-            from kerneld.upstream.mirror import MirrorDirUpstream
+            from kerneld.mirror.upstream import MirrorDirUpstream
 
             inner = MirrorDirUpstream(
                 Path(up.location), name=up.name, policy=policy, trusted_keys=_keys(cfg, up, i)
             )
         else:
-            from kerneld.upstream.mirror import MirrorHttpUpstream
+            from kerneld.mirror.upstream import MirrorHttpUpstream
 
             inner = MirrorHttpUpstream(
                 up.location, name=up.name, policy=policy, trusted_keys=_keys(cfg, up, i)

@@ -81,12 +81,12 @@ class TreePublisher(Protocol):
 
 
 class FetchTarget(Ingester, TreePublisher, Protocol):
-    """What a download needs: blobs in, a tree out (kerneld.fetch.Fetcher)."""
+    """What a download needs: blobs in, a tree out (kerneld.pipeline.fetch.Fetcher)."""
 
 
 class Policy(Protocol):
     """What the store remembers about names rather than bytes: refs, the upstream's variant
-    lists, failed lookups (the negative cache) and denies (kerneld.resolve.Resolver)."""
+    lists, failed lookups (the negative cache) and denies (kerneld.pipeline.resolve.Resolver)."""
 
     def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None: ...
 

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kerneld_client.metadata import backend_of
+
 # The header and the line format live in the client (KERNELD_VERIFY rebuilds manifests from the
 # files on disk): one definition for both sides.
-from kerneld_client._verify import MANIFEST_HEADER, manifest_line
-from kerneld_client.metadata import backend_of
+from kerneld_client.tree_verify import MANIFEST_HEADER, manifest_line
 
 from .errors import MetadataDigestError, MetadataError
 from .layout import FILE_MODE_BLOB, FILE_MODE_EXEC

@@ -1,4 +1,4 @@
-"""The store's side of provenance (``[provenance]``; kerneld/provenance.py checks sigstore
+"""The store's side of provenance (``[provenance]``; kerneld/pipeline/provenance.py checks sigstore
 bundles): the check a daemon installs, asked once per new tree at publish; the record kept with
 the tree; and, while signatures are required, the refusal of any tree that is not verified.
 

@@ -135,7 +135,8 @@ class Store:
     @property
     def provenance(self) -> ProvenanceCheck | None:
         """Who signed a variant, checked once per new tree at publish (``[provenance]``; the
-        daemon installs kerneld.provenance.SigstoreCheck). None: no check, nothing recorded."""
+        daemon installs kerneld.pipeline.provenance.SigstoreCheck). None: no check, nothing
+        recorded."""
         return self._state.check
 
     @provenance.setter

@@ -22,7 +22,7 @@ from typing import Any
 
 from examples.kernels.hub import HubRoot
 from examples.kernels.specs import ORG
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.store import Store, TreeFile
 from kerneld.upstream.hub import HubUpstream
 from kerneld.upstream.retry import RetryPolicy

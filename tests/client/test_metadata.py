@@ -57,7 +57,7 @@ def test_every_reader_uses_the_one_rule() -> None:
 
     root = Path(__file__).resolve().parents[2]
     readers = [
-        "kerneld/resolve.py",
+        "kerneld/pipeline/resolve.py",
         "kerneld/ctl/cmd_lock.py",
         "kerneld/server/convert.py",
         "client/kerneld_client/loading/materialize.py",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.store import Store
 from kerneld.upstream.hub import HubUpstream
 from kerneld_client.platform import detect_platform_facts

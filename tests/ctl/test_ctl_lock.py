@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.fetch import Fetcher
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.pipeline.fetch import Fetcher
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.store import Store
 from kerneld.upstream.hub import HubUpstream
 from kerneld_client.lockfile import parse_lockfile

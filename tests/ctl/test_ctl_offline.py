@@ -369,7 +369,7 @@ def test_an_offline_change_keeps_the_daemons_picks(tmp_path: Path, store_dir: Pa
     """A tool that opens the store while the daemon is stopped republishes the index: with the
     picks of the platforms the daemon saved, not without them (every warm load would then rank
     for itself until the daemon rewrote every document again)."""
-    from kerneld.prefetch import ClientPlatforms, platforms_file
+    from kerneld.pipeline.prefetch import ClientPlatforms, platforms_file
     from kerneld_client.variants import PlatformFacts, fingerprint
 
     facts = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)

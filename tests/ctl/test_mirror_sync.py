@@ -166,8 +166,8 @@ def test_round_trip(
 
 def test_an_export_is_a_mirror_upstream(tmp_path: Path, source: Store, target: Store) -> None:
     """Daemons can use an exported directory as an upstream directly (no import step)."""
-    from kerneld.resolve import KernelSpec, Resolver
-    from kerneld.upstream.mirror import MirrorDirUpstream
+    from kerneld.mirror.upstream import MirrorDirUpstream
+    from kerneld.pipeline.resolve import KernelSpec, Resolver
     from kerneld_client.variants import PlatformFacts
 
     dest = tmp_path / "m"
@@ -187,9 +187,9 @@ def test_a_signed_mirror_upstream_refuses_what_its_keys_do_not_vouch_for(
     """`require_signatures`: signed refs and manifests are served; a tampered, unsigned or
     foreign-signed document is an integrity failure (the next upstream is asked), never a kernel
     and never a cached "not found"."""
-    from kerneld.resolve import KernelSpec, Resolver
+    from kerneld.mirror.upstream import MirrorDirUpstream
+    from kerneld.pipeline.resolve import KernelSpec, Resolver
     from kerneld.upstream.errors import UpstreamProtocolError
-    from kerneld.upstream.mirror import MirrorDirUpstream
     from kerneld_client.variants import PlatformFacts
 
     facts = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)

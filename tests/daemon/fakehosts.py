@@ -1,6 +1,6 @@
 """Fake /proc and /sys trees of hosts with NVIDIA, AMD and Intel GPUs (for `--hardware-root`).
 
-Only the files `kerneld.hardware` reads, with the contents the real drivers write.
+Only the files `kerneld.pipeline.hardware` reads, with the contents the real drivers write.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from kerneld.config import ConfigError
-from kerneld.resolve import DependencyCycle, FetchNotAllowed, NoVariantFits
+from kerneld.pipeline.resolve import DependencyCycle, FetchNotAllowed, NoVariantFits
 from kerneld.server.errors import NotReady, Unimplemented, classify
 from kerneld.store import (
     DeniedError,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.hardware import Hardware, cuda_for_driver, detect, gfx_name, nvidia_capability
-from kerneld.prefetch import ClientPlatforms, host_backends, plan_variants
+from kerneld.pipeline.hardware import Hardware, cuda_for_driver, detect, gfx_name, nvidia_capability
+from kerneld.pipeline.prefetch import ClientPlatforms, host_backends, plan_variants
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from kerneld_client.vocabulary import normalise_machine
 from tests.daemon import fakehosts

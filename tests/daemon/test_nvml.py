@@ -31,8 +31,8 @@ CUDA_NAMES = [
 CHILD = """
 import json, sys
 from pathlib import Path
-from kerneld.hardware import detect
-from kerneld.prefetch import plan_variants
+from kerneld.pipeline.hardware import detect
+from kerneld.pipeline.prefetch import plan_variants
 hw = detect(Path(sys.argv[1]), machine="x86_64", use_nvml=True)
 print(json.dumps({
     "gpus": [[g.vendor, g.name, g.capability, g.location] for g in hw.gpus],

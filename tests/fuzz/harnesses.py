@@ -53,10 +53,10 @@ class StoreHarness:
     def publish(self, files: Mapping[str, bytes], variant: str = "torch-universal") -> None:
         """Ingest `files` and publish them as one variant: typed StoreError or a sane tree,
         whose metadata the daemon then reads (metadata_to_proto, kernel-depends)."""
-        from kerneld.resolve import KernelSpec, Resolver
+        from kerneld.mirror.upstream import MirrorDirUpstream
+        from kerneld.pipeline.resolve import KernelSpec, Resolver
         from kerneld.server.convert import metadata_to_proto
         from kerneld.store import StoreError, TreeFile
-        from kerneld.upstream.mirror import MirrorDirUpstream
 
         files = {self.sandbox.hostile(p): d for p, d in files.items()}
         seed = hashlib.sha1(usedforsecurity=False)
@@ -258,7 +258,7 @@ class HubHarness:
     ) -> None:
         """list_variants / list_files: UpstreamError only and sane entries; a fetch of what
         they list: UpstreamError or StoreError only, nothing written outside the store."""
-        from kerneld.fetch import Fetcher
+        from kerneld.pipeline.fetch import Fetcher
         from kerneld.store import InvalidInputError, StoreError
         from kerneld.upstream.errors import UpstreamError
         from kerneld.upstream.hub import HubUpstream

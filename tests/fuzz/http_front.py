@@ -24,10 +24,10 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from kerneld.hubapi.peers import identify_peer
-from kerneld.hubapi.server import _route_name, parse_range
 from kerneld.server.httpd import HttpFront
 from kerneld.server.httphead import HeadError, HttpLimits, check_head
+from kerneld.server.hubapi.server import _route_name, parse_range
+from kerneld.server.peers import identify_peer
 from kerneld.upstream.base import check_repo_id
 
 FILE_SIZE = 1000

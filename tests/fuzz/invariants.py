@@ -230,7 +230,7 @@ def check_config(data: bytes, env: Mapping[str, str], workdir: Path) -> None:
     """`load_config`: a Config that is usable and that `dump_config` writes back exactly, or
     ConfigError naming the file or variable."""
     from kerneld.config import Config, ConfigError, dump_config, load_config
-    from kerneld.resolve import KernelSpec
+    from kerneld.pipeline.resolve import KernelSpec
 
     path = workdir / "kerneld.toml"
     path.write_bytes(data)

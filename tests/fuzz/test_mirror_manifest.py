@@ -107,8 +107,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_mirror_upstream(mirror: Path, manifest: bytes, refs_doc: bytes) -> None:
     """MirrorDirUpstream reading fuzzed manifests and refs from a real mirror directory."""
     from kerneld.mirror.documents import manifest_path, refs_path
+    from kerneld.mirror.upstream import MirrorDirUpstream
     from kerneld.upstream.errors import UpstreamError
-    from kerneld.upstream.mirror import MirrorDirUpstream
 
     writer = MirrorWriter(mirror)
     writer.write_file(manifest_path(inv.REPO, inv.COMMIT), manifest)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from kerneld.hubapi.peers import identify_peer
 from kerneld.server.httpd import HttpFront
 from kerneld.server.httphead import HttpLimits, check_head
 from kerneld.server.identity import Caller
+from kerneld.server.peers import identify_peer
 from tests.security.support import NOBODY, as_user, needs_root
 
 TESTER = pwd.getpwnam("kerneld-tester")

@@ -16,9 +16,9 @@ import pytest
 
 from examples.kernels.built import BuiltExamples
 from examples.mirror import build_example_mirror
-from kerneld.resolve import KernelSpec, Resolver
+from kerneld.mirror.upstream import MirrorDirUpstream
+from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.store import Store
-from kerneld.upstream.mirror import MirrorDirUpstream
 from kerneld_client.platform import detect_platform_facts
 from tests.support.daemon import DaemonProcess
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from kerneld_client import _caller
+from kerneld_client import caller
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU
 
@@ -26,9 +26,9 @@ from tests.daemon.rpc import CPU
 def _call(socket: Path, step: dict[str, Any]) -> str:
     token = step.get("token", "auto")
     if token == "auto":
-        meta = _caller.caller_metadata(socket)
+        meta = caller.caller_metadata(socket)
     else:
-        meta = None if token == "none" else ((_caller.CALLER_METADATA, token),)
+        meta = None if token == "none" else ((caller.CALLER_METADATA, token),)
     kernel = pb.KernelRef(repo_id=step["repo"], version=step.get("version", 1))
     with grpc.insecure_channel(f"unix:{socket}") as channel:
         try:
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     out = []
     for step in json.loads(steps):
         if step["op"] == "token":
-            out.append(_caller.caller_token(Path(socket)))
+            out.append(caller.caller_token(Path(socket)))
         else:
             out.append(_call(Path(socket), step))
     print(json.dumps(out))

@@ -25,11 +25,11 @@ import pytest
 
 from kerneld.store import Store
 from kerneld_client import CorruptTree, UntrustedPath, _config, _rpc, _trust, get_kernel
-from kerneld_client._verify import verify_tree
 from kerneld_client.loading import call
 from kerneld_client.platform import set_platform_facts
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.tree_verify import verify_tree
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from tests.client.support import publish_synthetic, synthetic_metadata
 
@@ -334,6 +334,6 @@ def test_the_verifier_keeps_the_client_import_graph_light() -> None:
     """KERNELD_VERIFY adds no heavy import (and none at all unless the knob is set)."""
     from tests.test_foundation import HEAVY, _modules_after
 
-    loaded = _modules_after("import kerneld_client._verify")
+    loaded = _modules_after("import kerneld_client.tree_verify")
     assert not [m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY)]
-    assert "kerneld_client._verify" not in _modules_after("import kerneld_client.loader")
+    assert "kerneld_client.tree_verify" not in _modules_after("import kerneld_client.loader")

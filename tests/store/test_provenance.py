@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kerneld.config import ProvenanceIdentity
-from kerneld.provenance import KERNELS_DEFAULT_IDENTITIES, SigstoreCheck
+from kerneld.pipeline.provenance import KERNELS_DEFAULT_IDENTITIES, SigstoreCheck
 from kerneld.store import ProvenanceError, Store
 from tests.support.sigstore_local import LocalSigstore, Signer
 

@@ -174,10 +174,10 @@ def _check_device(metadata: Mapping[str, Any], candidate: Candidate, ctx: LoadCo
 def _verify(real: Path, candidate: Candidate) -> None:
     """`KERNELD_VERIFY=1`: re-hash the tree (its digest, else metadata.json's) before a single
     byte of it runs; CorruptTree on any difference, and the fallback policy takes over."""
-    from kerneld_client import _verify
+    from kerneld_client import tree_verify
 
     request, variant = candidate.request, candidate.variant
-    check = _verify.verify_tree(
+    check = tree_verify.verify_tree(
         real,
         candidate.digest or None,
         repo_id=request.repo_id,

@@ -39,7 +39,7 @@ class TreeRow:
 
 @dataclass(frozen=True)
 class ProvenanceRecord:
-    """What the ingest check found out about a tree's signature (kerneld/provenance.py)."""
+    """What the ingest check found out about a tree's signature (kerneld/pipeline/provenance.py)."""
 
     status: str
     """"verified" (signed by a trusted identity, and the signed metadata's digest covers the

@@ -113,8 +113,8 @@ _MIGRATIONS: dict[int, str] = {
 #: such a database unchanged: it just does not use them, so no version bump and no downgrade
 #: wall). The indexes keep the bounds on what callers make the daemon store (leases per holder,
 #: expired rows) cheap to enforce. ``provenance`` is one row per tree whose sigstore bundle was
-#: checked at ingest (kerneld/provenance.py); a tree's digest covers the bundle and the files, so
-#: the answer belongs to the tree, whichever repo or revision publishes it. The ``state``
+#: checked at ingest (kerneld/pipeline/provenance.py); a tree's digest covers the bundle and the
+#: files, so the answer belongs to the tree, whichever repo or revision publishes it. The ``state``
 #: indexes find the few dead rows among many live ones: GC purges and recovery ask for them a
 #: batch at a time, and each ask scanned every row (145 ms at 100,000 trees, 17 asks to purge
 #: 1,000 trees). Building them on an existing 100,000-tree store takes about a second, once.

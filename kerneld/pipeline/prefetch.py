@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kerneld.fetch import FetchResult, VariantFetcher
-from kerneld.fetch_progress import FetchProgress
-from kerneld.hardware import Hardware
-from kerneld.resolve import Admit, KernelSpec, NoVariantFits, Resolver
+from kerneld.pipeline.fetch import FetchResult, VariantFetcher
+from kerneld.pipeline.fetch_progress import FetchProgress
+from kerneld.pipeline.hardware import Hardware
+from kerneld.pipeline.resolve import Admit, KernelSpec, NoVariantFits, Resolver
 from kerneld.store import Hold, Store, TreeNotFoundError
 from kerneld.upstream.errors import EntryNotFound
 from kerneld_client.variants import (

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from kerneld.config import Config
-from kerneld.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
+from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
 from kerneld.server.acquire import Acquire
 from kerneld.server.errors import RateLimited
 from kerneld.server.identity import Caller

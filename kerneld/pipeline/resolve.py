@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kerneld.fetch import Fetcher, FetchResult, VariantFetcher
-from kerneld.fetch_progress import FetchProgressFn
+from kerneld.pipeline.fetch import Fetcher, FetchResult, VariantFetcher
+from kerneld.pipeline.fetch_progress import FetchProgressFn
 from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
 from kerneld.upstream.base import Upstream, check_repo_id
 from kerneld.upstream.errors import (

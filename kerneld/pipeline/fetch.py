@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from kerneld.fetch_progress import FetchProgress, FetchProgressFn
+from kerneld.pipeline.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.store import (
     BlobInfo,
     Expected,
