@@ -23,7 +23,7 @@ STEPS: Sequence[tuple[str, str, str]] = (
     ("_pub", "_publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
     ("_pub", "_rank", "ranking the variants (only a platform without a published pick)"),
     ("_loaded", "hold", "tree lock: the OFD read lock"),
-    ("_trust", "check_real_tree", "tree trust: its owner and modes"),
+    ("_path_trust", "check_real_tree", "tree trust: its owner and modes"),
     ("importer", "read_metadata", "metadata.json: read and parse"),
     ("_mat", "_check_device", "device check against the build's archs"),
     ("importer", "import_variant", "import of the variant (the floor's work, bytecode cache)"),
@@ -43,7 +43,7 @@ import kerneld_client
 from kerneld_client import loader as _loader
 get_kernel = kerneld_client.get_kernel
 SETUP_EXTRA = {"import_ms": (time.perf_counter() - _t0) * 1e3}
-from kerneld_client import _trust, importer
+from kerneld_client import _path_trust, importer
 from kerneld_client.loading import call as _call, loaded as _loaded, materialize as _mat
 from kerneld_client.loading import published as _pub
 STEP_MS = {}

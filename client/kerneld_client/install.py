@@ -44,11 +44,11 @@ def install_kernel(
         final = isinstance(exc, KernelDenied | NoCompatibleVariant)
         if final or local_files_only or _config.fallback_policy() != "hub":
             raise
-        from kerneld_client import _hub
+        from kerneld_client import _hub_download
 
-        if not _hub.available():
+        if not _hub_download.available():
             raise
-        tree = _hub.fetch(
+        tree = _hub_download.fetch(
             repo_id,
             version=version,
             revision=revision,

@@ -186,9 +186,9 @@ def read_advert(socket: Path | None = None) -> Advert | None:
 def _read_advert(path: Path) -> tuple[Advert, tuple[object, ...]] | None:
     """`read_advert`, and the advert's identity as `store_identity` gives it (from the `fstat`
     of the file it read)."""
-    from kerneld_client import _trust  # imports _config, which imports this module
+    from kerneld_client import _path_trust  # imports _config, which imports this module
 
-    opened = _trust.check_advert(path)
+    opened = _path_trust.check_advert(path)
     if opened is None:
         return None
     fd, st = opened

@@ -37,10 +37,10 @@ from kerneld.pipeline.fetch import Fetcher, FetchResult
 from kerneld.pipeline.fetch_progress import FetchProgressFn
 from kerneld.pipeline.resolve import Admit, FetchNotAllowed, KernelSpec
 from kerneld.server.bounds import check_kernel_fields
-from kerneld.server.errors import RateLimited
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import Caller, FetchGate, audit
-from kerneld.server.trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.statuses import RateLimited
 from kerneld.store import Policy
 from kerneld.upstream.base import Upstream
 

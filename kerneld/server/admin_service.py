@@ -23,8 +23,8 @@ from kerneld.pipeline.prefetch import parse_torch_versions
 from kerneld.pipeline.resolve import KernelSpec
 from kerneld.server import convert
 from kerneld.server.core import Core
-from kerneld.server.errors import Unimplemented, abort, classify, log_level, rpc_handler
 from kerneld.server.kernels_service import daemon_status
+from kerneld.server.statuses import Unimplemented, abort, classify, log_level, rpc_handler
 from kerneld.store.index import ALL
 from kerneld.store.inventory import VariantItem, inventory
 from kerneld.store.verify import Quarantined

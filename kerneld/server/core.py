@@ -34,18 +34,18 @@ from kerneld.pipeline.provenance import provenance_check
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server import logs
 from kerneld.server.acquire import Acquire
-from kerneld.server.errors import NotReady
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import FetchGate
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
 from kerneld.server.prefetch_timer import PrefetchTimer
+from kerneld.server.publisher_trust import FILE_NAME as TRUST_FILE
+from kerneld.server.publisher_trust import NoHubUpstream, PublisherTrust
 from kerneld.server.refresh import RefRefresher
 from kerneld.server.reload import config_change
 from kerneld.server.scrubber import Scrubber
 from kerneld.server.serving import Serving
-from kerneld.server.trust import FILE_NAME as TRUST_FILE
-from kerneld.server.trust import NoHubUpstream, PublisherTrust
+from kerneld.server.statuses import NotReady
 from kerneld.server.upstreams import TrackedUpstream, build_upstreams
 from kerneld.store import Store
 from kerneld.upstream.errors import UpstreamError

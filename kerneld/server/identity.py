@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from kerneld.server.errors import RateLimited, Unauthenticated
 from kerneld.server.sockets import MAX_SOCKET_PATH, SocketSetupError
+from kerneld.server.statuses import RateLimited, Unauthenticated
 
 log = logging.getLogger("kerneld.identity")
 audit_log = logging.getLogger("kerneld.audit")
@@ -391,7 +391,7 @@ class CallerInterceptor(_Interceptor):
                 try:
                     caller = book.verify(token)
                 except (Unauthenticated, ValueError, IndexError) as exc:
-                    from kerneld.server.errors import abort
+                    from kerneld.server.statuses import abort
 
                     why = (
                         exc

@@ -27,8 +27,8 @@ from kerneld import __version__
 from kerneld.server import convert, identity, logs, suspect
 from kerneld.server.bounds import clip
 from kerneld.server.core import Core
-from kerneld.server.errors import abort, classify, log_level, rpc_handler
 from kerneld.server.serving import Served
+from kerneld.server.statuses import abort, classify, log_level, rpc_handler
 from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
 from kerneld.upstream.retry import recent_failure

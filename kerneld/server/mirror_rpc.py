@@ -15,7 +15,7 @@ from typing import Any
 
 from kerneld.server.bounds import clip
 from kerneld.server.core import Core
-from kerneld.server.errors import Unimplemented
+from kerneld.server.statuses import Unimplemented
 from kerneld.store import ResourceExhaustedError
 from kerneld_client.proto import kerneld_pb2 as pb
 

@@ -17,7 +17,7 @@ from kerneld.config import Config
 from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec
 from kerneld.server.background import BackgroundThread
-from kerneld.server.errors import NotReady
+from kerneld.server.statuses import NotReady
 
 log = logging.getLogger("kerneld.daemon")
 

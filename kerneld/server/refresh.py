@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server.background import BackgroundThread
-from kerneld.server.errors import NotReady
+from kerneld.server.statuses import NotReady
 from kerneld.store import Store
 from kerneld.store.index import RefRow
 

@@ -31,12 +31,12 @@ from kerneld.pipeline.resolve import (
     Resolver,
 )
 from kerneld.server.acquire import Acquire
-from kerneld.server.errors import RateLimited
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import Caller, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics
-from kerneld.server.trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.statuses import RateLimited
 from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 
 from kerneld.server import convert
 from kerneld.server.bounds import clip
-from kerneld.server.errors import RateLimited, ReportsRateLimited
 from kerneld.server.identity import Caller, FetchGate, audit
+from kerneld.server.statuses import RateLimited, ReportsRateLimited
 from kerneld.store import InvalidInputError, Store
 from kerneld.store.scrub import ScrubReport, check_tree_now
 from kerneld_client.proto import kerneld_pb2 as pb
@@ -146,7 +146,7 @@ class SuspectDesk:
 
     def handle(self, caller: Caller, request: pb.ReportSuspectRequest) -> Finding:
         """Check, count and log one report; errors (bounds, rate limit, store) propagate to the
-        service, which maps them (server/errors.py)."""
+        service, which maps them (server/statuses.py)."""
         what = (
             f"repo={_shown(request.repo_id) or '-'} commit={_shown(request.commit) or '-'} "
             f"variant={_shown(request.variant) or '-'} tree={_shown(request.tree_digest) or '-'} "

@@ -10,7 +10,7 @@ import pytest
 
 from kerneld.store import Store
 from kerneld.store.layout import Layout
-from kerneld_client import _trust, published_index
+from kerneld_client import _path_trust, published_index
 from kerneld_client.errors import UntrustedPath
 from tests.client.support import ACTIVATION, Populated
 
@@ -81,19 +81,19 @@ def test_index_file_checks(shared_store: Populated, tmp_path: Path) -> None:
 
 
 def test_trust_check_accepts_the_store_and_refuses_its_root(shared_store: Populated) -> None:
-    root = _trust.store_root(shared_store.root)
+    root = _path_trust.store_root(shared_store.root)
     commit = shared_store.commits[(ACTIVATION, "v1")]
     doc = published_index.read_repo_index(shared_store.root, ACTIVATION, owner_uid=root.owner_uid)
     assert doc is not None
     for v in doc.commits[commit].variants.values():
-        assert _trust.check_tree(root, Path(v.tree)) == (shared_store.root / v.tree).resolve()
+        assert _path_trust.check_tree(root, Path(v.tree)) == (shared_store.root / v.tree).resolve()
     with pytest.raises(UntrustedPath, match="outside"):
-        _trust.check_tree(root, Path("."))
+        _path_trust.check_tree(root, Path("."))
 
 
 def test_the_published_publisher_policy_is_read_as_the_daemon_wrote_it(tmp_path: Path) -> None:
     from kerneld.config import Config
-    from kerneld.server.trust import PublisherTrust
+    from kerneld.server.publisher_trust import PublisherTrust
 
     written: list[dict[str, object]] = []
     cfg = Config(source="test", system=False, store_path=tmp_path, trust_allow=("site/*",))

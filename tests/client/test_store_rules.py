@@ -23,8 +23,8 @@ from kerneld_client import (
     NoCompatibleVariant,
     UntrustedPath,
     _config,
+    _path_trust,
     _rpc,
-    _trust,
     get_kernel,
     get_kernel_dep,
     has_kernel,
@@ -247,13 +247,13 @@ def test_the_store_root_is_checked_once_and_again_when_it_changes(
     load; what lies below the root is checked on every load regardless."""
     monkeypatch.setattr(loaded, "_root_memo", None)
     checked: list[Path] = []
-    full_check = _trust.store_root
+    full_check = _path_trust.store_root
 
-    def counting(path: Path) -> _trust.StoreRoot:
+    def counting(path: Path) -> _path_trust.StoreRoot:
         checked.append(path)
         return full_check(path)
 
-    monkeypatch.setattr(_trust, "store_root", counting)
+    monkeypatch.setattr(_path_trust, "store_root", counting)
     repos = {}
     for kid in ("_once_a", "_once_b", "_once_c", "_once_d"):
         repos[kid] = f"{ORG}/{kid.strip('_').replace('_', '-')}"

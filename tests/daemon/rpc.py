@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from kerneld.server.errors import detail_from_trailers
+from kerneld.server.statuses import detail_from_trailers
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
 from kerneld_client.wire import facts_to_proto

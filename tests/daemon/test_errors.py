@@ -7,7 +7,7 @@ import pytest
 
 from kerneld.config import ConfigError
 from kerneld.pipeline.resolve import DependencyCycle, FetchNotAllowed, NoVariantFits
-from kerneld.server.errors import NotReady, Unimplemented, classify
+from kerneld.server.statuses import NotReady, Unimplemented, classify
 from kerneld.store import (
     DeniedError,
     DigestMismatchError,

@@ -385,7 +385,7 @@ class ResolveHarness:
 
     def check_resolve(self, request: Any) -> None:
         """Resolve: a ResolvedKernel inside the store, or an abort with a typed ErrorDetail."""
-        from kerneld.server.errors import detail_from_trailers
+        from kerneld.server.statuses import detail_from_trailers
         from kerneld_client.proto import kerneld_pb2 as pb
 
         context = ServicerContext()

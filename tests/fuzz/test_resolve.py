@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kerneld.server.errors import detail_from_trailers
+from kerneld.server.statuses import detail_from_trailers
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.proto.kerneld_pb2_grpc import KernelsStub
 from tests.fixtures_daemon import ACT, C1, C2, DEP_TOP, MULTI, MULTI_VARIANTS

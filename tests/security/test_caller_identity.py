@@ -138,8 +138,8 @@ def test_the_ranks_of_one_job_share_one_charge_per_kernel() -> None:
     """64 ranks of one uid that miss the same kernel together join one download: they spend one
     token of that uid's bucket, not 64; a different kernel, or the same one a minute later
     (a loop), is charged again."""
-    from kerneld.server.errors import RateLimited
     from kerneld.server.identity import Caller, FetchGate
+    from kerneld.server.statuses import RateLimited
 
     now = [1000.0]
     gate = FetchGate(clock=lambda: now[0])

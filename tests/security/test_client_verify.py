@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from kerneld.store import Store
-from kerneld_client import CorruptTree, UntrustedPath, _config, _rpc, _trust, get_kernel
+from kerneld_client import CorruptTree, UntrustedPath, _config, _path_trust, _rpc, get_kernel
 from kerneld_client.loading import call
 from kerneld_client.platform import set_platform_facts
 from kerneld_client.proto import kerneld_pb2 as pb
@@ -146,12 +146,12 @@ def test_any_change_to_a_tree_is_caught(example_copy: Path, how: str) -> None:
     verify_tree(tree, digest)
     _tamper(tree, how)
     # Invisible to the per-load trust checks (a symlink is refused by them already)...
-    root = _trust.store_root(example_copy)
+    root = _path_trust.store_root(example_copy)
     if how == "symlink":
         with pytest.raises(UntrustedPath):
-            _trust.check_tree(root, tree)
+            _path_trust.check_tree(root, tree)
     else:
-        _trust.check_tree(root, tree)
+        _path_trust.check_tree(root, tree)
     # ...but not to the re-hash.
     with pytest.raises(CorruptTree) as info:
         verify_tree(tree, digest, repo_id="org/k", revision="v1", variant=tree.name[:8])

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from kerneld.server.sockets import write_advert
-from kerneld_client import UntrustedPath, _trust
+from kerneld_client import UntrustedPath, _path_trust
 from kerneld_client.locations import Advert, advert_path, read_advert
 from tests.client.support import client_env, publish_synthetic, run_client, synthetic_metadata
 from tests.security.support import (
@@ -144,14 +144,14 @@ def test_a_root_owned_store_under_a_foreign_or_open_directory_is_refused(
     store = opened / "store"
     store.mkdir(mode=0o755)
     with pytest.raises(UntrustedPath, match="not sticky"):
-        _trust.store_root(store)
+        _path_trust.store_root(store)
 
     theirs = shared / "theirs"
     as_nobody(lambda: theirs.mkdir(mode=0o755))
     store = theirs / "store"
     store.mkdir(mode=0o755)  # root may create it there; nobody could still rename it away
     with pytest.raises(UntrustedPath, match=f"owned by uid {NOBODY.pw_uid}"):
-        _trust.store_root(store)
+        _path_trust.store_root(store)
 
 
 def test_an_untrusted_advert_is_refused_however_it_is_untrusted(shared: Path) -> None:
@@ -212,11 +212,11 @@ def test_a_store_of_the_daemon_user_is_trusted_by_every_user(shared: Path) -> No
     )
     advert_path(sock).chmod(0o644)
     os.chown(advert_path(sock), uid, uid)
-    assert _trust.store_root(store).owner_uid == uid
+    assert _path_trust.store_root(store).owner_uid == uid
 
     def check() -> list[object]:
         advert = read_advert(sock)
-        return [_trust.store_root(store).owner_uid, advert and str(advert.store_root)]
+        return [_path_trust.store_root(store).owner_uid, advert and str(advert.store_root)]
 
     assert as_nobody(check) == [uid, str(store)]
 
@@ -232,16 +232,16 @@ def test_a_user_mode_store_is_trusted_by_its_user_only(
     def make() -> int:
         home.mkdir(mode=0o700)
         store.mkdir(mode=0o755)
-        return _trust.store_root(store).owner_uid
+        return _path_trust.store_root(store).owner_uid
 
     assert as_nobody(make) == NOBODY.pw_uid
     monkeypatch.delenv("KERNELD_STORE_OWNER", raising=False)
     with pytest.raises(UntrustedPath, match=f"owned by uid {NOBODY.pw_uid}"):
-        _trust.store_root(store)
+        _path_trust.store_root(store)
     monkeypatch.setenv("KERNELD_STORE_OWNER", NOBODY.pw_name)
-    assert _trust.store_root(store).owner_uid == NOBODY.pw_uid
+    assert _path_trust.store_root(store).owner_uid == NOBODY.pw_uid
     monkeypatch.setenv("KERNELD_STORE_OWNER", str(NOBODY.pw_uid))
-    assert _trust.store_root(store).owner_uid == NOBODY.pw_uid
+    assert _path_trust.store_root(store).owner_uid == NOBODY.pw_uid
 
 
 def test_a_trusted_store_in_a_sticky_directory_still_loads(shared: Path, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from kerneld_client.loading.published import PublishedIndexSource, forget_versio
 from kerneld_client.loading.sources import Candidate
 
 if TYPE_CHECKING:
-    from kerneld_client import _trust
+    from kerneld_client import _path_trust
     from kerneld_client._rpc import Resolved
 
 
@@ -82,7 +82,9 @@ class CoalescedDaemonSource:
         return self.daemon.find(request, ctx)
 
 
-def _candidate(root: _trust.StoreRoot, resolved: Resolved, request: KernelRequest) -> Candidate:
+def _candidate(
+    root: _path_trust.StoreRoot, resolved: Resolved, request: KernelRequest
+) -> Candidate:
     """A daemon answer as candidates: its dependencies, in the daemon's order, then itself."""
     dependencies = tuple(
         _candidate(root, dep, KernelRequest(dep.repo_id, revision=dep.ref or dep.commit))

@@ -21,7 +21,7 @@ from kerneld_client.errors import (
     RevisionNotFound,
 )
 from kerneld_client.loading.context import MISSING, LoadContext, as_kernel_error
-from kerneld_client.loading.hub import HubSource
+from kerneld_client.loading.hub_fallback import HubSource
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.materialize import dependency_requests, materialize
 from kerneld_client.loading.pipeline import load
@@ -64,9 +64,9 @@ def fall_back(
         error, KernelDenied | NoCompatibleVariant | RevisionNotFound | DependencyMissing
     )
     if policy is FallbackPolicy.HUB and hub_allowed and not final_terms:
-        from kerneld_client import _hub
+        from kerneld_client import _hub_download
 
-        if _hub.available():
+        if _hub_download.available():
             hub = HubSource(trust_remote_code=trust_remote_code, user_agent=user_agent)
             try:
                 loaded = _hub_flights.do(

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client import _trust, file_locks, locations, published_index
+from kerneld_client import _path_trust, file_locks, locations, published_index
 from kerneld_client.kernel_metadata import Metadata
 
 if TYPE_CHECKING:
@@ -165,10 +165,10 @@ def release(real_tree: str) -> None:
 
 
 #: (what named the store, the checked root): see `store_root`.
-_root_memo: tuple[tuple[object, ...], _trust.StoreRoot] | None = None
+_root_memo: tuple[tuple[object, ...], _path_trust.StoreRoot] | None = None
 
 
-def store_root() -> _trust.StoreRoot | None:
+def store_root() -> _path_trust.StoreRoot | None:
     """The store this process reads, checked; None when there is none on this host.
 
     Checked in full once per process and store, not on every load. Each load compares what
@@ -186,7 +186,7 @@ def store_root() -> _trust.StoreRoot | None:
         return memo[1]
     path, identity = locations.named_store()  # the advert's own fstat: no second lstat
     try:
-        root = _trust.store_root(path)
+        root = _path_trust.store_root(path)
     except FileNotFoundError:
         return None
     if identity is not None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client import _config, _deps, _trust, importer, locations
+from kerneld_client import _config, _deps, _path_trust, importer, locations
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     CorruptTree,
@@ -45,7 +45,7 @@ def materialize(
         return registry.registered(str(candidate.path)) or _finish(
             candidate.path, candidate, ctx, dependencies
         )
-    real = _trust.check_tree(candidate.root, candidate.path)
+    real = _path_trust.check_tree(candidate.root, candidate.path)
     existing = registry.registered(str(real))
     if existing is not None:
         return existing
@@ -79,7 +79,7 @@ def _store_tree(
     except (TreeGone, BlockingIOError, FileNotFoundError) as exc:
         raise TreeVanished(f"tree {candidate.digest} is being removed: {exc!r}") from exc
     try:
-        real = _trust.check_real_tree(root, real_guess, tree)  # resolved once, then walked
+        real = _path_trust.check_real_tree(root, real_guess, tree)  # resolved once, then walked
         if _config.verify_trees():
             try:
                 _verify(real, candidate)

@@ -18,7 +18,7 @@ import errno
 import time
 from pathlib import Path
 
-from kerneld_client import _config, _trust, published_index
+from kerneld_client import _config, _path_trust, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     GROUP_HINT,
@@ -37,7 +37,7 @@ _versions_seen: dict[str, tuple[int, ...] | None] = {}
 
 
 def read_commit(
-    root: _trust.StoreRoot, request: KernelRequest
+    root: _path_trust.StoreRoot, request: KernelRequest
 ) -> tuple[str, published_index.CommitEntry | None, float | None] | None:
     """(commit, its entry, seconds since the daemon resolved the ref) for the request's ref
     in the published index, or None when the index has no answer (ask the daemon). The entry
@@ -72,7 +72,7 @@ def read_commit(
     return commit, doc.commits.get(commit), age_s
 
 
-def _publisher_trusted(root: _trust.StoreRoot, repo_id: str, ctx: LoadContext) -> bool:
+def _publisher_trusted(root: _path_trust.StoreRoot, repo_id: str, ctx: LoadContext) -> bool:
     """The daemon's `[trust]` verdict as published; anything unreadable is a question for it.
     A store without the file was never served by a daemon that checks publishers (kerneld
     writes it whenever it opens the store): its index is trusted as it was before the check."""

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Protocol
 
-    from kerneld_client import _trust
+    from kerneld_client import _path_trust
     from kerneld_client.loading.context import LoadContext
 
     #: metadata.json of the tree being loaded -> its dependencies' modules, by repo: how the
@@ -73,7 +73,7 @@ class Candidate:
         variant: str,
         commit: str = "",
         digest: str = "",
-        root: _trust.StoreRoot | None = None,
+        root: _path_trust.StoreRoot | None = None,
         lock: Path | None = None,
         dependencies: tuple[Candidate, ...] | None = None,
         stale: bool = False,

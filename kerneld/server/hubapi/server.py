@@ -31,12 +31,12 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
 from kerneld.server.core import Core
-from kerneld.server.errors import RateLimited, classify
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.hubapi.view import HubFile, HubView, git_blob_id
 from kerneld.server.identity import Caller
 from kerneld.server.peers import admit, identify_peer
-from kerneld.server.trust import PublisherUnknown
+from kerneld.server.publisher_trust import PublisherUnknown
+from kerneld.server.statuses import RateLimited, classify
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.proto import kerneld_pb2 as pb
 

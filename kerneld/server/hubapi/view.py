@@ -35,9 +35,9 @@ from typing import BinaryIO, Protocol
 from kerneld.config import Config
 from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
 from kerneld.server.acquire import Acquire
-from kerneld.server.errors import RateLimited
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
+from kerneld.server.statuses import RateLimited
 from kerneld.store import PublishedFile, RefRow, ResourceExhaustedError
 from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream

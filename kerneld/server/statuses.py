@@ -56,7 +56,7 @@ from kerneld.pipeline.resolve import (
     ResolveError,
 )
 from kerneld.server.logs import redact
-from kerneld.server.trust import PublisherUnverified, UntrustedPublisher
+from kerneld.server.publisher_trust import PublisherUnverified, UntrustedPublisher
 from kerneld.store import (
     BlobMissingError,
     DeniedError,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from kerneld_client import _config, _trust, locations, published_index
+from kerneld_client import _config, _path_trust, locations, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, UntrustedPath
 from kerneld_client.loading.context import LoadContext
@@ -28,7 +28,7 @@ class HubSource:
         self.user_agent = user_agent
 
     def find(self, request: KernelRequest, ctx: LoadContext) -> Candidate:
-        from kerneld_client import _hub
+        from kerneld_client import _hub_download
 
         denies = _host_denies()
 
@@ -39,7 +39,7 @@ class HubSource:
 
         check_denied(request.ref)
         cache = locations.hub_cache_dir()
-        tree = _hub.fetch(
+        tree = _hub_download.fetch(
             request.repo_id,
             version=request.version,
             revision=request.locked_commit or request.revision,
@@ -49,7 +49,7 @@ class HubSource:
             user_agent=self.user_agent,
         )
         check_denied(tree.commit)
-        cache_root = _trust.store_root(cache)
+        cache_root = _path_trust.store_root(cache)
         if cache_root.owner_uid != os.geteuid():
             raise UntrustedPath(f"the hub cache {cache} belongs to uid {cache_root.owner_uid}")
         return Candidate(
