@@ -75,6 +75,25 @@ def test_nothing_outside_the_store_reaches_into_it() -> None:
     )
 
 
+#: The store's insides: its SQLite index, its on-disk layout, its locks and holds, its shared
+#: state. Outside `kerneld/store/` code uses the package (`kerneld.store`) and its value modules.
+STORE_PRIVATE = ("index", "layout", "holds", "locks", "state", "ownership")
+
+
+def test_the_stores_insides_are_private_to_it() -> None:
+    graph, _ = _import_graph()
+    private = tuple(f"kerneld.store.{name}" for name in STORE_PRIVATE)
+    offenders = sorted(
+        f"{m} -> {i}"
+        for m, imports in graph.items()
+        if not m.startswith("kerneld.store")
+        for i in imports
+        if i.startswith(private)
+    )
+    assert offenders == [], "use what kerneld.store exports (or export it): " + str(offenders)
+    assert any(i.startswith(private) for m, imports in graph.items() for i in imports)
+
+
 def test_only_the_index_module_runs_sql() -> None:
     offenders = {
         str(path.relative_to(ROOT)): hits

@@ -21,8 +21,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
     spec = parse_spec(ctx.args.kernel)
     variant = ctx.args.variant or ""
     if offline(ctx):
-        from kerneld.store import StoreError
-        from kerneld.store.index import ALL
+        from kerneld.store import ALL, StoreError
 
         with open_store(ctx, writable=True) as store:
             # As the daemon does: the ref (no selector: main) is pinned at its commit now.
@@ -131,8 +130,7 @@ def _deny(ctx: Ctx, allow: bool) -> int:
     repo, revision = _deny_target(ctx)
     reason = "" if allow else (ctx.args.reason or "")
     if offline(ctx):
-        from kerneld.store import StoreError
-        from kerneld.store.index import ALL
+        from kerneld.store import ALL, StoreError
 
         with open_store(ctx, writable=True) as store:
             try:

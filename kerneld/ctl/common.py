@@ -142,15 +142,20 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[An
 
     Only `create` (a first mirror import on an air-gapped host) may make a new store.
     """
-    from kerneld.store import SchemaError, Store, StoreError, StoreLockedError
-    from kerneld.store.layout import Layout
-    from kerneld.store.locks import owner_is_running
+    from kerneld.store import (
+        SchemaError,
+        Store,
+        StoreError,
+        StoreLockedError,
+        store_exists,
+        store_in_use,
+    )
 
     root = store_path(ctx)
-    if not create and not Layout(root).db.exists():
+    if not create and not store_exists(root):
         raise CtlError(f"no kerneld store at {root}", hint="give the store's path with --store")
     platforms = []
-    if writable and owner_is_running(Layout(root).owner_lock):
+    if writable and store_in_use(root):
         # Before the owner check: its hint (run as the store's owner) would only lead here.
         raise CtlError(
             f"the store at {root} is owned by a running daemon",

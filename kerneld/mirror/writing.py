@@ -36,8 +36,7 @@ from kerneld.mirror.keys import (
 )
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.mirror.selection import SelectedKernel
-from kerneld.store import Store
-from kerneld.store.layout import FILE_MODE_EXEC
+from kerneld.store import FILE_MODE_EXEC, Store
 from kerneld.store.manifest import ManifestEntry
 from kerneld.upstream.base import RemoteFile
 from kerneld_client.vocabulary import is_commit

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kerneld.publish import PublishError
-from kerneld.store import MetadataDigestError, MetadataError, StoreError
-from kerneld.store.layout import FILE_MODE_EXEC
+from kerneld.store import FILE_MODE_EXEC, MetadataDigestError, MetadataError, StoreError
 from kerneld.store.manifest import (
     MAX_METADATA_BYTES,
     METADATA_FILE,

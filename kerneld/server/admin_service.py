@@ -25,7 +25,7 @@ from kerneld.server import convert
 from kerneld.server.core import Core
 from kerneld.server.kernels_service import daemon_status
 from kerneld.server.statuses import Unimplemented, abort, classify, log_level, rpc_handler
-from kerneld.store.index import ALL
+from kerneld.store import ALL
 from kerneld.store.inventory import VariantItem, inventory
 from kerneld.store.verify import Quarantined
 from kerneld.upstream.errors import UpstreamError

@@ -27,8 +27,7 @@ from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server.background import BackgroundThread
 from kerneld.server.statuses import NotReady
-from kerneld.store import Store
-from kerneld.store.index import RefRow
+from kerneld.store import RefRow, Store
 
 log = logging.getLogger("kerneld.refresh")
 

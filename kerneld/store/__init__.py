@@ -32,7 +32,6 @@ from .errors import (
 )
 from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
-from .index import ProvenanceRecord, RefRow
 from .interfaces import (
     BlobProvider,
     FetchTarget,
@@ -43,23 +42,39 @@ from .interfaces import (
     ResolveTarget,
     TreePublisher,
 )
+from .layout import FILE_MODE_EXEC
 from .leasing import Lease
 from .locks import TreeGone, hold_tree_lock
 from .lookup import LookupHit, PublishedFile
 from .manifest import TreeFile, VariantMetadata, tree_digest
+from .ownership import store_exists, store_in_use
 from .published_index import IndexHit
 from .publishing import TreeInfo
 from .signatures import ProvenanceCheck
 from .space import Usage
 from .store import Store
+from .types import (
+    ALL,
+    DenyRow,
+    LeaseRow,
+    NegativeRow,
+    PinRow,
+    ProvenanceRecord,
+    RefRow,
+    TreeRow,
+    VariantRow,
+)
 from .verify import Problem, VerifyReport
 
 __all__ = [
+    "ALL",
+    "FILE_MODE_EXEC",
     "BlobInfo",
     "BlobMissingError",
     "BlobProvider",
     "BlobWriter",
     "DeniedError",
+    "DenyRow",
     "DigestMismatchError",
     "DuplicatePathError",
     "Expected",
@@ -75,12 +90,15 @@ __all__ = [
     "InvalidPathError",
     "Lease",
     "LeaseNotFoundError",
+    "LeaseRow",
     "Leases",
     "LookupHit",
     "Maintenance",
     "MetadataDigestError",
     "MetadataError",
+    "NegativeRow",
     "PathConflictError",
+    "PinRow",
     "Policy",
     "Problem",
     "ProvenanceCheck",
@@ -103,11 +121,15 @@ __all__ = [
     "TreeInfo",
     "TreeNotFoundError",
     "TreePublisher",
+    "TreeRow",
     "UnsupportedFileTypeError",
     "Usage",
     "VariantMetadata",
+    "VariantRow",
     "VerifyReport",
     "hold_tree_lock",
     "log_context",
+    "store_exists",
+    "store_in_use",
     "tree_digest",
 ]

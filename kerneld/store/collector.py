@@ -14,13 +14,13 @@ from pathlib import Path
 from . import faults
 from . import gc as gc_mod
 from .holds import Holds
-from .index import VariantRow
 from .layout import fsync_dir
 from .locks import Probe
 from .paths import tree_hex
 from .space import Space
 from .state import StoreState
 from .trees import remove_tree, unseal_top
+from .types import VariantRow
 
 log = logging.getLogger("kerneld.store")
 

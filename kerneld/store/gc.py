@@ -19,9 +19,9 @@ from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from .index import ALL, BlobRow, PinRow, RefRow, TreeRow, VariantRow
 from .layout import Layout
 from .locks import Probe, try_lock_exclusive
+from .types import ALL, BlobRow, PinRow, RefRow, TreeRow, VariantRow
 
 log = logging.getLogger("kerneld.store.gc")
 

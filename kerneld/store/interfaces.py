@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .blobs import BlobInfo, BlobWriter, Expected
 from .gc import GcReport
-from .index import LeaseRow, NegativeRow, RefRow
 from .leasing import Lease
 from .lookup import LookupHit
 from .manifest import TreeFile
 from .publishing import TreeInfo
+from .types import LeaseRow, NegativeRow, RefRow
 from .verify import Problem, Quarantined, VerifyReport
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .gc import pinned_trees
-from .index import ALL, ProvenanceRecord
+from .types import ALL, ProvenanceRecord
 
 if TYPE_CHECKING:
     from .store import Store

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import LeaseNotFoundError, TreeNotFoundError
-from .index import LeaseRow
 from .paths import tree_hex
 from .state import StoreState
+from .types import LeaseRow
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .index import TreeRow
 from .leasing import Lease, LeaseManager
 from .manifest import parse_manifest
 from .names import Names
 from .paths import validate_ref, validate_repo
 from .signatures import Signatures
 from .state import StoreState
+from .types import TreeRow
 
 
 @dataclass(frozen=True)

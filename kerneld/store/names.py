@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from kerneld_client.vocabulary import is_commit
 
 from .errors import DeniedError, InvalidInputError, log_context
-from .index import ALL, DenyRow, NegativeRow, PinRow, RefRow
 from .paths import validate_commit, validate_ref, validate_repo, validate_variant
 from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
+from .types import ALL, DenyRow, NegativeRow, PinRow, RefRow
 
 log = logging.getLogger("kerneld.store")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import StoreError, StoreOwnershipError
 from .index import Index
 from .layout import DIR_MODE_PUBLIC, Layout, check_root, user_name
-from .locks import OwnerLock
+from .locks import OwnerLock, owner_is_running
 
 log = logging.getLogger("kerneld.store")
 
@@ -101,3 +101,14 @@ def opening_step(operation: str, path: Path, root: Path) -> Iterator[None]:
             "kerneld as the store's owner",
             path=str(where),
         ) from None
+
+
+def store_exists(root: str | os.PathLike[str]) -> bool:
+    """Is there a store (its index) at `root`? For tools that must not create one."""
+    return Layout(Path(root)).db.exists()
+
+
+def store_in_use(root: str | os.PathLike[str]) -> bool:
+    """Does a live process (a daemon) own the store at `root`? Opening it as owner would fail
+    with StoreLockedError; read-only opens still work."""
+    return owner_is_running(Layout(Path(root)).owner_lock)

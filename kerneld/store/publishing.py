@@ -23,7 +23,6 @@ from .errors import (
     SizeMismatchError,
     log_context,
 )
-from .index import ProvenanceRecord
 from .ingest import READ_CHUNK
 from .layout import fsync_dir
 from .locks import create_tree_lock
@@ -53,6 +52,7 @@ from .signatures import Signatures
 from .space import Space
 from .state import StoreState
 from .trees import build_staging, remove_tree, seal_top
+from .types import ProvenanceRecord
 
 log = logging.getLogger("kerneld.store")
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .errors import ProvenanceError
-from .index import ProvenanceRecord
 from .manifest import METADATA_FILE, ManifestEntry
 from .paths import tree_hex
 from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
+from .types import ProvenanceRecord
 
 #: Why a tree without a provenance record is refused while signatures are required.
 UNCHECKED = ("unchecked", "its signature was never checked")

@@ -27,18 +27,7 @@ from . import verify as verify_mod
 from .blobs import BlobInfo, BlobWriter, Expected
 from .collector import Collector
 from .holds import Holds
-from .index import (
-    ALL,
-    DenyRow,
-    Index,
-    LeaseRow,
-    NegativeRow,
-    PinRow,
-    ProvenanceRecord,
-    RefRow,
-    TreeRow,
-    VariantRow,
-)
+from .index import Index
 from .ingest import Ingest
 from .layout import Layout, write_cachedir_tag
 from .leasing import Lease, LeaseManager
@@ -57,6 +46,17 @@ from .repair import Invalidated, Repairer
 from .signatures import ProvenanceCheck, Signatures
 from .space import Space, Usage
 from .state import StoreState
+from .types import (
+    ALL,
+    DenyRow,
+    LeaseRow,
+    NegativeRow,
+    PinRow,
+    ProvenanceRecord,
+    RefRow,
+    TreeRow,
+    VariantRow,
+)
 
 if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 from kerneld.server import convert
-from kerneld.store.index import Index, NegativeRow
+from kerneld.store.index import Index
 from kerneld.store.layout import LAYOUT_VERSION
+from kerneld.store.types import NegativeRow
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import CPU, resolve_req
 from tests.fixtures_daemon import ACT

@@ -22,19 +22,6 @@ from .lease_table import LeaseTable
 from .meta_table import MetaTable
 from .name_tables import NameTables
 from .policy_tables import MAX_NEGATIVE, PolicyTables
-from .rows import (
-    ALL,
-    BlobRow,
-    DenyRow,
-    LeaseRow,
-    LiveVariantRow,
-    NegativeRow,
-    PinRow,
-    ProvenanceRecord,
-    RefRow,
-    TreeRow,
-    VariantRow,
-)
 from .schema import SCHEMA_VERSION
 
 

@@ -8,8 +8,9 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 
+from kerneld.store.types import BlobRow, ProvenanceRecord, TreeRow, decode_archs
+
 from .database import Database
-from .rows import BlobRow, ProvenanceRecord, TreeRow, decode_archs
 
 _TREE_COLUMNS_NO_MANIFEST = (
     "digest, size, files, copied_bytes, metadata_id, backend, archs, state, created_at, "

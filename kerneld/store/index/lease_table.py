@@ -6,8 +6,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Sequence
 
+from kerneld.store.types import LeaseRow
+
 from .database import Database
-from .rows import LeaseRow
 
 
 class LeaseTable(Database):

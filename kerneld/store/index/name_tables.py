@@ -9,8 +9,9 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 
+from kerneld.store.types import LiveVariantRow, ProvenanceRecord, RefRow, VariantRow, decode_archs
+
 from .database import Database
-from .rows import LiveVariantRow, ProvenanceRecord, RefRow, VariantRow, decode_archs
 
 
 class NameTables(Database):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from kerneld.store.types import DenyRow, NegativeRow, PinRow
+
 from .database import Database
-from .rows import DenyRow, NegativeRow, PinRow
 
 #: Rows the negative cache keeps at most (each is a failed upstream lookup a caller caused).
 MAX_NEGATIVE = 10_000
