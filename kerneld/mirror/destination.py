@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from kerneld.mirror.documents import INFO, MirrorFormatError, MirrorWriter, blob_path, parse_info
-from kerneld.store import BlobProvider, Store
+from kerneld.store import BlobProvider, Catalog
 from kerneld.store.manifest import ManifestEntry
 
 CHUNK = 1 << 20
@@ -47,7 +47,7 @@ class Target:
     def has_blob(self, sha256: str, size: int) -> bool:
         raise NotImplementedError
 
-    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
         """Copy one blob out of the store, re-hashing it; returns its size."""
         raise NotImplementedError
 
@@ -73,7 +73,7 @@ class DirTarget(Target):
     def has_blob(self, sha256: str, size: int) -> bool:
         return self.writer.has_blob(sha256, size)
 
-    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
         return _copy_blob(store, self.root, entry)
 
 
@@ -121,7 +121,7 @@ class StreamTarget(Target):
     def has_blob(self, sha256: str, size: int) -> bool:
         return sha256 in self.present
 
-    def put_blob(self, store: Store, entry: ManifestEntry) -> int:
+    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
         rel = blob_path(entry.sha256)
         h = hashlib.sha256()
         n = 0
@@ -172,7 +172,7 @@ def _check_copied(f: ManifestEntry, digest: str, size: int) -> None:
         )
 
 
-def _copy_blob(store: Store, root: Path, f: ManifestEntry) -> int:
+def _copy_blob(store: Catalog, root: Path, f: ManifestEntry) -> int:
     """Copy one blob out of the store, re-hashing it; returns its size."""
     with _open_store_blob(store, f) as src:
         return copy_blob_into(root, f.sha256, src, lambda digest, n: _check_copied(f, digest, n))

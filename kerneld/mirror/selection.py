@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerneld.mirror.destination import ExportError
-from kerneld.store import Store
+from kerneld.store import Catalog
 from kerneld.store.manifest import ManifestEntry, parse_manifest
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.lockfile import LockFile
@@ -126,7 +126,7 @@ class SelectedKernel:
 
 
 def _tree_files(
-    store: Store, repo: str, commit: str, variant: str
+    store: Catalog, repo: str, commit: str, variant: str
 ) -> tuple[str, list[SelectedFile]]:
     tree = store.published_tree(repo, commit, variant)
     if tree is None:
@@ -137,7 +137,7 @@ def _tree_files(
 
 
 def select(
-    store: Store, specs: Sequence[ExportSpec], variants: Sequence[str] | None
+    store: Catalog, specs: Sequence[ExportSpec], variants: Sequence[str] | None
 ) -> tuple[dict[tuple[str, str], SelectedKernel], dict[str, dict[str, str]], list[str]]:
     """(kernels by (repo, commit), refs by repo, variants asked for but not in the store).
 
@@ -201,7 +201,7 @@ def select(
 
 
 @contextmanager
-def leased(store: Store, kernels: dict[tuple[str, str], SelectedKernel]) -> Iterator[None]:
+def leased(store: Catalog, kernels: dict[tuple[str, str], SelectedKernel]) -> Iterator[None]:
     """Keep the exported trees from GC while their files are copied."""
     leases = []
     try:

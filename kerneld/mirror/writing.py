@@ -36,7 +36,7 @@ from kerneld.mirror.keys import (
 )
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.mirror.selection import SelectedKernel
-from kerneld.store import FILE_MODE_EXEC, Store
+from kerneld.store import FILE_MODE_EXEC, Catalog
 from kerneld.store.manifest import ManifestEntry
 from kerneld.upstream.base import RemoteFile
 from kerneld_client.vocabulary import is_commit
@@ -139,7 +139,7 @@ def merged_signatures(
 
 
 def write_export(
-    store: Store,
+    store: Catalog,
     target: Target,
     kernels: dict[tuple[str, str], SelectedKernel],
     refs: dict[str, dict[str, str]],

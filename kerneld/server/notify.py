@@ -24,7 +24,7 @@ import sdnotify
 from kerneld.config.environment import Environment
 
 if TYPE_CHECKING:
-    from kerneld.store import Store
+    from kerneld.store import Status
 
 log = logging.getLogger("kerneld.notify")
 
@@ -103,7 +103,7 @@ class Notifier:
         self.send("WATCHDOG=1")
 
 
-def store_summary(store: Store, socket: Path) -> str:
+def store_summary(store: Status, socket: Path) -> str:
     """What the daemon serves, from cheap index queries (runs every few seconds)."""
     usage = store.usage()
     trees, used = usage.trees, usage.bytes_used

@@ -27,7 +27,7 @@ from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server.background import BackgroundThread
 from kerneld.server.statuses import NotReady
-from kerneld.store import RefRow, Store
+from kerneld.store import Policy, RefRow
 
 log = logging.getLogger("kerneld.refresh")
 
@@ -51,7 +51,7 @@ class RefRefresher(BackgroundThread):
 
     def __init__(
         self,
-        store: Store,
+        store: Policy,
         resolver: Resolver,
         prefetch: Prefetch,
         count: Callable[[str], None],

@@ -34,12 +34,14 @@ from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
 from .interfaces import (
     BlobProvider,
+    Catalog,
     FetchTarget,
     Ingester,
     Leases,
     Maintenance,
     Policy,
     ResolveTarget,
+    Status,
     TreePublisher,
 )
 from .layout import FILE_MODE_EXEC
@@ -73,6 +75,7 @@ __all__ = [
     "BlobMissingError",
     "BlobProvider",
     "BlobWriter",
+    "Catalog",
     "DeniedError",
     "DenyRow",
     "DigestMismatchError",
@@ -111,6 +114,7 @@ __all__ = [
     "ResourceExhaustedError",
     "SchemaError",
     "SizeMismatchError",
+    "Status",
     "Store",
     "StoreError",
     "StoreLockedError",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .blobs import BlobInfo, BlobWriter, Expected
@@ -19,7 +20,8 @@ from .leasing import Lease
 from .lookup import LookupHit
 from .manifest import TreeFile
 from .publishing import TreeInfo
-from .types import LeaseRow, NegativeRow, RefRow
+from .space import Usage
+from .types import LeaseRow, NegativeRow, RefRow, TreeRow, VariantRow
 from .verify import Problem, Quarantined, VerifyReport
 
 
@@ -114,9 +116,45 @@ class Policy(Protocol):
 
     def variants(self, repo: str, commit: str) -> list[str]: ...
 
+    def all_refs(self) -> list[RefRow]: ...
+
 
 class ResolveTarget(Policy, FetchTarget, Protocol):
     """What resolution needs: the names, and a tree for them, fetched if need be."""
+
+
+class Catalog(BlobProvider, Protocol):
+    """What is in the store, read-only: refs, published variants and their trees, the blobs
+    behind them (mirror export), and whether this handle may take leases."""
+
+    read_only: bool
+
+    def refs_of(self, repo: str) -> list[RefRow]: ...
+
+    def resolve_revision(self, repo: str, revision: str) -> str | None: ...
+
+    def variants(self, repo: str, commit: str) -> list[str]: ...
+
+    def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]: ...
+
+    def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None: ...
+
+    def upstream_ids(self, repo: str, commit: str, variant: str) -> dict[str, str]: ...
+
+    def acquire_lease(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
+
+    def release_lease(self, lease_id: str) -> bool: ...
+
+
+class Status(Protocol):
+    """How full and how healthy the store is, for readiness lines and gauges."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def usage(self) -> Usage: ...
+
+    def quarantine_count(self) -> int: ...
 
 
 class Leases(Protocol):
@@ -188,6 +226,8 @@ if TYPE_CHECKING:
         store: Store,
     ) -> tuple[
         BlobProvider,
+        Catalog,
+        Status,
         Ingester,
         TreePublisher,
         FetchTarget,
@@ -197,4 +237,4 @@ if TYPE_CHECKING:
         Maintenance,
     ]:
         """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
-        return store, store, store, store, store, store, store, store
+        return store, store, store, store, store, store, store, store, store, store
