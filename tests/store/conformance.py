@@ -39,19 +39,12 @@ from kerneld.store import (
     TreeFile,
     TreePublisher,
 )
+from tests.store.conftest import git_sha1, sha256
 
 REPO = "conformance/kernel"
 COMMIT = "c" * 40
 OTHER_COMMIT = "d" * 40
 VARIANT = "torch-cpu"
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def git_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\x00" % len(data) + data).hexdigest()
 
 
 def with_metadata(files: dict[str, bytes]) -> dict[str, bytes]:
