@@ -7,10 +7,13 @@ Reads the store directly (read-only): each repo maps to the variant tree that fi
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, CtlError, Ctx, open_store
-from kerneld.ctl.specs import Spec, parse_spec
+from kerneld.ctl.subcommands import Commands
+
+if TYPE_CHECKING:
+    from kerneld.ctl.specs import Spec
 
 
 def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
@@ -36,6 +39,7 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
 
 def cmd_env(ctx: Ctx) -> int:
     """LOCAL_KERNELS for the `kernels` package: repo -> the store's best variant tree here."""
+    from kerneld.ctl.specs import parse_spec
     from kerneld_client.variants import decide
 
     specs = [parse_spec(s) for s in ctx.args.kernels or []]
@@ -83,3 +87,16 @@ def cmd_env(ctx: Ctx) -> int:
     if specs and skipped:
         return EXIT_FAILURE
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "env",
+        cmd_env,
+        "Print LOCAL_KERNELS=org/a=/path:... for the store's kernels (for code that uses the "
+        "`kernels` package directly).",
+        "  kerneldctl env\n  export $(kerneldctl env kernels-community/activation:1)\n",
+        commands.store_only,
+    )
+    p.add_argument("kernels", nargs="*", metavar="KERNEL", help="only these (org/name[:N|@REV])")
+    p.add_argument("--variant", metavar="NAME", help="use this variant instead of the best one")

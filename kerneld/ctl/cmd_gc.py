@@ -19,8 +19,7 @@ from kerneld.ctl.common import (
     offline,
     open_store,
 )
-from kerneld.ctl.listing import proto_to_dict
-from kerneld.ctl.rpc import Admin
+from kerneld.ctl.subcommands import Commands
 
 
 def _gc_item(t: Any) -> dict[str, Any]:
@@ -83,6 +82,8 @@ def cmd_gc(ctx: Ctx) -> int:
             "orphan_blobs_removed": len(report.blobs_deleted),
         }
     else:
+        from kerneld.ctl.listing import proto_to_dict
+        from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.GcRequest(dry_run=dry, target_free_bytes=target)
@@ -131,3 +132,21 @@ def cmd_gc(ctx: Ctx) -> int:
         f"{len(doc['kept'])} tree(s) kept" + (f": {why}" if why else "")
     )
     return EXIT_GC_TARGET_MISSED if missed else EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "gc",
+        cmd_gc,
+        "Collect garbage: unreferenced trees and blobs, and least recently used ones under "
+        "pressure.",
+        "  kerneldctl gc --dry-run\n  kerneldctl gc --json\n",
+    )
+    p.add_argument("--dry-run", action="store_true", help="report what would go; delete nothing")
+    p.add_argument(
+        "--target-free",
+        metavar="SIZE",
+        help="free at least this much: 20GiB, 500MB or a byte count (exit 6 when what is "
+        "pinned, leased or in use prevents it)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="also list what is kept and why")

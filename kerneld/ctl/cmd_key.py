@@ -8,11 +8,13 @@ replacement of that line, and the JSON document carries the exact setting.
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 from typing import Any
 
 from kerneld.ctl.common import EXIT_OK, CtlError, Ctx, PermissionDenied
+from kerneld.ctl.subcommands import FORMATTER, Commands, epilog
 
 #: What TOML accepts as a bare key; other key names (with '.') must be quoted.
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -98,3 +100,37 @@ def cmd_key_public(ctx: Ctx) -> int:
     else:
         ctx.out.write(public + "\n")
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    key = commands.group(
+        "key",
+        "Manage mirror signing keys.",
+        "Manage Ed25519 mirror signing keys. Keys live in --key-dir, default "
+        "$KERNELD_KEY_DIR, else /etc/kerneld/keys (root), else ~/.config/kerneld/keys.",
+        "  kerneldctl key generate site-1\n  kerneldctl key public site-1\n",
+        dest="key_command",
+        metavar="generate|public",
+    )
+    key_common = argparse.ArgumentParser(add_help=False)
+    key_common.add_argument("--json", action="store_true", help="print one JSON document")
+    key_common.add_argument("--key-dir", metavar="DIR", help="key directory")
+    p = key.add_parser(
+        "generate",
+        parents=[key_common],
+        help="Create NAME.key (0600) and NAME.pub.",
+        epilog=epilog("  kerneldctl key generate site-2\n"),
+        formatter_class=FORMATTER,
+    )
+    p.set_defaults(handler=cmd_key_generate)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--force", action="store_true", help="replace an existing key")
+    p = key.add_parser(
+        "public",
+        parents=[key_common],
+        help="Print NAME's public key (for [mirror] trusted_keys on importing hosts).",
+        epilog=epilog("  kerneldctl key public site-1\n"),
+        formatter_class=FORMATTER,
+    )
+    p.set_defaults(handler=cmd_key_public)
+    p.add_argument("name", metavar="NAME")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kerneld.ctl.common import (
     EXIT_FAILURE,
@@ -29,19 +29,10 @@ from kerneld.ctl.common import (
     Ctx,
     open_store,
 )
-from kerneld.ctl.listing import proto_to_dict, store_listing
-from kerneld_client.lockfile import (
-    LOCKFILE_NAME,
-    Dependency,
-    Lock,
-    LockfileError,
-    dumps_locks,
-    git_lfs_concat_hash,
-    load_lockfile,
-    read_pyproject_dependencies,
-)
-from kerneld_client.metadata import kernel_depends
-from kerneld_client.vocabulary import is_commit
+from kerneld.ctl.subcommands import Commands
+
+if TYPE_CHECKING:
+    from kerneld_client.lockfile import Dependency
 
 MAX_METADATA = 1 << 20
 
@@ -56,6 +47,8 @@ class Source(Protocol):
 
 def parse_depends(doc: Any, where: str) -> list[Dependency]:
     """`kernel-depends` of a metadata.json document (kerneld_client.metadata's rules)."""
+    from kerneld_client.metadata import kernel_depends
+
     try:
         return kernel_depends(doc)
     except ValueError as exc:
@@ -74,6 +67,7 @@ class HubSource:
         self.endpoint = self.hub.endpoint
 
     def commit(self, dep: Dependency) -> str:
+        from kerneld_client.vocabulary import is_commit
 
         if dep.version is not None:
             versions = self.hub.list_refs(dep.repo_id).versions()
@@ -175,6 +169,9 @@ def lock_dependencies(deps: list[Dependency], source: Source) -> dict[Dependency
 
 
 def _source(ctx: Ctx) -> Source:
+    from kerneld.ctl.listing import proto_to_dict, store_listing
+    from kerneld_client.lockfile import Dependency
+
     kind = ctx.args.source or ("store" if ctx.args.store else "hub")
     if kind == "hub":
         return HubSource(ctx.args.hub_endpoint)
@@ -212,6 +209,14 @@ def _translate_upstream(exc: Exception) -> CtlError:
 def cmd_lock(ctx: Ctx) -> int:
     if ctx.args.verify_old:
         return _verify_old(ctx)
+    from kerneld_client.lockfile import (
+        LOCKFILE_NAME,
+        Lock,
+        LockfileError,
+        dumps_locks,
+        read_pyproject_dependencies,
+    )
+
     project = Path(ctx.args.project or ".")
     pyproject = project / "pyproject.toml" if project.is_dir() else project
     if pyproject.name != "pyproject.toml":
@@ -272,6 +277,8 @@ def cmd_lock(ctx: Ctx) -> int:
 
 
 def _verify_old(ctx: Ctx) -> int:
+    from kerneld_client.lockfile import LockfileError, git_lfs_concat_hash, load_lockfile
+
     try:
         lock = load_lockfile(ctx.args.verify_old)
     except LockfileError as exc:
@@ -382,3 +389,31 @@ def _result(
         "status": status,
         "detail": detail,
     }
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "lock",
+        cmd_lock,
+        "Write kernels.lock (0.17 format, byte-compatible with `kernels lock`) for a project.",
+        "  kerneldctl lock .\n"
+        "  kerneldctl lock my-project --hub-endpoint http://hub.internal\n"
+        "  kerneldctl lock . --source daemon --check\n"
+        "  kerneldctl lock --verify-old old/kernels.lock --source store\n",
+    )
+    p.add_argument("project", nargs="?", metavar="PROJECT", help="project dir (default: .)")
+    p.add_argument("--output", metavar="FILE", help="write here instead of PROJECT/kernels.lock")
+    p.add_argument("--check", action="store_true", help="exit 1 if the lock file is out of date")
+    p.add_argument(
+        "--source",
+        choices=("hub", "daemon", "store"),
+        help="resolve against the Hub (default), the daemon's store, or --store",
+    )
+    p.add_argument(
+        "--hub-endpoint", metavar="URL", help="Hub to resolve against (default: $HF_ENDPOINT)"
+    )
+    p.add_argument(
+        "--verify-old",
+        metavar="LOCKFILE",
+        help="check an old-format lock file's git_lfs_concat hashes against the Hub or store",
+    )

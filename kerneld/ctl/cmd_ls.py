@@ -9,15 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from kerneld.ctl.common import EXIT_OK, CtlError, Ctx, human_bytes, offline, open_store
-from kerneld.ctl.listing import proto_to_dict, read_metadata, store_listing
-from kerneld.ctl.rpc import Admin
-from kerneld.ctl.specs import parse_spec
+from kerneld.ctl.subcommands import Commands
 
 
 def _listing(ctx: Ctx, repos: list[str]) -> list[dict[str, Any]]:
+    from kerneld.ctl.listing import proto_to_dict, store_listing
+
     if offline(ctx):
         with open_store(ctx, writable=False) as store:
             return store_listing(store, repos)
+    from kerneld.ctl.rpc import Admin
     from kerneld_client.proto import kerneld_pb2
 
     with Admin(ctx) as admin:
@@ -52,6 +53,8 @@ def _signature(provenance: dict[str, Any] | None) -> str:
 
 
 def cmd_ls(ctx: Ctx) -> int:
+    from kerneld.ctl.specs import parse_spec
+
     for repo in ctx.args.repos or []:
         parse_spec(repo)
     kernels = _listing(ctx, list(ctx.args.repos or []))
@@ -91,6 +94,9 @@ def cmd_ls(ctx: Ctx) -> int:
 
 
 def cmd_info(ctx: Ctx) -> int:
+    from kerneld.ctl.listing import read_metadata
+    from kerneld.ctl.specs import parse_spec
+
     spec = parse_spec(ctx.args.kernel)
     kernels = _listing(ctx, [spec.repo_id])
     if not kernels:
@@ -144,3 +150,24 @@ def cmd_info(ctx: Ctx) -> int:
             if _flags(v):
                 ctx.say(f"      flags:   {_flags(v)}")
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "ls",
+        cmd_ls,
+        "List the kernels in the store: revisions, refs, variants, sizes, pins.",
+        "  kerneldctl ls\n  kerneldctl ls kernels-community/activation --json\n",
+    )
+    p.add_argument("repos", nargs="*", metavar="REPO", help="only these repos (org/name)")
+
+    p = commands.add(
+        "info",
+        cmd_info,
+        "Describe one kernel in the store (its revisions, variants, trees, metadata).",
+        "  kerneldctl info kernels-community/activation\n"
+        "  kerneldctl info kernels-community/activation@v1 --json\n",
+    )
+    p.add_argument(
+        "kernel", metavar="REPO[@REV]", help="org/name, org/name:VERSION or org/name@REV"
+    )

@@ -17,9 +17,7 @@ from kerneld.ctl.common import (
     offline,
     open_store,
 )
-from kerneld.ctl.rpc import Admin
-from kerneld.ctl.specs import parse_spec
-from kerneld.ctl.views import MirrorView
+from kerneld.ctl.subcommands import FORMATTER, Commands, epilog
 
 if TYPE_CHECKING:
     from kerneld.mirror.keys import SigningKey
@@ -38,6 +36,8 @@ def _event_kind(event: Any) -> str:
 
 
 def cmd_mirror_export(ctx: Ctx) -> int:
+    from kerneld.ctl.specs import parse_spec
+    from kerneld.ctl.views import MirrorView
     from kerneld.mirror.destination import ExportError
     from kerneld.mirror.export import export_mirror
     from kerneld.mirror.keys import KeyFileError, load_signing_key
@@ -98,6 +98,7 @@ def _export_through_daemon(
     wrote would be the wrong file, or none. Here the destination is written with the admin's
     own permissions, a .tar atomically (staged beside it, renamed at the end, removed on
     failure), a directory file by file."""
+    from kerneld.ctl.specs import parse_spec
     from kerneld.mirror.destination import ExportError
     from kerneld.mirror.receive import ExportReceiver
     from kerneld_client.lockfile import LockfileError, parse_lockfile
@@ -151,6 +152,8 @@ def _export_through_daemon(
 
 def _export_ref(text: str) -> Any:
     """A KernelRef for the export request; no selector means the whole repo, as in kerneldctl."""
+    from kerneld.ctl.specs import parse_spec
+
     return parse_spec(text).to_proto()
 
 
@@ -162,6 +165,9 @@ def _stream_mirror(
     *,
     on_file: Callable[[str, str, int, bytes], None] | None = None,
 ) -> dict[str, Any]:
+    from kerneld.ctl.rpc import Admin
+    from kerneld.ctl.views import MirrorView
+
     doc: dict[str, Any] = {"ok": True, "refused": [], "manifests": 0, "blobs": 0, "bytes": 0}
     kernels: list[dict[str, str]] = []
     refused: set[tuple[str, str]] = set()
@@ -263,6 +269,8 @@ class _Upload:
 
 
 def cmd_mirror_import(ctx: Ctx) -> int:
+    from kerneld.ctl.views import MirrorView
+
     source = os.path.abspath(ctx.args.source)
     if offline(ctx):
         from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
@@ -303,3 +311,62 @@ def cmd_mirror_import(ctx: Ctx) -> int:
     if ctx.json:
         ctx.emit_json(doc)
     return EXIT_FAILURE if doc.get("refused") else EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    mirror = commands.group(
+        "mirror",
+        "Export or import a signed static mirror (air-gapped transfer).",
+        "Export or import a signed static mirror (air-gapped transfer).",
+        "  kerneldctl mirror export --to /media/usb/kernels.tar --lock kernels.lock "
+        "--sign-key site-1\n"
+        "  kerneldctl mirror import --from /media/usb/kernels.tar\n",
+        dest="mirror_command",
+        metavar="export|import",
+    )
+    p = mirror.add_parser(
+        "export",
+        parents=[commands.both],
+        help="Write kernels from the store as a mirror directory or .tar (incremental).",
+        description="Write kernels from the store as a mirror directory or .tar file. An "
+        "existing mirror only receives what it lacks; manifests and refs are signed with "
+        "--sign-key (Ed25519).",
+        epilog=epilog(
+            "  kerneldctl mirror export --to /srv/mirror kernels-community/activation:1\n"
+            "  kerneldctl mirror export --to kernels.tar --lock kernels.lock --sign-key site-1\n"
+            "  kerneldctl mirror export --store ./store --to out.tar org/k --variants "
+            "torch-universal\n"
+        ),
+        formatter_class=FORMATTER,
+    )
+    p.set_defaults(handler=cmd_mirror_export)
+    p.add_argument("kernels", nargs="*", metavar="REPO", help="org/name (all it has), :N or @REV")
+    p.add_argument("--to", required=True, metavar="DIR|FILE.tar", help="destination")
+    p.add_argument("--lock", metavar="FILE", help="export every entry of a kernels.lock")
+    p.add_argument("--variants", nargs="+", metavar="all|NAME", help="default: all in the store")
+    p.add_argument(
+        "--sign-key", action="append", metavar="NAME", help="sign with this key (repeatable)"
+    )
+    p.add_argument("--key-dir", metavar="DIR", help="where keys live (default: see key --help)")
+    p.add_argument("--name", metavar="TEXT", help="a name recorded in mirror-info")
+    p = mirror.add_parser(
+        "import",
+        parents=[commands.both],
+        help="Import a mirror directory or .tar into the store (signatures checked first).",
+        description="Import a mirror directory or .tar file. Signatures are checked against "
+        "the trusted keys first; every byte is verified by the store; a kernel with any bad "
+        "file is not published at all.",
+        epilog=epilog(
+            "  kerneldctl mirror import --from /media/usb/kernels.tar\n"
+            "  kerneldctl mirror import --store ./store --from m.tar --trust site-1=ed25519:...\n"
+        ),
+        formatter_class=FORMATTER,
+    )
+    p.set_defaults(handler=cmd_mirror_import)
+    p.add_argument("--from", dest="source", required=True, metavar="DIR|FILE.tar")
+    p.add_argument(
+        "--no-check-sigs", action="store_true", help="skip signature checks (content still hashed)"
+    )
+    p.add_argument(
+        "--trust", action="append", metavar="NAME=KEY", help="with --store: trust this key too"
+    )

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from kerneld.ctl.common import EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
-from kerneld.ctl.listing import proto_to_dict
-from kerneld.ctl.rpc import Admin
-from kerneld.ctl.specs import parse_spec
+from kerneld.ctl.subcommands import Commands
 
 # ---- pin / unpin ------------------------------------------------------------------------------
 
 
 def _pin(ctx: Ctx, unpin: bool) -> int:
+    from kerneld.ctl.specs import parse_spec
+
     spec = parse_spec(ctx.args.kernel)
     variant = ctx.args.variant or ""
     if offline(ctx):
@@ -54,6 +54,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
                 "changed": changed,
             }
     else:
+        from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.PinRequest(
@@ -88,6 +89,8 @@ def cmd_unpin(ctx: Ctx) -> int:
 
 
 def _deny_target(ctx: Ctx) -> tuple[str, str]:
+    from kerneld.ctl.specs import parse_spec
+
     spec = parse_spec(ctx.args.kernel)
     return spec.repo_id, spec.ref or ""
 
@@ -104,6 +107,8 @@ def _list_denies(ctx: Ctx) -> int:
                 for r in store.denies()
             ]
     else:
+        from kerneld.ctl.listing import proto_to_dict
+        from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2
 
         with Admin(ctx) as admin:
@@ -144,6 +149,7 @@ def _deny(ctx: Ctx, allow: bool) -> int:
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
     else:
+        from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2
 
         request = kerneld_pb2.DenyRequest(repo_id=repo, revision=revision, reason=reason)
@@ -166,3 +172,40 @@ def cmd_deny(ctx: Ctx) -> int:
 
 def cmd_allow(ctx: Ctx) -> int:
     return _deny(ctx, allow=True)
+
+
+def register(commands: Commands) -> None:
+    for name, handler, verb in (
+        ("pin", cmd_pin, "Keep a kernel's trees from garbage collection."),
+        ("unpin", cmd_unpin, "Remove a pin."),
+    ):
+        p = commands.add(
+            name,
+            handler,
+            verb,
+            f"  kerneldctl {name} kernels-community/activation:1\n"
+            f"  kerneldctl {name} kernels-community/activation@main --variant torch-universal\n",
+        )
+        p.add_argument("kernel", metavar="REPO[@REV]")
+        p.add_argument("--variant", metavar="NAME", help="only this variant")
+        p.add_argument("--reason", metavar="TEXT", help="why (logged)")
+
+    p = commands.add(
+        "deny",
+        cmd_deny,
+        "Disable a kernel (or one revision of it) on this host, effective for new loads at once.",
+        "  kerneldctl deny kernels-community/bad --reason 'crashes on H100'\n"
+        "  kerneldctl deny kernels-community/activation@0123abcd...\n"
+        "  kerneldctl deny --list\n",
+    )
+    p.add_argument("kernel", nargs="?", metavar="REPO[@REV]")
+    p.add_argument("--reason", metavar="TEXT")
+    p.add_argument("--list", action="store_true", help="list what is denied")
+
+    p = commands.add(
+        "allow",
+        cmd_allow,
+        "Lift a deny.",
+        "  kerneldctl allow kernels-community/bad\n",
+    )
+    p.add_argument("kernel", metavar="REPO[@REV]")

@@ -9,12 +9,13 @@ without a daemon prepares a store for a mirror export.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
-from kerneld.ctl.rpc import Admin
-from kerneld.ctl.specs import Spec, gather
-from kerneld.ctl.views import PrefetchView, progress_from_proto
+from kerneld.ctl.subcommands import Commands
+
+if TYPE_CHECKING:
+    from kerneld.ctl.specs import Spec
 
 
 def parse_torch(values: list[str] | None) -> list[str]:
@@ -31,6 +32,9 @@ def parse_torch(values: list[str] | None) -> list[str]:
 
 
 def cmd_prefetch(ctx: Ctx) -> int:
+    from kerneld.ctl.specs import gather
+    from kerneld.ctl.views import PrefetchView
+
     specs = gather(ctx.args.kernels, ctx.args.lock, ctx.args.pyproject)
     if not specs:
         raise CtlError(
@@ -61,6 +65,8 @@ def cmd_prefetch(ctx: Ctx) -> int:
 
 
 def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
+    from kerneld.ctl.rpc import Admin
+    from kerneld.ctl.views import progress_from_proto
     from kerneld_client.proto import kerneld_pb2
 
     request = kerneld_pb2.PrefetchRequest(
@@ -110,3 +116,30 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
             torch_versions=parse_torch_versions(torch),
             emit=view.handle,
         )
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "prefetch",
+        cmd_prefetch,
+        "Fetch kernels ahead of need (progress bar on a terminal, quiet lines otherwise).",
+        "  kerneldctl prefetch kernels-community/activation:1 org/relu@main\n"
+        "  kerneldctl prefetch --lock kernels.lock --variants all\n"
+        "  kerneldctl prefetch --pyproject . --torch 2.12,2.13\n"
+        "  kerneldctl prefetch --store ./store --hub-endpoint http://127.0.0.1:8080 org/k:1\n",
+    )
+    p.add_argument(
+        "kernels", nargs="*", metavar="KERNEL", help="org/name, org/name:VERSION, org/name@REV"
+    )
+    p.add_argument("--lock", metavar="FILE", help="prefetch every entry of a kernels.lock")
+    p.add_argument("--pyproject", metavar="PATH", help="[tool.kernels.dependencies] of a project")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="auto|all|NAME",
+        help="auto (what this host can run; default), all, or variant names",
+    )
+    p.add_argument(
+        "--torch", action="append", metavar="X.Y[,X.Y]", help="torch versions to cover in auto"
+    )
+    p.add_argument("--hub-endpoint", metavar="URL", help="with --store: fetch from this Hub")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CtlError, Ctx, open_store
+from kerneld.ctl.subcommands import Commands
 
 if TYPE_CHECKING:
     from kerneld.mirror.keys import SigningKey
@@ -118,3 +119,64 @@ def cmd_publish(ctx: Ctx) -> int:
             f'"mirror-dir"), or import it: kerneldctl mirror import --from {dest}'
         )
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "publish",
+        cmd_publish,
+        "Publish a local kernel build (build/<variant>/... as the kernel builder writes it) "
+        "into a mirror directory that daemons serve, or into a stopped daemon's store. Every "
+        "variant's metadata.json digest must describe exactly its files; nothing is written "
+        "otherwise. The commit is the git checkout's HEAD (a dirty checkout is refused); "
+        "--ref names only move forward.",
+        "  kerneldctl publish . --repo myorg/mykernel --ref v1 --mirror /srv/kernel-mirror\n"
+        "  kerneldctl publish . --repo myorg/mykernel --ref v1 --mirror /srv/kernel-mirror "
+        "--sign-key site-1\n"
+        "  kerneldctl publish build/torch-universal --repo myorg/mykernel --commit 0123abcd... "
+        "--store ./store\n",
+        commands.neither,
+    )
+    p.add_argument(
+        "path",
+        metavar="PATH",
+        help="the kernel's repo folder (holding build/<variant>/...) or one build/<variant>",
+    )
+    p.add_argument("--repo", required=True, metavar="ORG/NAME", help="the kernel's repo id")
+    p.add_argument(
+        "--commit",
+        metavar="SHA",
+        help="the commit the build is of (40 hex); default: HEAD of PATH's git checkout, "
+        "required outside one",
+    )
+    p.add_argument(
+        "--ref",
+        action="append",
+        metavar="NAME",
+        help="point this branch at the commit, e.g. the version branch v1 (repeatable); only "
+        "forward, to a descendant of the commit it points at",
+    )
+    p.add_argument(
+        "--allow-dirty", action="store_true", help="publish a checkout with uncommitted changes"
+    )
+    p.add_argument(
+        "--force-refs",
+        action="store_true",
+        help="move --ref even to a commit that does not descend from its current one (a "
+        "rollback, or a folder outside git)",
+    )
+    p.add_argument(
+        "--mirror",
+        metavar="DIR|FILE.tar",
+        help="add the kernel to this mirror (created, or extended)",
+    )
+    p.add_argument(
+        "--sign-key", action="append", metavar="NAME", help="sign with this key (repeatable)"
+    )
+    p.add_argument("--key-dir", metavar="DIR", help="where keys live (default: see key --help)")
+    p.add_argument("--name", metavar="TEXT", help="a name recorded in a new mirror's mirror-info")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        help="publish into this store instead (its daemon stopped; run as the store's owner)",
+    )

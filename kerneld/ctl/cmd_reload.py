@@ -9,7 +9,7 @@ and this command exits non-zero on a refusal, which makes the reload job fail.
 from __future__ import annotations
 
 from kerneld.ctl.common import EXIT_OK, CtlError, Ctx
-from kerneld.ctl.rpc import Admin
+from kerneld.ctl.subcommands import Commands
 
 #: A refused file leaves the daemon as it was; this is what to do about it.
 REJECTED_HINT = (
@@ -19,6 +19,7 @@ REJECTED_HINT = (
 
 
 def cmd_reload(ctx: Ctx) -> int:
+    from kerneld.ctl.rpc import Admin
     from kerneld_client.proto import kerneld_pb2 as pb
 
     with Admin(ctx) as admin:
@@ -39,3 +40,15 @@ def cmd_reload(ctx: Ctx) -> int:
     else:
         ctx.say(f"configuration reloaded: {detail}")
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    commands.add(
+        "reload",
+        cmd_reload,
+        "Make the daemon re-read its configuration file; exit 1 with the daemon's reason if it "
+        "rejects the file (it then keeps running with the old one). `systemctl reload kerneld` "
+        "runs this.",
+        "  kerneldctl reload\n  kerneldctl reload --json\n",
+        commands.daemon_only,
+    )

@@ -18,8 +18,7 @@ from kerneld.ctl.common import (
     offline,
     open_store,
 )
-from kerneld.ctl.listing import proto_to_dict
-from kerneld.ctl.rpc import Admin, UserChannel
+from kerneld.ctl.subcommands import Commands
 
 
 def cmd_status(ctx: Ctx) -> int:
@@ -129,6 +128,8 @@ def _upstream_state(up: dict[str, Any]) -> str:
 def _daemon_status(ctx: Ctx) -> dict[str, Any]:
     """GetAdminStatus on the admin socket; where this user may not use it, GetStatus on the
     user socket (what every kerneld-users member may ask), marked as lacking the admin part."""
+    from kerneld.ctl.listing import proto_to_dict
+    from kerneld.ctl.rpc import Admin, UserChannel
     from kerneld_client.proto import kerneld_pb2
 
     try:
@@ -159,3 +160,13 @@ def _daemon_status(ctx: Ctx) -> dict[str, Any]:
         **status_doc,
         **full,
     }
+
+
+def register(commands: Commands) -> None:
+    commands.add(
+        "status",
+        cmd_status,
+        "Daemon readiness, store usage, upstreams, pins, denies, leases (without access to "
+        "the admin socket: what the user socket tells, for kerneld-users members).",
+        "  kerneldctl status\n  kerneldctl status --json\n  kerneldctl status --store PATH\n",
+    )

@@ -7,7 +7,7 @@ which `--restore` / `--drop` act on (offline only: the daemon owns its store).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneld.ctl.common import (
     EXIT_OK,
@@ -19,8 +19,10 @@ from kerneld.ctl.common import (
     offline,
     open_store,
 )
-from kerneld.ctl.listing import proto_to_dict
-from kerneld.ctl.rpc import Admin
+from kerneld.ctl.subcommands import Commands
+
+if TYPE_CHECKING:
+    from kerneld.ctl.rpc import Admin
 
 #: (problems, repaired, exit mask, counts, quarantine entries) of one verification pass.
 _Pass = tuple[list[dict[str, Any]], list[str], int, dict[str, int], list[dict[str, Any]]]
@@ -59,6 +61,7 @@ def _report_pass(report: Any, store: Any) -> _Pass:
 
 
 def _daemon_pass(admin: Admin, repair: bool) -> _Pass:
+    from kerneld.ctl.listing import proto_to_dict
     from kerneld_client.proto import kerneld_pb2
 
     problems: list[dict[str, Any]] = []
@@ -130,6 +133,8 @@ def cmd_verify(ctx: Ctx) -> int:
                 if repair and problems:
                     remaining, _, mask, _, held = _report_pass(store.verify(repair=False), store)
         else:
+            from kerneld.ctl.rpc import Admin
+
             with Admin(ctx) as admin:
                 problems, repaired, found, checked, held = _daemon_pass(admin, repair)
                 mask = found
@@ -215,3 +220,24 @@ def _quarantine_action(ctx: Ctx) -> int:
     else:
         ctx.say(f"dropped {name}")
     return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    p = commands.add(
+        "verify",
+        cmd_verify,
+        "Re-hash every blob and tree. Exit status is a bitmask of what is wrong: 1 corrupt, "
+        "2 untrusted (owner, mode, links), 4 I/O error; 8 if verification could not run. With "
+        "--repair, of what remains after the repair (0: everything was repaired).",
+        "  kerneldctl verify\n"
+        "  kerneldctl verify --repair\n"
+        "  kerneldctl verify --store /var/lib/kerneld/store   (daemon stopped)\n",
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="take what is broken out of service: quarantined (kept, never deleted) and "
+        "re-fetched where an upstream has it",
+    )
+    p.add_argument("--restore", metavar="NAME", help="put a quarantine entry back (re-hashed)")
+    p.add_argument("--drop", metavar="NAME", help="delete a quarantine entry for good")
