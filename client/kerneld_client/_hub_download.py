@@ -90,11 +90,15 @@ def _translate(exc: Exception, repo_id: str, revision: str) -> KernelError:
         RevisionNotFoundError,
     )
 
+    from kerneld_client._hub_errors import as_kernels_raises
+
     ctx = {"repo_id": repo_id, "revision": revision}
     if isinstance(exc, RevisionNotFoundError):
-        return RevisionNotFound("no such branch, tag or commit on the Hub", **ctx)
+        return as_kernels_raises(
+            RevisionNotFound("no such branch, tag or commit on the Hub", **ctx)
+        )
     if isinstance(exc, RepositoryNotFoundError):
-        return KernelNotFound("no such kernel repository on the Hub", **ctx)
+        return as_kernels_raises(KernelNotFound("no such kernel repository on the Hub", **ctx))
     if isinstance(exc, EntryNotFoundError):
         return KernelNotFound(f"missing on the Hub: {exc}", **ctx)
     return KernelUnavailable(f"the Hub could not be used: {exc!r}", **ctx)

@@ -231,6 +231,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     """Map a grpc.RpcError (status + ErrorDetail trailer) onto a typed error."""
     import grpc
 
+    from kerneld_client._hub_errors import as_kernels_raises
     from kerneld_client.proto import kerneld_pb2
 
     code = exc.code()
@@ -249,7 +250,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
                 _daemon_gate.mark_down(text)
             return DaemonUnavailable(text, **ctx)
         if code == grpc.StatusCode.NOT_FOUND:
-            return KernelNotFound(message, **ctx)
+            return as_kernels_raises(KernelNotFound(message, **ctx))
         if code == grpc.StatusCode.PERMISSION_DENIED:
             return KernelDenied(message, **ctx)
         return KernelUnavailable(f"kerneld answered {code.name}: {message}", **ctx)
@@ -259,9 +260,9 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     if c == kerneld_pb2.REVISION_NOT_FOUND and req.version is not None:
         return VersionNotFound(message, **ctx)
     if c == kerneld_pb2.REVISION_NOT_FOUND:
-        return RevisionNotFound(message, **ctx)
+        return as_kernels_raises(RevisionNotFound(message, **ctx))
     if c in (kerneld_pb2.KERNEL_NOT_FOUND, kerneld_pb2.REVISION_NOT_FOUND):
-        return KernelNotFound(message, **ctx)
+        return as_kernels_raises(KernelNotFound(message, **ctx))
     if c == kerneld_pb2.NO_COMPATIBLE_VARIANT:
         reasons = [VariantReason(v.variant, v.accepted, v.reason) for v in detail.variants]
         return NoCompatibleVariant(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kerneld_client import _config, locations
+from kerneld_client import _config, _path_trust, locations
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelDenied, KernelError, NoCompatibleVariant
 from kerneld_client.loading.context import LoadContext, LoadOptions, parse_request
@@ -71,6 +71,9 @@ def _store_folder(request: KernelRequest, ctx: LoadContext) -> Path:
 
     index = PublishedIndexSource()
     candidate = index.find(request, ctx)
-    if candidate is not None and not candidate.stale:
+    if candidate is None or candidate.stale:
+        candidate = DaemonSource(index).find(request, ctx)
+    if candidate.root is None:  # a local override: the caller's own folder
         return candidate.path
-    return DaemonSource(index).find(request, ctx).path
+    # A store tree is named relative to the store root: the caller gets its checked real path.
+    return _path_trust.check_tree(candidate.root, candidate.path)

@@ -230,7 +230,8 @@ def test_typed_errors_and_dependencies_from_the_daemon(
 ) -> None:
     """Against a mirror upstream: kernel-depends come back in import order; a kernel with only
     CUDA builds is NoCompatibleVariant with every reason (from the ErrorDetail trailer); an
-    unknown repo is KernelNotFound; a deny made through the admin socket is KernelDenied."""
+    unknown repo is KernelNotFound; a deny made through the admin socket is KernelDenied; a
+    mapping naming a version or a revision the repo lacks makes kernelize raise."""
     from kerneld_client.proto import kerneld_pb2
 
     daemon = make_daemon(mirror_dirs=[kernel_mirror])
@@ -276,6 +277,19 @@ with use_kernel_mapping({{"Op": {{"cpu": LayerRepository("{ACT}", layer_name="Op
         kernelize(torch.nn.Sequential(Op()), mode=Mode.INFERENCE, device="cpu")
     except ValueError as exc:
         res["kernelize"] = str(exc)
+# A misspelt revision can never be right either: it raises as the wrong version does.
+typo = LayerRepository("{ACT}", layer_name="Op", revision="mian")
+with use_kernel_mapping({{"Op": {{"cpu": typo}}}}):
+    try:
+        kernelize(torch.nn.Sequential(Op()), mode=Mode.INFERENCE, device="cpu")
+        res["typo"] = ["kept PyTorch"]
+    except Exception as exc:
+        res["typo"] = [type(exc).__name__, str(exc)]
+# install_kernel names the store's variant folder by its real, absolute path (not the store
+# root's relative name), so a caller can hand it to LOCAL_KERNELS or get_local_kernel.
+installed = kerneld_client.install_kernel("{ACT}", version=1)
+res["installed"] = [str(installed), installed.is_absolute(),
+                    (installed / "metadata.json").is_file()]
 res["variants"] = [[d.variant, d.accepted] for d in
                    kerneld_client.get_kernel_variants("{ACT}", version=1)]
 res["has"] = [kerneld_client.has_kernel("{ACT}", version=1),
@@ -298,6 +312,9 @@ print(json.dumps(res))
     assert "Version 9 not found, available versions: 1, 2" in message and also_not_found
     assert message.count(f"{ACT}@v9") == 1, message  # said once, not by daemon and client both
     assert "Version 9 not found" in out["kernelize"]
+    path, absolute, has_metadata = out["installed"]
+    assert absolute and has_metadata and path.startswith(str(daemon.store_root)), out["installed"]
+    assert out["typo"][0] == "RevisionNotFound" and f"{ACT}@mian" in out["typo"][1], out["typo"]
     assert out["variants"][0] == ["torch213-cxx11-cpu-x86_64-linux", True]
     assert out["has"] == [True, False]
 

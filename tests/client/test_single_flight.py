@@ -164,3 +164,33 @@ def test_a_slow_kernel_does_not_block_another_kernels_load(
     assert modules["first"] is modules["second"]
     assert modules["fast"].KID == "_sf_fast_kernel"
     assert [k.repo_id for k in loaded_kernels()].count("org/slow") == 1
+
+
+def test_local_kernels_is_read_on_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in `kernels`, a call after LOCAL_KERNELS changed loads what it names now, and one
+    naming a folder that does not exist fails with kernels' words, whatever an earlier call with
+    the same request loaded (kernels 0.17.2's test_local_overrides)."""
+    one = _local_kernel(tmp_path / "one", "_sf_local_one")
+    two = _local_kernel(tmp_path / "two", "_sf_local_two")
+    call._memo.clear()
+
+    def load() -> Any:
+        return call.run(
+            parse_request("org/local", None, "main"),
+            backend=None,
+            options=LoadOptions(),
+            fallback=None,
+            policy="error",
+            hub_allowed=False,
+        )
+
+    monkeypatch.setenv("LOCAL_KERNELS", f"org/local={one}")
+    assert load().KID == "_sf_local_one"
+    assert load().KID == "_sf_local_one"  # the memo answers a repeated call
+    monkeypatch.setenv("LOCAL_KERNELS", f"org/other=/non/existing:org/local={two}")
+    assert load().KID == "_sf_local_two"
+    monkeypatch.setenv("LOCAL_KERNELS", "org/local=/non/existing")
+    with pytest.raises(FileNotFoundError, match="Cannot find a build variant for this system in"):
+        load()

@@ -1,7 +1,10 @@
-"""The `kernels` package's own test suite, run against kerneld (issue 26's conformance check).
+"""The `kernels` package's own test suites (0.17.2 and 0.19.1), run against kerneld (issue 26's
+conformance check, issue 40's honest measure).
 
-`suite.py` fetches the suite from the `kernels` sdist on the package registry (never copied into
-this repository), `standins.py` builds the Hub repos its tests name, `test_kernels_suite.py`
-runs it as plain `kernels` and through the start-up hook, and fails on any test that passes
-plainly but not through kerneld, unless docs/kernels-compatibility.md lists it with the reason.
+`suite.py` fetches each release's suite from its sdist on the package registry (never copied
+into this repository) and builds the release's clean venvs, `standins.py` builds the Hub repos
+the tests name, `harness.py` runs a suite plain, through the start-up hook and on kerneld's API
+under every public name (`api_as_kernels.py`), and fails on any test that passes plainly but not
+through kerneld, unless docs/kernels-compatibility.md lists it with the reason.
+`test_kernels_suite.py` (0.17.2) and `test_kernels_suite_0191.py` (0.19.1) run one release each.
 """

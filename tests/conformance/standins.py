@@ -7,6 +7,10 @@ version branch, `kernels-community/relu` is a relu, `backward-marker-test` has l
 without a backward. Repos the tests name but that only matter on a GPU, for signed kernels, for
 Python dependencies or for TVM-FFI are not stood in; those tests fail on the baseline too and so
 are outside the comparison (docs/kernels-compatibility.md says which).
+
+Each stand-in has the branches the tests name and no others: `main` only where the tests load
+`main` (the real `kernels-test/silu-and-mul` has none, so `LayerRepository(revision="main")` of it
+is a revision the repo lacks, and `kernels` raises an `HfHubHTTPError` there).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.gitrepo import GitRepo, variant_digest
+from tests.support.gitrepo import GitRepo, run_git, variant_digest
 
 #: Organisations the stand-in Hub calls trusted kernel publishers; every other is untrusted.
 TRUSTED_ORGS = ("kernels-community", "kernels-test")
 VARIANT = "torch-universal"
+_SCRATCH = "standin-build"
 
 _RELU = """
 import torch
@@ -152,41 +157,48 @@ def _releases() -> dict[str, list[Release]]:
             _VERSION_LAYER.replace("{version}", str(n)),
         )
 
-    relu = Release(("v1",), 1, _RELU)
-    silu = Release(("v1",), 1, _SILU_AND_MUL, _SILU_AND_MUL_LAYER)
+    silu = Release(("main", "v1"), 1, _SILU_AND_MUL, _SILU_AND_MUL_LAYER)
     return {
         # Numerical order matters to the tests (2 before 10); main is at v2.
         "kernels-test/versions": [
             versions(1, ("v1",)),
             versions(10, ("v10",)),
-            versions(2, ("v2",)),
+            versions(2, ("v2", "main")),
         ],
-        "kernels-community/relu": [relu],
-        "kernels-test/silu-and-mul": [silu],
-        "kernels-test/backward-marker-test": [Release(("v1",), 1, "", _LINEAR_LAYERS)],
+        "kernels-community/relu": [Release(("main", "v1"), 1, _RELU)],
+        # No `main`: test_local_overrides_layer needs a revision the repo lacks (`layers` is
+        # named by test_mapping_contexts' mappings).
+        "kernels-test/silu-and-mul": [
+            Release(("v1", "layers"), 1, _SILU_AND_MUL, _SILU_AND_MUL_LAYER)
+        ],
+        "kernels-test/backward-marker-test": [Release(("main", "v1"), 1, "", _LINEAR_LAYERS)],
         "kernels-test-untrusted/not-a-trused-org-kernel": [silu],
         "kernels-test-untrusted/ci-test-kernel": [silu],
         "untrusted-org/allowed-kernel": [silu],
         # A function kernel (FuncRepository's `silu_and_mul`) on every branch the tests name.
         "kernels-test/flattened-build": [
-            Release(("pre-flattening", "without-compat-module"), 1, _SILU_AND_MUL)
+            Release(("main", "pre-flattening", "without-compat-module"), 1, _SILU_AND_MUL)
         ],
         # A Python dependency kernels does not allow: its validators refuse the kernel before
         # any of its code runs (the import of the missing module would fail otherwise).
         "kernels-test/python-invalid-dep": [
             Release(
-                (), 1, "import kepler22b  # noqa: F401\n" + _RELU, python_depends=("kepler-22b",)
+                ("main",),
+                1,
+                "import kepler22b  # noqa: F401\n" + _RELU,
+                python_depends=("kepler-22b",),
             )
         ],
     }
 
 
 def build_standins(root: Path) -> dict[str, dict[str, str]]:
-    """Write every stand-in under `root/kernels/<org>/<name>`; repo -> branch -> commit (`main`
-    is the last release)."""
+    """Write every stand-in under `root/kernels/<org>/<name>`; repo -> branch -> commit (only
+    the branches its releases name)."""
     commits: dict[str, dict[str, str]] = {}
     for repo_id, releases in _releases().items():
-        repo = GitRepo(root / "kernels" / repo_id)
+        # Built on a scratch branch, deleted at the end: the repo has the branches named, no more.
+        repo = GitRepo(root / "kernels" / repo_id, default_branch=_SCRATCH)
         table = commits.setdefault(repo_id, {})
         for release in releases:
             files = variant_files(
@@ -198,6 +210,7 @@ def build_standins(root: Path) -> dict[str, dict[str, str]]:
             )
             sha = repo.commit(f"version {release.version}", files)
             for branch in release.branches:
-                table[branch] = repo.branch(branch, force=True)
-            table["main"] = sha
+                table[branch] = repo.branch(branch, sha, force=True)
+        repo.checkout("main" if "main" in table else releases[0].branches[0])
+        run_git(repo.path, "branch", "-q", "-D", _SCRATCH)
     return commits

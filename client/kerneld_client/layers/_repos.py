@@ -229,10 +229,11 @@ class LocalLayerRepository(_Repository):
             isinstance(other, LocalLayerRepository)
             and self.layer_name == other.layer_name
             and self.repo_path == other.repo_path
+            and self.check_arch == other.check_arch  # as kernels 0.19.1 compares them
         )
 
     def __hash__(self) -> int:
-        return hash((self.layer_name, self.repo_path))
+        return hash((self.layer_name, self.repo_path, self.check_arch))
 
     def __str__(self) -> str:
         return f"`{self.repo_path}` (layer `{self.layer_name}`)"
@@ -363,10 +364,11 @@ class LockedLayerRepository(_Repository):
             self.layer_name,
             self.lockfile,
             self._caller,
-        ) == (other.repo_id, other.layer_name, other.lockfile, other._caller)
+            self.check_arch,
+        ) == (other.repo_id, other.layer_name, other.lockfile, other._caller, other.check_arch)
 
     def __hash__(self) -> int:
-        return hash((self.repo_id, self.layer_name, self.lockfile, self._caller))
+        return hash((self.repo_id, self.layer_name, self.lockfile, self._caller, self.check_arch))
 
     def __str__(self) -> str:
         return f"`{self.repo_id}` (locked), layer `{self.layer_name}`"

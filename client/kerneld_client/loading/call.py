@@ -31,6 +31,18 @@ _memo: dict[tuple[object, ...], LoadedKernel] = {}
 _flights: SingleFlight[Hashable, LoadedKernel | KernelError] = SingleFlight()
 
 
+def _local_override(request: KernelRequest) -> str:
+    """The `LOCAL_KERNELS` folder named for the repo now ("" for none). Part of the memo's key:
+    `kernels` reads `LOCAL_KERNELS` on every call, so a call after it changed loads what it
+    names now (or fails as that folder does), not what an earlier call loaded."""
+    if not _config.raw(_config.ENV_LOCAL_KERNELS):  # one environment lookup when unused
+        return ""
+    from kerneld_client.loading.local import local_overrides
+
+    path = local_overrides().get(request.repo_id)
+    return "" if path is None else str(path)
+
+
 def run(
     request: KernelRequest,
     *,
@@ -45,7 +57,7 @@ def run(
     """The kernel's module, or what the fallback policy makes of the failure."""
     chosen = _config.fallback_policy(policy)  # ValueError for a bad name: a usage error
     platform = current_platform(backend)  # ValueError for a bad backend, as in `kernels`
-    key = (request, backend, *options.memo_key())
+    key = (request, backend, *options.memo_key(), _local_override(request))
     memo = _memo.get(key)
     if memo is not None:
         return memo.module

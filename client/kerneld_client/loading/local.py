@@ -52,7 +52,7 @@ def folder_candidate(path: Path, facts: PlatformFacts, *, repo_id: str) -> Candi
     if folder is None:
         decisions = decide(candidates, facts)
         raise NoCompatibleVariant(
-            f"cannot find a build variant for this system in {path}",
+            f"Cannot find a build variant for this system in {path}",  # kernels' words
             reasons=[VariantReason(d.variant, d.accepted, d.reason) for d in decisions],
             repo_id=repo_id,
         )
