@@ -3,7 +3,8 @@
     python -m tests.integrations._tf_models_child '{"models": "<dir>", ...}'
     (optional: "families": default all four; "use_kernels": null (Transformers' default) or a
     bool; "simulate_gpu": false skips the CPU copy of the GPU mapping; "reference": false skips
-    the plain PyTorch run)
+    the plain PyTorch run; "started": the parent's time.time() at the process start, to report
+    `start_to_forward_s`, process start to every model loaded and its first forward done)
 
 Creates tiny random models (tests/integrations/tiny_models.py) under `models/<family>` if
 missing. Transformers' own kernel mapping (`get_kernel_mapping_transformers()`, what
@@ -115,6 +116,8 @@ def main() -> None:
             "max_err": (logits - expected[family]).abs().max().item() if expected else None,
         }
     loaded_s = time.perf_counter() - T0
+    started = args.get("started")
+    start_to_forward_s = None if started is None else time.time() - started
 
     import kernels
     import transformers
@@ -134,6 +137,7 @@ def main() -> None:
                 "transformers": transformers.__version__,
                 "kernels": kernels.__version__,
                 "loaded_s": loaded_s,
+                "start_to_forward_s": start_to_forward_s,
             }
         )
     )
