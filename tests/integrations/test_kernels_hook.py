@@ -17,6 +17,7 @@ from kerneld_client.proto import kerneld_pb2 as pb
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env, run_child
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
+from tests.support.hubtraffic import Fault
 
 GET_V1 = {"op": "get", "version": 1}
 
@@ -158,3 +159,34 @@ def test_an_older_version_gets_kernels_notice(
         assert all(step.get("ops_ok") for step in out["steps"]), out["steps"]
         assert out["stderr"].count(notice) == 1, out["stderr"]
         assert "You are using version 2" not in out["stderr"]
+
+
+@pytest.mark.parametrize("status", [503, 401])
+def test_an_org_that_cannot_be_checked_keeps_pytorch(
+    status: int, hub: HubServer, make_daemon: Callable[..., DaemonProcess], tmp_path: Path
+) -> None:
+    """Issue 40 §4: the Hub's org overview fails (an outage, or a token it refuses), so nobody
+    can say whether the publisher is trusted. That is not a verdict: a mapped layer keeps its
+    PyTorch forward with one KernelFallbackWarning naming the repo and the reason, whether the
+    daemon asks (it is up) or the client's own Hub fallback does (the daemon is down)."""
+    hub.inject(Fault("/api/organizations/*/overview", "error", status=status))
+    # no site allow-list: the Hub's trusted-publisher check is the only word on the org
+    daemon = make_daemon(hub_endpoint=hub.url, config={"trust": {"allow": []}})
+    env = hook_env(tmp_path, hub, daemon)
+    step = {"op": "kernelize", "version": 1}
+    up = run_child("_kernels_child", {"steps": [step]}, env)
+    assert up["steps"][0].get("swapped") is False, up["steps"]
+    warned = [x for x in up["stderr"].splitlines() if ": KernelFallbackWarning: " in x]
+    assert len(warned) == 1, up["stderr"]
+    assert ACTIVATION in warned[0] and "could not verify" in warned[0], warned
+    assert str(status) in warned[0], warned
+    assert hub.counts["org_overview"] >= 1 and hub.counts["resolve_get"] == 0, dict(hub.counts)
+
+    assert daemon.stop() == 0
+    hub.reset_counts()
+    down = run_child("_kernels_child", {"steps": [step]}, env)
+    assert down["steps"][0].get("swapped") is False, down["steps"]
+    warned = [x for x in down["stderr"].splitlines() if ": KernelFallbackWarning: " in x]
+    assert len(warned) == 1, down["stderr"]
+    assert ACTIVATION in warned[0] and "could not verify" in warned[0], warned
+    assert hub.counts["org_overview"] >= 1 and hub.counts["resolve_get"] == 0, dict(hub.counts)
