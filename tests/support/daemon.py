@@ -246,7 +246,7 @@ class DaemonProcess:
         self.returncode: int | None = None
         self.starts = 0
         self.log_path = self.workdir / "kerneld-0.log"
-        #: Descriptors the process inherits (socket activation: tests/daemon/test_socket_activation.py).
+        #: Descriptors the process inherits (socket activation, test_socket_activation.py).
         self.pass_fds: tuple[int, ...] = ()
 
     # ---- configuration --------------------------------------------------------------------
