@@ -225,7 +225,9 @@ def restart_round(
     prober = Prober(port)
     prober.start()
     t0 = time.time() + 0.5
-    go_host.write_text(f"{t0}")
+    tmp = go_host.with_name(go_host.name + ".tmp")  # whole or absent: the jobs poll for it
+    tmp.write_text(f"{t0}")
+    tmp.rename(go_host)
     time.sleep(max(0.0, t0 + 0.4 - time.time()))
     restart_at = time.time()
     ran = c.run(["systemctl", "restart", "kerneld"], timeout=120)
