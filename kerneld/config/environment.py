@@ -10,7 +10,7 @@ store variables are spelt there once and shared.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,3 +69,14 @@ class Environment:
     def under_systemd(self) -> bool:
         """Started by systemd (its stderr goes to the journal)."""
         return bool(self.journal_stream or self.invocation_id)
+
+
+#: systemd's socket activation protocol (sd_listen_fds(3)).
+LISTEN_VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+
+
+def take_listen_variables(environ: MutableMapping[str, str] | None = None) -> dict[str, str | None]:
+    """`LISTEN_PID`, `LISTEN_FDS`, `LISTEN_FDNAMES`, removed from the environment as they are
+    read (as sd_listen_fds does with unset_environment: no child of the daemon sees them)."""
+    env = os.environ if environ is None else environ
+    return {name: env.pop(name, None) for name in LISTEN_VARIABLES}

@@ -19,7 +19,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 from kerneld import __version__
 from kerneld.config import Config, ConfigError, config_key
 from kerneld.server.access import apply_store_access
+from kerneld.server.activation import Inherited, hub_api_sockets
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
 from kerneld.server.hubapi.server import HubApiServer
@@ -96,8 +97,11 @@ class Daemon:
         *,
         reload_config: Callable[[], Config],
         hardware_root: Path = Path("/"),
+        inherited: Sequence[Inherited] = (),
     ) -> None:
+        """`inherited`: listening sockets systemd passed (`activation.listen_fds`)."""
         self.config = config
+        self.inherited = list(inherited)
         self.reload_config = reload_config
         self.metrics = Metrics()
         self.core = Core(config, metrics=self.metrics, hardware_root=hardware_root)
@@ -275,11 +279,17 @@ class Daemon:
                 socket_group=self.config.metrics_socket_group,
             )
             self._metrics_server.start()
-            if self.config.hub_api_listen or self.config.hub_api_socket:
+            passed = hub_api_sockets(
+                self.inherited,
+                listen=self.config.hub_api_listen,
+                socket_path=self.config.hub_api_socket,
+            )
+            if passed or self.config.hub_api_listen or self.config.hub_api_socket:
                 self._hub_api = HubApiServer(
                     self.core,
                     listen=self.config.hub_api_listen,
                     socket_path=self.config.hub_api_socket,
+                    inherited=passed,
                 )
                 self._hub_api.start()
                 self.core.hub_api = list(self._hub_api.where)
@@ -377,10 +387,12 @@ class Daemon:
             self.core.cancel.set()
         self.core.stop_timer()
         if self._hub_api is not None:
-            self._hub_api.stop()  # no new HTTP requests; those running drain with the RPCs
+            self._hub_api.quiesce()  # no new HTTP requests; those running drain with the RPCs
         events = [server.stop(grace) for server in self._servers]
         for event in events:
             event.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+        if self._hub_api is not None:
+            self._hub_api.stop(max(0.0, deadline - time.monotonic()))
         idle = self.core.wait_idle(deadline - time.monotonic())
         if not idle:
             self.core.cancel.set()

@@ -30,13 +30,14 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from kerneld.config import SocketConfig
+from kerneld.server.activation import Inherited
 from kerneld.server.httphead import (
     BodyReader,
     HeadError,
@@ -115,14 +116,18 @@ class HttpFront:
         self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for one
         self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
         self._stop = threading.Event()
+        self._quiescing = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-http")
         self.server_version = getattr(handler, "server_version", "kerneld")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def add(self, sock: socket.socket, where: str, *, tcp: bool) -> None:
-        sock.listen(BACKLOG)
+    def add(self, sock: socket.socket, where: str, *, tcp: bool, listening: bool = False) -> None:
+        """Serve `sock`; `listening`: already listening (passed by systemd, whose Backlog= it
+        keeps), else bound here and put into listen mode."""
+        if not listening:
+            sock.listen(BACKLOG)
         sock.setblocking(False)
         self.listeners.append(_Listener(sock, where, tcp))
 
@@ -133,7 +138,29 @@ class HttpFront:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def quiesce(self) -> None:
+        """Accept no more connections and close the idle ones; requests already accepted are
+        still answered (`stop` waits for them). Connections not yet accepted stay in the
+        backlog: with socket activation systemd keeps the socket and the next daemon takes
+        them; a connection cut here instead would fail the client's request."""
+        self._quiescing.set()
+        self._wake()
+
+    def busy(self) -> int:
+        """Connections with a request being read or answered."""
+        for _ in range(5):  # read from another thread than the poller's
+            try:
+                return sum(1 for c in list(self._conns) if not c.draining and (c.in_head or c.buf))
+            except RuntimeError:  # the set changed while it was copied
+                time.sleep(0.001)
+        return 1
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop; requests accepted before get up to `grace` seconds to be answered."""
+        self.quiesce()
+        deadline = time.monotonic() + grace
+        while self._thread is not None and self.busy() and time.monotonic() < deadline:
+            time.sleep(0.02)
         self._stop.set()
         self._wake()
         if self._thread is not None:
@@ -186,8 +213,20 @@ class HttpFront:
             try:
                 self._take_returned()
                 self._expire(time.monotonic())
+                if self._quiescing.is_set():
+                    self._close_listeners_and_idle()
             except Exception:
                 log.exception("%s: the poller's bookkeeping failed", self.name)
+
+    def _close_listeners_and_idle(self) -> None:
+        for listener in self.listeners:
+            if listener.sock.fileno() >= 0:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(listener.sock)
+                listener.sock.close()
+        for conn in [c for c in self._conns if not c.draining and not c.in_head and not c.buf]:
+            if conn.deadline > 0:  # registered: an idle keep-alive one (not with a worker)
+                self._forget(conn)
 
     def _accept(self, listener: _Listener) -> None:
         for _ in range(64):  # then let the others have a turn
@@ -376,7 +415,7 @@ class HttpFront:
             except queue.Empty:
                 return
             self._finished(conn.caller.uid)
-            if not keep or self._stop.is_set():
+            if not keep or self._stop.is_set() or self._quiescing.is_set():
                 self._forget(conn, registered=False)
                 continue
             try:
@@ -492,14 +531,25 @@ class HttpListeners:
         identify: Identify,
         admit: Admit | None = None,
         limits: HttpLimits | None = None,
+        inherited: Sequence[Inherited] = (),
     ) -> None:
         """`socket` gives the unix socket's mode and group (default 0660, the daemon's group);
         `identify` names each peer at accept (`kerneld.server.peers.identify_peer`), `admit`
-        checks it."""
+        checks it. `inherited`: listening sockets systemd passed (socket activation); given,
+        they are served instead of `socket_path` and `listen`, and left as systemd made them
+        (mode, owner, the path itself: systemd keeps listening on them across restarts)."""
         self.name = name
         self.where: list[str] = []
         self.socket_path = socket_path
         self.front = HttpFront(name, handler, identify=identify, admit=admit, limits=limits)
+        if inherited:
+            self.socket_path = None  # systemd's to remove, not ours
+            for item in inherited:
+                where = item.describe()
+                where = where if item.unix_path is not None else f"http://{where}"
+                self.front.add(item.sock, where, tcp=item.unix_path is None, listening=True)
+                self.where.append(where)
+            return
         if socket_path is not None:
             socket_path.parent.mkdir(parents=True, exist_ok=True)
             if socket_path.is_socket():
@@ -536,8 +586,11 @@ class HttpListeners:
         if self.socket_path is not None and bound:
             self.socket_path.unlink(missing_ok=True)
 
-    def stop(self) -> None:
-        self.front.stop()
+    def quiesce(self) -> None:
+        self.front.quiesce()
+
+    def stop(self, grace: float = 0.0) -> None:
+        self.front.stop(grace)
         if self.socket_path is not None:
             with contextlib.suppress(OSError):
                 if os.path.exists(self.socket_path):

@@ -227,12 +227,26 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
     # Before anything can start a thread (see kerneld.server.app: signals are taken by the
     # main loop, never by a handler).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+    from kerneld.server.activation import listen_fds
     from kerneld.server.app import Daemon
     from kerneld.server.sockets import SocketBusy, SocketSetupError
     from kerneld.store import StoreError, StoreLockedError
 
+    try:  # first: the variables go from the environment before anything could pass them on
+        inherited = listen_fds()
+    except SocketSetupError as exc:
+        log.error("cannot use the sockets systemd passed: %s", exc)
+        return EXIT_CONFIG
+    if inherited:
+        log.info(
+            "socket activation: %s",
+            ", ".join(f"{item.name}={item.describe()}" for item in inherited),
+        )
     daemon = Daemon(
-        cfg, reload_config=lambda: resolve_config(args), hardware_root=args.hardware_root
+        cfg,
+        reload_config=lambda: resolve_config(args),
+        hardware_root=args.hardware_root,
+        inherited=inherited,
     )
     try:
         code = daemon.run()

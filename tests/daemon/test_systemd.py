@@ -139,3 +139,37 @@ def test_sysusers_and_tmpfiles_apply_to_an_image(tmp_path: Path) -> None:
         ("etc/kerneld", 0o755),
     ):
         assert (root / rel).is_dir() and (root / rel).stat().st_mode & 0o777 == mode, rel
+
+
+@needs_analyze
+def test_socket_unit_verifies_and_matches_the_user_socket(tmp_path: Path) -> None:
+    """kerneld.socket: `systemd-analyze verify` is silent (with the service it names beside it),
+    and its unix socket gets the user socket's mode and group (kerneld.toml's [sockets])."""
+    unit_for_checks(tmp_path)
+    socket_unit = tmp_path / "kerneld.socket"
+    socket_unit.write_text((SYSTEMD / "kerneld.socket").read_text())
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(socket_unit), str(tmp_path / "kerneld.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    text = socket_unit.read_text()
+    toml = (SYSTEMD / "kerneld.toml").read_text()
+    assert 'user_mode = "0660"' in toml and 'user_group = "kerneld-users"' in toml
+    for line in ("SocketUser=kerneld", "SocketGroup=kerneld-users", "SocketMode=0660",
+                 "FileDescriptorName=hub-api", "ListenStream=127.0.0.1:8484",
+                 "ListenStream=/run/kerneld/hub-api.sock"):  # fmt: skip
+        assert f"\n{line}\n" in text, line
+    # the directory holding hub-api.sock must outlive a restart of the service
+    assert "\nRuntimeDirectoryPreserve=yes\n" in UNIT.read_text()
+
+    socket_unit.write_text(text.replace("SocketMode=0660", "SocketMode=0669"))
+    broken = subprocess.run(
+        ["systemd-analyze", "verify", str(socket_unit), str(tmp_path / "kerneld.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Failed to parse mode value" in broken.stderr, broken.stderr

@@ -246,6 +246,8 @@ class DaemonProcess:
         self.returncode: int | None = None
         self.starts = 0
         self.log_path = self.workdir / "kerneld-0.log"
+        #: Descriptors the process inherits (socket activation, test_socket_activation.py).
+        self.pass_fds: tuple[int, ...] = ()
 
     # ---- configuration --------------------------------------------------------------------
 
@@ -326,6 +328,7 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                pass_fds=self.pass_fds,
                 **as_user,
             )
         return self.proc

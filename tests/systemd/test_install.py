@@ -15,7 +15,9 @@ root, then works the service as its users would:
   (the published index, no upstream request);
 - users outside `kerneld-admin` cannot use the admin socket;
 - a `kerneld-admin` member's `kerneldctl prefetch`, published by the daemon as `User=kerneld`;
-- `systemctl stop`: clean exit, sockets gone.
+- the Hub API endpoint on kerneld.socket's port (a drop-in, as the docs' `systemctl edit`), and
+  `systemctl restart kerneld` while clients connect: no connection refused, every one answered;
+- `systemctl stop kerneld.socket kerneld`: clean exit, sockets gone.
 
 pip installs the docs' `pip install ./client .` offline from a wheelhouse of the dependencies of
 kerneld and kerneld-client, made once with `pip download` (the package index) and cached under
@@ -35,7 +37,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +76,12 @@ INSTALLED_PATHS = (
     "usr/bin/kerneld",
     "usr/bin/kerneldctl",
     "usr/lib/systemd/system/kerneld.service",
+    "usr/lib/systemd/system/kerneld.socket",
     "etc/systemd/system/kerneld.service",
+    "etc/systemd/system/kerneld.socket",
+    "etc/systemd/system/kerneld.socket.d",
     "etc/systemd/system/multi-user.target.wants/kerneld.service",
+    "etc/systemd/system/sockets.target.wants/kerneld.socket",
     "usr/lib/sysusers.d/kerneld.conf",
     "usr/lib/tmpfiles.d/kerneld.conf",
     "etc/kerneld",
@@ -297,6 +305,43 @@ def job(c: Container, user: str) -> list[Loaded]:
     return [Loaded(*entry) for entry in doc["loaded"]]
 
 
+def requests_during(c: Container, port: int, command: list[str]) -> tuple[Counter[str], int]:
+    """GET the Hub API's refs every 10 ms from 4 connections from before `command` runs in the
+    container until after it returned: status line (or "refused") -> count, and how many
+    requests were made while it ran."""
+    request = f"GET /api/kernels/{KERNEL}/refs HTTP/1.0\r\n\r\n".encode()
+    got: Counter[str] = Counter()
+    starts: list[float] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            starts.append(time.monotonic())
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                    s.sendall(request)
+                    line = s.makefile("rb").readline().decode(errors="replace").split()
+                    got[line[1] if len(line) > 1 else "no answer"] += 1
+            except ConnectionRefusedError:
+                got["refused"] += 1
+            except OSError as exc:
+                got[f"error {exc}"] += 1
+            time.sleep(0.01)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for t in clients:
+        t.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    ok(c.run(command, timeout=120), " ".join(command))
+    ended = time.monotonic()
+    time.sleep(0.3)
+    stop.set()
+    for t in clients:
+        t.join(40)
+    return got, sum(1 for t in starts if began <= t <= ended)
+
+
 class Laps:
     """Where the minute goes (printed at the end; `-s` shows it)."""
 
@@ -383,7 +428,19 @@ def test_documented_install_under_systemd(
         lap("reloads")
 
         # The metrics socket takes a restart; the rest of the test runs on the restarted daemon.
-        ok(c.run(["systemctl", "restart", "kerneld"]), "systemctl restart")
+        # The Hub API's port is kerneld.socket's (the docs' `systemctl edit kerneld.socket`):
+        # a free one, since the container shares this machine's network.
+        dropin = c.root / "etc" / "systemd" / "system" / "kerneld.socket.d"
+        dropin.mkdir(parents=True, exist_ok=True)
+        (dropin / "port.conf").write_text(
+            f"[Socket]\nListenStream=\nListenStream=127.0.0.1:{hub_api_port}\n"
+            "ListenStream=/run/kerneld/hub-api.sock\n"
+        )
+        ok(c.run(["systemctl", "daemon-reload"]), "daemon-reload")
+        # (not `restart kerneld.socket kerneld`: systemd restarts the socket first and refuses
+        # to while its service runs)
+        ok(c.run(["systemctl", "stop", "kerneld.socket", "kerneld"]), "systemctl stop")
+        ok(c.run(["systemctl", "start", "kerneld.socket", "kerneld"]), "systemctl start")
         assert c.run(["systemctl", "is-active", "kerneld"]).out.strip() == "active"
         lap("restart")
 
@@ -433,6 +490,12 @@ def test_documented_install_under_systemd(
         refused = c.run(["curl", "-sS", "-D", "-", "-o", "/dev/null", refs], user="carol")
         assert " 403 " in refused.out and "kerneld-users" in refused.out, refused
         lap("Hub API")
+
+        # -- kerneld.socket: a restart while clients connect refuses none of them -------------
+        got, during = requests_during(c, hub_api_port, ["systemctl", "restart", "kerneld"])
+        assert got == {"200": got["200"]} and during >= 4, (got, during)
+        assert show(c, "MainPID") != "0"
+        lap("restart under clients")
 
         # -- outside kerneld-users: neither the socket nor the store (issue 16 §3.12) ----------
         python = str(REPO_ROOT / ".venv" / "bin" / "python")
@@ -501,7 +564,7 @@ def test_documented_install_under_systemd(
         lap("re-install and upgrade")
 
     # -- stop: clean, sockets and advert gone ---------------------------------------------------
-    ok(c.run(["systemctl", "stop", "kerneld"], timeout=90), "systemctl stop")
+    ok(c.run(["systemctl", "stop", "kerneld.socket", "kerneld"], timeout=90), "systemctl stop")
     assert show(c, "ActiveState") == "inactive"
     assert (show(c, "Result"), show(c, "ExecMainStatus")) == ("success", "0")
     left = c.run(["bash", "-c", "ls -A /run/kerneld 2>/dev/null"]).out.split()

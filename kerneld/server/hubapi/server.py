@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
+from kerneld.server.activation import Inherited
 from kerneld.server.core import Core
 from kerneld.server.httpd import HttpListeners
 from kerneld.server.hubapi.view import HubFile, HubView, git_blob_id
@@ -490,7 +491,16 @@ def parse_range(header: str, size: int) -> tuple[int, int] | Literal["all"] | No
 class HubApiServer:
     """The endpoint's listeners (`[hub_api] listen`, `socket`) over one `HubView`."""
 
-    def __init__(self, core: Core, *, listen: str, socket_path: Path | None) -> None:
+    def __init__(
+        self,
+        core: Core,
+        *,
+        listen: str,
+        socket_path: Path | None,
+        inherited: Sequence[Inherited] = (),
+    ) -> None:
+        """`inherited`: the Hub API sockets systemd passed (kerneld.socket), served instead of
+        binding `listen` and `socket_path` (`kerneld.server.activation.hub_api_sockets`)."""
         user = core.config.user_socket
         handler = type("KerneldHubApiHandler", (HubApiHandler,), {"view": HubView(core)})
 
@@ -508,6 +518,7 @@ class HubApiServer:
             else SocketConfig(socket_path, user.mode, user.group),
             identify=identify_peer,
             admit=admit_member,
+            inherited=inherited,
         )
         self.where = self._listeners.where
 
@@ -516,5 +527,10 @@ class HubApiServer:
         for where in self.where:
             log.info("hub api on %s (HF_ENDPOINT for unmodified kernels)", where)
 
-    def stop(self) -> None:
-        self._listeners.stop()
+    def quiesce(self) -> None:
+        """No new connections (they wait in the backlog), idle ones closed."""
+        self._listeners.quiesce()
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop; accepted requests get up to `grace` seconds."""
+        self._listeners.stop(grace)
