@@ -2,7 +2,8 @@
 
 `deploy/image/build.py` builds the daemon image and the example job image with podman, offline,
 on a Debian 12 base made with mmdebstrap (the root file system cached under .cache/image, the
-image store too, so only the first run pays for the base and the wheels). Then, with the flags
+image store too, so only the first run pays for the base and the wheels; $KERNELD_IMAGE_CACHE
+moves it). Then, with the flags
 *read from* deploy/kubernetes/ (no capability, read-only root, no new privileges, the manifest's
 uid; the init container as root with only its added capabilities):
 
@@ -12,7 +13,8 @@ uid; the init container as root with only its added capabilities):
   upstream the Hub test server on loopback) answers the manifest's startup probe;
 - a job pod (job-pod.yaml's mounts, variables and supplementalGroups, another uid) in the job
   image loads a real torch kernel cold (the daemon fetches it) and warm (the published index, no
-  Hub request), checking the kernel's output against PyTorch.
+  Hub request), checking the kernel's output against PyTorch; one outside the socket's group
+  can read neither the socket nor the store, and says so.
 
 Real podman (rootful, as CI runs; host networking, so loopback is the host's). This sandbox's
 quirks are settled in the containers.conf written here: runc where cgroups are hybrid (crun
@@ -48,7 +50,9 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
-CACHE = REPO / ".cache" / "image"
+#: The base's root file system, the wheels and the image store: kept between runs. A CI whose
+#: clone is new each run points KERNELD_IMAGE_CACHE at a directory that outlives it.
+CACHE = Path(os.environ.get("KERNELD_IMAGE_CACHE") or REPO / ".cache" / "image")
 KERNEL = f"{ORG}/activation"
 JOB_UID = 2000  # not the daemon's, not root
 
@@ -96,7 +100,7 @@ def _podman_env() -> dict[str, str]:
     }
 
 
-ENV = _podman_env() if os.geteuid() == 0 else dict(os.environ)
+ENV: dict[str, str] = {}  # set by the images fixture: nothing is written at collection
 
 
 def podman(
@@ -114,9 +118,11 @@ def podman(
 def images() -> dict[str, str]:
     """Both images, built by the recipe as a site would run it."""
     assert shutil.which("podman"), "podman is missing: run scripts/bootstrap"
+    ENV.update(_podman_env())
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(REPO / "deploy" / "image" / "build.py"), "--python", sys.executable],
+        [sys.executable, str(REPO / "deploy" / "image" / "build.py"), "--python", sys.executable,
+         "--cache", str(CACHE)],
         env=ENV, capture_output=True, text=True, timeout=840, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"deploy/image/build.py failed:\n{done.stdout}\n{done.stderr}"
@@ -202,10 +208,10 @@ def node(tmp_path: Path, hub: HubServer) -> dict[str, str]:
     return vols
 
 
-def _daemon_argv(node: dict[str, str], image: str, name: str) -> list[str]:
+def _daemon_argv(node: dict[str, str], image: str, name: str, *, detach: bool = False) -> list[str]:
     (daemon,) = POD["containers"]
     return [
-        "run", f"--name={name}", *run_flags(daemon, POD, node),
+        "run", *(["--detach"] if detach else []), f"--name={name}", *run_flags(daemon, POD, node),
         f"--env=HF_ENDPOINT={node['hub']}", image, *daemon["command"],
     ]  # fmt: skip
 
@@ -239,8 +245,7 @@ def test_the_daemonset_on_a_fresh_node_serves_a_job_cold_and_warm(
         assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (uid, uid, 0o755), mount
 
     name = f"kerneld-test-{uuid.uuid4().hex[:8]}"
-    podman(*_daemon_argv(node, images["daemon"], name)[:1], "--detach",
-           *_daemon_argv(node, images["daemon"], name)[1:])  # fmt: skip
+    podman(*_daemon_argv(node, images["daemon"], name, detach=True))
     try:
         (daemon,) = POD["containers"]
         probe = daemon["startupProbe"]["exec"]["command"]
@@ -278,6 +283,14 @@ def test_the_daemonset_on_a_fresh_node_serves_a_job_cold_and_warm(
         assert warm["source"] == "index", warm
         assert warm["max_err"] < 1e-5, warm
         assert hub.total() == 0, f"the warm load asked the Hub: {hub.path_counts}"
+        # Outside the socket's group (no supplementalGroups) a job gets neither the socket nor
+        # the store (0750, the socket's group): it fails, saying so.
+        outsider = [f for f in job_flags if not f.startswith("--group-add")]
+        assert len(outsider) == len(job_flags) - 1
+        denied = podman("run", "--rm", *outsider, images["job"], "python3", "-c",
+                        JOB.format(kernel=KERNEL), timeout=180, check=False)  # fmt: skip
+        assert denied.returncode != 0, denied.stdout
+        assert "no permission to read the host's kernel store" in denied.stderr, denied.stderr
         # The store on the node is the daemon's uid's, as the job pods' KERNELD_STORE_OWNER says.
         store = Path(node["store"]) / "store"
         assert store.stat().st_uid == uid
