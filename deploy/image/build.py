@@ -104,7 +104,8 @@ def base_key() -> str:
 def make_base(engine: str, cache: Path) -> str:
     """The Debian 12 base image, imported from a cached mmdebstrap root file system."""
     tag = f"{BASE_IMAGE}-{base_key()}"
-    if subprocess.run([engine, "image", "exists", tag], check=False).returncode == 0:
+    exists = [engine, "image", "inspect", "--format", "{{.Id}}", tag]
+    if subprocess.run(exists, capture_output=True, check=False).returncode == 0:
         return tag
     rootfs = cache / f"base-{base_key()}.tar"
     if not rootfs.exists():
@@ -240,7 +241,7 @@ def build_image(
     engine: str, ctx: Path, containerfile: str, tag: str, build_args: dict[str, str]
 ) -> None:
     argv = [engine, "build", "--network=none", "--file", str(ctx / containerfile), "--tag", tag]
-    if engine in ("podman", "buildah"):
+    if engine == "podman":
         argv += ["--pull=never", "--layers"]
     for name, value in build_args.items():
         argv += ["--build-arg", f"{name}={value}"]
@@ -251,7 +252,7 @@ def build(engine: str, base: str | None, python: str, cache: Path) -> dict[str, 
     """Build both images; what was built (image names, the base, the Python)."""
     cache.mkdir(parents=True, exist_ok=True)
     if shutil.which(engine) is None:
-        raise BuildError(f"{engine} is not installed: apt-get install podman (or buildah)")
+        raise BuildError(f"{engine} is not installed: apt-get install podman")
     base = base or make_base(engine, cache)
     pip = _pip(python, cache)
     py = python_version(python)
@@ -280,7 +281,12 @@ def build(engine: str, base: str | None, python: str, cache: Path) -> dict[str, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--engine", default="podman", help="podman (default), buildah or docker")
+    p.add_argument(
+        "--engine",
+        default="podman",
+        choices=("podman", "docker"),
+        help="podman (default; what the tests use) or docker (BuildKit, for RUN --mount)",
+    )
     p.add_argument(
         "--base",
         help=f"the base image (Python {sys.version_info[0]}.x, a shell, useradd); default: "

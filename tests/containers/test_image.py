@@ -127,6 +127,7 @@ def images() -> dict[str, str]:
     )  # fmt: skip
     assert done.returncode == 0, f"deploy/image/build.py failed:\n{done.stdout}\n{done.stderr}"
     built: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    podman("image", "prune", "--force")  # the layers of earlier builds, in the cached store
     print(f"images built in {time.monotonic() - t0:.1f}s: {built}")
     return built
 
@@ -300,3 +301,23 @@ def test_the_daemonset_on_a_fresh_node_serves_a_job_cold_and_warm(
         logs = podman("logs", name, check=False)
         podman("rm", "--force", "--time=5", name, check=False)
     assert "Traceback" not in logs.stderr, logs.stderr
+
+
+def test_the_init_container_stops_at_a_store_of_another_uid(
+    images: dict[str, str], node: dict[str, str]
+) -> None:
+    """A node whose store a kerneld of another uid made (a host install numbered before the
+    fixed uid): the init container refuses, naming both uids, instead of a daemon failing later."""
+    store = Path(node["store"]) / "store"
+    store.mkdir(mode=0o750)
+    os.chown(store, 993, 993)
+    (init,) = POD["initContainers"]
+    done = podman(
+        "run", "--rm", *run_flags(init, POD, node), images["daemon"], *init["command"], check=False
+    )
+    uid = POD["securityContext"]["runAsUser"]
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert f"belongs to uid 993, not {uid}" in done.stderr and "chown -R" in done.stderr, (
+        done.stderr
+    )
+    assert store.stat().st_uid == 993  # left as it was
