@@ -6,6 +6,7 @@ the same socket directory, trusting the daemon's uid."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,54 @@ def test_a_job_pod_mounts_the_store_read_only_and_trusts_the_daemons_uid(tmp_pat
     assert hosts["kerneld-run"] == _host_paths(daemonset)["run"]
     assert env["KERNELD_STORE_OWNER"] == str(daemonset["securityContext"]["runAsUser"])
     assert not job.get("securityContext", {}).get("privileged")
+
+
+# ---- the image recipe, the init container and the uid (issue 43) ----------------------------
+
+IMAGE_DIR = DEPLOY.parent / "image"
+sys.path.insert(0, str(IMAGE_DIR))
+import build as recipe  # noqa: E402  (deploy/image/build.py: not a package)
+
+
+def test_the_manifests_run_the_image_the_recipe_builds_as_the_sysusers_uid() -> None:
+    docs = _docs("kerneld-daemonset.yaml")
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    uid = recipe.kerneld_uid()  # the fixed uid of systemd/kerneld.sysusers
+    assert uid == 989
+    assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["runAsGroup"] == uid
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert container["image"] == recipe.DAEMON_IMAGE, container["name"]
+    # The Containerfile's user defaults to the same uid (build.py passes it too).
+    containerfile = (IMAGE_DIR / "Containerfile").read_text()
+    assert (
+        f"ARG KERNELD_UID={uid}\n" in containerfile and f"ARG KERNELD_GID={uid}\n" in containerfile
+    )
+    assert "USER ${KERNELD_UID}:${KERNELD_GID}" in containerfile
+    # A job pod trusts that uid and joins the socket's group: the daemon's own, mode 0660.
+    job = _docs("job-pod.yaml")["Pod"]["spec"]
+    (train,) = job["containers"]
+    assert {e["name"]: e["value"] for e in train["env"]}["KERNELD_STORE_OWNER"] == str(uid)
+    assert job["securityContext"]["supplementalGroups"] == [uid]
+    toml = docs["ConfigMap"]["data"]["kerneld.toml"]
+    assert 'user_mode = "0660"' in toml and 'user_group = ""' in toml
+
+
+def test_the_init_container_prepares_the_host_dirs_as_root_with_only_chown_and_fowner() -> None:
+    pod = _docs("kerneld-daemonset.yaml")["DaemonSet"]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (daemon,) = pod["containers"]
+    sec = init["securityContext"]
+    assert sec["runAsUser"] == 0 and sec["runAsNonRoot"] is False
+    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    assert sec["allowPrivilegeEscalation"] is False and sec["privileged"] is False
+    assert sec["readOnlyRootFilesystem"] is True
+    # It prepares exactly the daemon's hostPath mounts, for the daemon's uid.
+    host_mounts = {
+        name: m["mountPath"] for name, m in _mounts(daemon).items() if name in _host_paths(pod)
+    }
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == host_mounts
+    script = init["command"][-1]
+    uid = pod["securityContext"]["runAsUser"]
+    for path in host_mounts.values():
+        assert path in script
+    assert f"chown {uid}:{uid}" in script and "chmod 0755" in script

@@ -5,8 +5,9 @@ job loads a warm kernel straight from the published index and tree, without any 
 store were world-readable, a user outside the socket's group could still load every prefetched
 kernel. So the store root follows the user socket: a socket open to every local user (mode with
 "other" bits) keeps the root 0755; a socket restricted to a group makes the root 0750 with that
-group (the daemon is a member, so no capability is needed to chgrp); a socket with neither (user
-mode, 0600) leaves the root as it is, private by where it lives.
+group (the daemon is a member, so no capability is needed to chgrp), or with the daemon's own
+group when none is configured (the socket gets that group too: the DaemonSet's 0660 socket); a
+socket with neither (user mode, 0600) leaves the root as it is, private by where it lives.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def store_mode_for(socket: SocketConfig) -> tuple[int, str] | None:
     """(mode, group) the store root gets for this user socket; None: leave it as it is."""
     if socket.mode & _OTHERS:
         return 0o755, ""
-    if socket.mode & _GROUP and socket.group:
-        return 0o750, socket.group
+    if socket.mode & _GROUP:
+        return 0o750, socket.group  # "": the daemon's own group, the socket's too
     return None
 
 
@@ -42,8 +43,8 @@ def apply_store_access(root: Path, socket: SocketConfig) -> None:
     mode, group = wanted
     st = os.stat(root)
     try:
-        if group:
-            gid = group_id(group)
+        if mode == 0o750:
+            gid = group_id(group) if group else os.getegid()
             if st.st_gid != gid:
                 os.chown(root, -1, gid)
         if stat.S_IMODE(st.st_mode) != mode:

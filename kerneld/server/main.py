@@ -221,6 +221,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def unwritable_hint(exc: OSError) -> str | None:
+    """What to do when the daemon may not write where it must (a fresh node's root-owned
+    hostPath directories, a store made by another uid): name the directory, its owner and mode,
+    and the fix; None for other errors."""
+    if exc.errno not in (errno.EACCES, errno.EPERM) or not exc.filename:
+        return None
+    target = Path(os.fsdecode(exc.filename))
+    if not (target.exists() and not target.is_dir()):
+        target = target.parent
+        while not target.exists() and target != target.parent:
+            target = target.parent
+    try:
+        st = target.stat()
+    except OSError:
+        return None
+    uid, gid = os.geteuid(), os.getegid()
+    what = "directory" if target.is_dir() else "file"
+    return (
+        f"kerneld runs as uid {uid} (gid {gid}) and may not write the {what} {target} (owner "
+        f"uid {st.st_uid} gid {st.st_gid}, mode {st.st_mode & 0o7777:04o}): give it to this "
+        f"user (`chown {uid}:{gid} {target}`; in Kubernetes the DaemonSet's init container "
+        "does this, under systemd the unit's StateDirectory=/RuntimeDirectory=) or configure a "
+        "path it may write"
+    )
+
+
 def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
     import signal
 
@@ -266,6 +292,8 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
                 "remount it so): check `dmesg`, repair it, then start kerneld again",
                 exc,
             )
+        elif isinstance(exc, OSError) and (hint := unwritable_hint(exc)):
+            log.error("cannot start: %s; %s", exc, hint)
         else:
             log.error("cannot start: %s", exc)
         code = EXIT_FAILURE

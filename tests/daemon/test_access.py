@@ -204,3 +204,20 @@ def test_metrics_over_a_unix_socket_and_loopback(
     assert metric(over_tcp, "kerneld_resolves_total", result="hit") == 1
     d.stop()
     assert not path.exists()
+
+
+def test_a_group_socket_without_a_configured_group_keeps_the_store_to_the_daemons_group() -> None:
+    """The DaemonSet's socket: 0660, no user_group, so its group is the daemon's own (the pods'
+    supplementalGroups); the store root follows it, not world-readable."""
+    from kerneld.config import SocketConfig
+    from kerneld.server.access import store_mode_for
+
+    assert store_mode_for(SocketConfig(path=Path("/run/k.sock"), mode=0o660, group="")) == (
+        0o750,
+        "",
+    )
+    assert store_mode_for(SocketConfig(path=Path("/run/k.sock"), mode=0o666, group="")) == (
+        0o755,
+        "",
+    )
+    assert store_mode_for(SocketConfig(path=Path("/run/k.sock"), mode=0o600, group="")) is None

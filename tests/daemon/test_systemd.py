@@ -121,6 +121,8 @@ def test_sysusers_and_tmpfiles_apply_to_an_image(tmp_path: Path) -> None:
     }
     (user,) = [line for line in passwd.splitlines() if line.startswith("kerneld:")]
     assert user.split(":")[5] == "/var/lib/kerneld"
+    # The fixed uid and gid the daemon image and the Kubernetes manifests use (deploy/).
+    assert user.split(":")[2:4] == ["989", "989"]
     assert {"kerneld", "kerneld-users", "kerneld-admin"} <= set(groups)
     assert groups["kerneld-users"].endswith(":kerneld")
     assert groups["kerneld-admin"].endswith(":kerneld")
@@ -173,3 +175,28 @@ def test_socket_unit_verifies_and_matches_the_user_socket(tmp_path: Path) -> Non
         timeout=60,
     )
     assert "Failed to parse mode value" in broken.stderr, broken.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="no systemd-sysusers")
+def test_sysusers_picks_a_free_uid_where_989_is_taken(tmp_path: Path) -> None:
+    """As docs/containers.md ("One uid for the store") says: then the manifests need that uid."""
+    root = tmp_path / "image"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("other:x:989:989::/:/usr/sbin/nologin\n")
+    (root / "etc" / "group").write_text("other:x:989:\n")
+    for name in ("shadow", "gshadow"):
+        (root / "etc" / name).write_text("")
+    done = subprocess.run(
+        ["systemd-sysusers", f"--root={root}", str(SYSTEMD / "kerneld.sysusers")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Suggested user ID 989 for kerneld already used" in done.stderr
+    (user,) = [
+        line
+        for line in (root / "etc" / "passwd").read_text().splitlines()
+        if line.startswith("kerneld:")
+    ]
+    assert user.split(":")[2] != "989"
