@@ -44,7 +44,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cuda_python() -> Path:
-    python = Path(os.environ.get("KERNELD_CUDA_TORCH_PYTHON") or DEFAULT_PYTHON)
+    # absolute() and not resolve(): the venv's python is a link out of the venv
+    python = Path(os.environ.get("KERNELD_CUDA_TORCH_PYTHON") or DEFAULT_PYTHON).absolute()
     if not python.is_file():
         pytest.fail(f"{python} is missing: scripts/cuda-torch-venv makes it (make cuda-torch)")
     return python
