@@ -65,3 +65,13 @@ cuda-examples: bootstrap
 
 clean:
 	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
+
+# kerneld with the registry's real CUDA torch and no device (issue 44), opt-in: a venv with
+# torch==2.13.0+cu130 from pypi.org (about 2.6 GB of wheels cached in .cache/cuda-torch/wheels/,
+# 4.7 GB installed; a second run installs nothing) and kerneld-client from this checkout; its
+# tests check platform facts, the daemon's ranking, the device check, the import of the CUDA
+# example and kernelize against torch's own values. `make test` never does.
+.PHONY: cuda-torch
+cuda-torch: bootstrap
+	KERNELD_CUDA_TORCH=1 KERNELD_CUDA_TORCH_PYTHON="$$(scripts/cuda-torch-venv)" \
+	  $(PY) -m pytest tests/example_kernels/test_cuda_torch.py -q -p no:xdist $(PYTEST_ARGS)
