@@ -410,7 +410,7 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
 
 
 def test_required_signatures_need_trusted_keys(tmp_path: Path) -> None:
-    from kerneld.server.upstreams import build_upstreams
+    from kerneld.pipeline.upstreams import build_upstreams
 
     text = "[[upstream]]\nkind = 'mirror-dir'\npath = '/m'\nrequire_signatures = true\n"
     cfg = load_config(write(tmp_path, text), env={})

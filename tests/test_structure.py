@@ -294,6 +294,20 @@ def test_the_environment_is_read_in_one_settings_module_per_package() -> None:
         assert environment_reads((ROOT / rel).read_text(encoding="utf-8")), rel
 
 
+def test_kerneldctl_talks_to_the_daemon_never_through_its_code() -> None:
+    """kerneldctl reaches a running daemon over its sockets; it shares the pipeline and the store
+    with it, never `kerneld.server` (the daemon's own process)."""
+    graph, _ = _import_graph()
+    offenders = sorted(
+        f"{m} -> {i}"
+        for m, imports in graph.items()
+        if m.startswith("kerneld.ctl")
+        for i in imports
+        if i.startswith("kerneld.server")
+    )
+    assert offenders == []
+
+
 def test_the_daemon_uses_only_the_clients_public_modules() -> None:
     graph, _ = _import_graph()
     private = {

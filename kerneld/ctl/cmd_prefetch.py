@@ -90,7 +90,7 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
 
         upstreams = [HubUpstream(endpoint=ctx.args.hub_endpoint)]
     else:
-        from kerneld.server.upstreams import build_upstreams
+        from kerneld.pipeline.upstreams import build_upstreams
 
         try:
             cfg = load_config(ctx.args.config)

@@ -1,6 +1,7 @@
 """How a kernel gets from an upstream into the store, stage by stage.
 
     hardware     what this host has (CPU, GPUs, drivers): the platforms prefetch plans for
+    upstreams    the configured upstreams in order (Hub, mirrors), each tracked for status
     resolve      a repo and revision -> a commit -> the variants it has -> the one to use
     fetch        a variant's files from the upstreams into the store, each blob verified
     provenance   who published the commit (signatures, attestations), recorded with the tree

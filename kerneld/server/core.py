@@ -32,6 +32,7 @@ from kerneld.pipeline.prefetch import (
 )
 from kerneld.pipeline.provenance import provenance_check
 from kerneld.pipeline.resolve import KernelSpec, Resolver
+from kerneld.pipeline.upstreams import TrackedUpstream, build_upstreams
 from kerneld.server import logs
 from kerneld.server.acquire import Acquire
 from kerneld.server.fetch_history import FetchHistory
@@ -46,7 +47,6 @@ from kerneld.server.reload import config_change
 from kerneld.server.scrubber import Scrubber
 from kerneld.server.serving import Serving
 from kerneld.server.statuses import NotReady
-from kerneld.server.upstreams import TrackedUpstream, build_upstreams
 from kerneld.store import Store
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client.variants import PlatformFacts
