@@ -6,17 +6,16 @@
     the plain PyTorch run; "started": the parent's time.time() at the process start, to report
     `start_to_forward_s`, process start to every model loaded and its first forward done)
 
-Creates tiny random models (tests/integrations/tiny_models.py) under `models/<family>` if
-missing. Transformers' own kernel mapping (`get_kernel_mapping_transformers()`, what
-`use_kernels` registers) names repos for `cuda`, `rocm`, `xpu` but never `cpu`; to run a GPU
-node's load on this CPU machine, each kind's `cuda` entry is registered for `cpu` too, through
-the `kernels` public API -- the repos, layer names, versions and modes are Transformers' own.
-Then each model is loaded once with `use_kernels=False` (the reference) and once as the user
-does (`use_kernels` at its default unless given), and the logits are compared. The references
-run first: a rotary function kernel is one module per model class, shared by every instance
-once kernelized. Nothing of kerneld's is imported before the models are loaded: with
-KERNELD_HOOK_KERNELS=1 the start-up hook is what routes `kernels`. Prints one JSON object.
-"""
+Creates tiny random models (tests/integrations/tiny_models.py) under `models/<family>` if missing.
+Transformers' own kernel mapping (`get_kernel_mapping_transformers()`, what `use_kernels`
+registers) names repos for `cuda`, `rocm`, `xpu` but never `cpu`; to run a GPU node's load on this
+CPU machine, each kind's `cuda` entry is registered for `cpu` too, through the `kernels` public API
+-- the repos, layer names, versions and modes are Transformers' own. Then each model is loaded once
+with `use_kernels=False` (the reference) and once as the user does (`use_kernels` at its default
+unless given), and the logits are compared. The references run first: under `kernels` before 0.19 a
+rotary function kernel is one module shared by every model once kernelized (kerneld and 0.19
+kernelize it per instance). Nothing of kerneld's is imported before the models are loaded: with
+KERNELD_HOOK_KERNELS=1 the start-up hook is what routes `kernels`. Prints one JSON object."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ downloaded), maps three of Llama's hub layer kinds on CPU with the `kernels` API
 device `KernelConfig` accepts) to the example kernels -- `RMSNorm` (a layer with weights),
 `SiLU` (an elementwise activation) and `rotary_pos_emb` (a function kernel) -- runs the model
 without kernels, then loads it with `use_kernels=True` and compares the logits. The reference
-runs first: the rotary function is one module shared by every attention layer and by every
-model in the process, so once kernelized it stays so. Nothing of kerneld's is imported before
+runs first: under `kernels` before 0.19 the rotary function is one module shared by every
+model in the process, so once kernelized it stays so (kerneld and 0.19 kernelize it per
+instance). Nothing of kerneld's is imported before
 Transformers has loaded the model: with KERNELD_HOOK_KERNELS=1 the start-up hook is what routes
 it. Prints one JSON object.
 """

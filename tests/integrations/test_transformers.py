@@ -1,8 +1,8 @@
-"""Transformers' `from_pretrained(..., use_kernels=True)` served by kerneld with the start-up
-hook: the real `transformers` package and a tiny random Llama saved to a temporary folder, three
-of its hub layer kinds mapped to the example kernels on the Hub test server -- `RMSNorm` (a layer
-with weights), `SiLU` (an elementwise activation) and `rotary_pos_emb` (a function kernel, one
-module shared by every attention layer) -- and a real daemon."""
+"""Transformers' `from_pretrained(..., use_kernels=True)` served by kerneld with the start-up hook:
+the real `transformers` package and a tiny random Llama saved to a temporary folder, three of its
+hub layer kinds mapped to the example kernels on the Hub test server -- `RMSNorm` (a layer with
+weights), `SiLU` (an elementwise activation) and `rotary_pos_emb` (a function kernel, kernelized
+per attention layer) -- and a real daemon."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ def test_kerneld_layer_api_on_a_transformers_model(
     args = {"model": str(tmp_path / "model"), "api": "kerneld", "direct": False}
     out = run_child("_transformers_child", args, env, timeout=300)
     assert out["hooked"] is False
-    assert kernelized(out) == COUNTS, out
+    # Without the hook the marks are those of the venv's `kernels` (0.17.2), whose
+    # `use_kernelized_func` attaches the one shared rotary function to every attention layer.
+    assert kernelized(out) == {**COUNTS, "rotary_pos_emb": 1}, out
     store = hub_daemon.store_root.resolve()
     assert all(Path(f).is_relative_to(store) for f in layer_files(out))
     assert out["kerneld_repos"] == REPOS

@@ -6,8 +6,11 @@ kernel's top-level function instead."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from types import MethodType
 
 import pytest
 import torch
@@ -77,17 +80,65 @@ def run(model: nn.Module, repo: object) -> tuple[torch.Tensor, torch.Tensor]:
     return model[0](*inputs())
 
 
+def wrapper(layer: nn.Module) -> nn.Module:
+    """The layer instance's own wrapper of `apply_rotary_pos_emb` (what kernelize swaps)."""
+    wrappers = layer.__dict__["_kernel_funcs"]
+    assert list(wrappers) == ["rotary_pos_emb"]
+    found: nn.Module = wrappers["rotary_pos_emb"]
+    return found
+
+
 def test_a_function_kernel_replaces_the_marked_function(model: nn.Module, rotary: Path) -> None:
     expected = model[0](*inputs())
     got = run(model, LocalLayerRepository(rotary, layer_name="apply_rotary_transformers"))
-    fn = apply_rotary_pos_emb.forward.__func__
-    assert fn.__qualname__ == "apply_rotary_transformers.forward"
-    assert Path(fn.__code__.co_filename).is_relative_to(rotary)
+    for layer in model:
+        fn = wrapper(layer).forward.__func__
+        assert fn.__qualname__ == "apply_rotary_transformers.forward"
+        assert Path(fn.__code__.co_filename).is_relative_to(rotary)
+    # the shared function itself is never swapped: a model that was not kernelized keeps it
+    assert "forward" not in apply_rotary_pos_emb.__dict__
     torch.testing.assert_close(got, expected)
     report = kernelize_report(model)
     assert report is not None
-    # One function module, shared by both attention layers: kernelized once.
-    assert [(r.name, r.status) for r in report] == [("0.rotary_pos_emb", LayerStatus.KERNELIZED)]
+    # Each attention layer has its own wrapper of the function: kernelized one by one.
+    assert [(r.name, r.status) for r in report] == [
+        ("0.rotary_pos_emb", LayerStatus.KERNELIZED),
+        ("1.rotary_pos_emb", LayerStatus.KERNELIZED),
+    ]
+
+
+def test_function_kernels_are_per_model_and_survive_copies(model: nn.Module, rotary: Path) -> None:
+    """Two models calling one marked function: kernelizing one leaves the other on PyTorch; a
+    copy or a pickled model keeps the kernel and unkernelizes without touching the original
+    (kernels 0.19's per-instance kernel functions)."""
+    other = nn.Sequential(Attention())
+    run(model, LocalLayerRepository(rotary, layer_name="apply_rotary_transformers"))
+    kernel = wrapper(model[0]).forward.__func__
+    assert "forward" not in wrapper(other[0]).__dict__
+    torch.testing.assert_close(other[0](*inputs()), model[0](*inputs()))
+    for restore in (copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        restored = restore(model)
+        for layer in restored:
+            assert wrapper(layer).forward.__func__ is kernel
+            assert wrapper(layer).forward.__self__ is wrapper(layer)
+        assert wrapper(restored[0]) is not wrapper(model[0])
+        torch.testing.assert_close(restored[0](*inputs()), model[0](*inputs()))
+        unkernelize(restored)
+        assert "forward" not in wrapper(restored[0]).__dict__
+        assert wrapper(model[0]).forward.__func__ is kernel
+    shallow = copy.copy(wrapper(model[0]))
+    assert shallow.forward.__self__ is shallow and shallow.forward.__func__ is kernel
+
+
+def test_a_bound_function_kernel_falls_back_to_the_function(model: nn.Module) -> None:
+    """A fallback leaves no forward on a function's wrapper, whoever bound it (as kernels)."""
+    bound = wrapper(model[0])
+    bound.forward = MethodType(lambda self, q, k, cos, sin: (q, k), bound)
+    with use_kernel_mapping({"rotary_pos_emb": {}}, inherit_mapping=False):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    assert "forward" not in bound.__dict__
+    q, k, cos, sin = inputs()
+    torch.testing.assert_close(model[0](q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin))
 
 
 def test_func_repository_takes_the_kernels_top_level_function(
@@ -97,11 +148,11 @@ def test_func_repository_takes_the_kernels_top_level_function(
     repo = LocalFuncRepository(rotary, func_name="apply_rotary_transformers")
     assert "LocalFuncRepository is deprecated, as in kernels 0.17" in caplog.text
     got = run(model, repo)
-    fn = apply_rotary_pos_emb.forward.__func__
-    assert fn.__qualname__.startswith("_function_module")  # a module around the function
+    fn = wrapper(model[0]).forward.__func__
+    assert fn.__qualname__.startswith("function_layer_class")  # a module around the function
     torch.testing.assert_close(got, expected)
     report = kernelize_report(model)
-    assert report is not None and [r.status for r in report] == [LayerStatus.KERNELIZED]
+    assert report is not None and [r.status for r in report] == [LayerStatus.KERNELIZED] * 2
     assert report.layers[0].hub_layer == "apply_rotary_transformers"
 
 
@@ -111,9 +162,9 @@ def test_a_missing_function_keeps_pytorch_and_says_so(model: nn.Module, rotary: 
     torch.testing.assert_close(run(model, repo), expected)
     report = kernelize_report(model)
     assert report is not None
-    (entry,) = report.layers
-    assert entry.status is not LayerStatus.KERNELIZED
-    assert "function `no_such_function` not found" in entry.reason
+    for entry in report.layers:
+        assert entry.status is not LayerStatus.KERNELIZED
+        assert "function `no_such_function` not found" in entry.reason
 
 
 def test_function_repositories_are_their_own_kind() -> None:

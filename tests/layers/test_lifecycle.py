@@ -166,11 +166,13 @@ def test_decorated_functions_are_kernelized(act_arch: Path) -> None:
     assert report is not None
     # Keyed as `kernels` keys attached functions: by layer name (a module has no __name__).
     assert [(e.name, e.status) for e in report] == [("0.SiluAndMul", LayerStatus.KERNELIZED)]
-    assert silu_and_mul.__dict__["forward"].__func__.__module__.endswith(".layers")
+    own = model[0].__dict__["_kernel_funcs"]["SiluAndMul"]  # the instance's own wrapper
+    assert own.__dict__["forward"].__func__.__module__.endswith(".layers")
+    assert "forward" not in silu_and_mul.__dict__  # the shared function is never swapped
     with torch.no_grad():
         torch.testing.assert_close(model(x), expected)
     unkernelize(model)
-    assert "forward" not in silu_and_mul.__dict__
+    assert "forward" not in own.__dict__
 
 
 def test_use_kernelized_func_refuses_undecorated_functions() -> None:

@@ -294,16 +294,41 @@ def test_kernels_flags_and_devices_are_accepted() -> None:
         (Mode.INFERENCE | Mode.TORCH_COMPILE, Mode.INFERENCE | Mode.TORCH_COMPILE, "torch.compile"),
     ],
 )
-def test_an_entry_registered_for_what_its_layer_cannot_do_raises(
+def test_an_entry_registered_for_what_its_layer_cannot_do_falls_back_unless_told_not_to(
     act_arch: Path, registered: Mode, kernelize_mode: Mode, what: str
 ) -> None:
-    """A configuration error, not a missing kernel: `kernels` raises whatever `use_fallback`
-    says, and so does kerneld (the compiled layer has neither backward nor torch.compile)."""
+    """As in `kernels` 0.19.1: the layer keeps PyTorch under the default fallback (the mode
+    cannot be served; 0.17.2 raised), and `KernelizeFallback.NONE` raises (the compiled layer
+    has neither backward nor torch.compile)."""
     repo = LocalLayerRepository(act_arch, layer_name="RMSNorm")
     mapping = {"RMSNorm": {"cpu": {registered: repo}}}
-    expected = f"does not support {what}.\nWas registered for"
-    with use_kernel_mapping(mapping), pytest.raises(ValueError, match=expected):
-        kernelize(make_model(), mode=kernelize_mode, device="cpu", use_fallback=True)
+    model = make_model()
+    with use_kernel_mapping(mapping):
+        kernelize(model, mode=kernelize_mode, device="cpu")
+        report = kernelize_report(model)
+        assert report is not None
+        norms = [e for e in report if e.layer_name == "RMSNorm"]
+        assert norms and {(e.status, e.cause) for e in norms} == {
+            (LayerStatus.FALLBACK, Cause.MODE_UNSUPPORTED)
+        }
+        expected = f"does not support {what}, needed for mode"
+        assert expected in norms[0].reason
+        with pytest.raises(ValueError, match=expected):
+            kernelize(make_model(), mode=kernelize_mode, device="cpu", use_fallback=False)
+
+
+def test_the_modes_an_entry_was_registered_for_do_not_matter_only_the_mode_asked(
+    act_arch: Path,
+) -> None:
+    """An entry for inference and torch.compile serves a plain inference kernelize with a layer
+    that cannot compile (kernels 0.19.1 looks at the mode asked for only)."""
+    repo = LocalLayerRepository(act_arch, layer_name="RMSNorm")
+    model = make_model()
+    with use_kernel_mapping({"RMSNorm": {"cpu": {Mode.INFERENCE | Mode.TORCH_COMPILE: repo}}}):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    report = kernelize_report(model)
+    assert report is not None
+    assert {e.status for e in report if e.layer_name == "RMSNorm"} == {LayerStatus.KERNELIZED}
 
 
 def test_torch_compile_mode_needs_a_compilable_layer(act_arch: Path, act_noarch: Path) -> None:

@@ -29,8 +29,12 @@ differs, it is on purpose:
   `KernelizeFallback.NONE`); `KERNELD_REQUIRE=1` raises for every mapped kernel that cannot be
   used, while layers that no mapping entry applies to stay on PyTorch. A mapping that can never
   be right raises whatever `use_fallback` says, as in `kernels`: a version the repo does not
-  have (`VersionNotFound`, a `ValueError`) and an entry registered for `Mode.TRAINING` or
-  `Mode.TORCH_COMPILE` whose layer declares it cannot do that.
+  have (`VersionNotFound`, a `ValueError`). A kernel layer that cannot do the mode asked for
+  (no backward for `Mode.TRAINING`, no `Mode.TORCH_COMPILE`) keeps PyTorch, as in `kernels`
+  0.19, whatever modes its entry was registered for.
+- **Kernel functions per instance.** A function marked with `use_kernel_forward_from_hub` and
+  attached with `use_kernelized_func` is kernelized per model instance, as in `kernels` 0.19:
+  each instance has its own wrapper of it, which copies and pickles with the model.
 - **Reversible.** `forward` is replaced per instance, never on the class; `unkernelize(model)`
   restores every instance, and a later `kernelize` starts from the original forward.
 - **Disabling.** `DISABLE_KERNEL_MAPPING=1` (read at each `kernelize`, not at import) keeps every
@@ -71,7 +75,6 @@ class needs no torch, decorating a function does (it becomes an `nn.Module`).
 from kerneld_client.layers._decorators import (
     replace_kernel_forward_from_hub,
     use_kernel_forward_from_hub,
-    use_kernelized_func,
 )
 from kerneld_client.layers._device import CUDAProperties, Device, ROCMProperties
 from kerneld_client.layers._funcs import (
@@ -86,6 +89,7 @@ from kerneld_client.layers._inspect import (
     KernelizedLayers,
     get_kernelized_layers,
 )
+from kerneld_client.layers._kernel_funcs import use_kernelized_func
 from kerneld_client.layers._kernelize import (
     ENV_ALLOW_NONDETERMINISTIC,
     ENV_DISABLE,

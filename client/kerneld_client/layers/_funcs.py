@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kerneld_client.errors import KernelLoadError
-from kerneld_client.layers._decorators import _function_module, use_kernel_forward_from_hub
+from kerneld_client.layers._decorators import use_kernel_forward_from_hub
+from kerneld_client.layers._kernel_funcs import forward_like
 from kerneld_client.layers._repos import (
     KernelSource,
     LayerRepository,
@@ -45,6 +46,24 @@ def _deprecated(name: str, instead: str) -> None:
     )
 
 
+def function_layer_class(func: Callable[..., Any]) -> type[nn.Module]:
+    """A kernel layer class whose forward calls the kernel function `func`, with `func`'s
+    signature (plus `self`), so it is checked against the function it replaces."""
+    from torch import nn
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    namespace: dict[str, Any] = {
+        "forward": forward_like(forward, func),
+        "has_backward": getattr(func, "has_backward", True),
+        "can_torch_compile": getattr(func, "can_torch_compile", False),
+        "__module__": getattr(func, "__module__", __name__),
+        "__doc__": func.__doc__,
+    }
+    return type(getattr(func, "__name__", "Func"), (nn.Module,), namespace)
+
+
 def function_layer(source: KernelSource, func_name: str, where: str) -> type[nn.Module]:
     """The kernel's top-level function `func_name` as an `nn.Module` class."""
     func = getattr(source.module, func_name, None)
@@ -52,7 +71,7 @@ def function_layer(source: KernelSource, func_name: str, where: str) -> type[nn.
         raise KernelLoadError(
             f"function `{func_name}` not found in kernel {where}", repo_id=source.repo
         )
-    return _function_module(func)
+    return function_layer_class(func)
 
 
 class FuncRepository(LayerRepository):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client.layers._decorators import FUNCS_ATTR
+from kerneld_client.layers._marks import FUNCS_ATTR
 from kerneld_client.layers._swap import REPO_ATTR
 
 if TYPE_CHECKING:

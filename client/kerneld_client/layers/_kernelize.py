@@ -35,17 +35,16 @@ from kerneld_client.layers._causes import (
     classify,
     is_configuration_error,
 )
-from kerneld_client.layers._decorators import CONDITION_ATTR, LAYER_NAME_ATTR
 from kerneld_client.layers._device import Device, coerce_device
 from kerneld_client.layers._disable import DisableRule, disable_rules
 from kerneld_client.layers._layer_checks import (
     NondeterministicKernel,
-    check_registration,
     declared_deterministic,
     mode_problem,
     validated_layer,
 )
 from kerneld_client.layers._mapping import MappingMiss, select_repository
+from kerneld_client.layers._marks import CONDITION_ATTR, LAYER_NAME_ATTR
 from kerneld_client.layers._mode import (
     MODE_FALLBACK_CHAINS,
     KernelizeFallback,
@@ -286,8 +285,7 @@ class _Run:
                         self._disabled(module, base, rule)
                         return
 
-        check_registration(layer, selection.repo_mode, layer_name, str(repo))
-        problem = mode_problem(layer, self.mode, selection.repo_mode)
+        problem = mode_problem(layer, self.mode, str(repo))
         if problem is not None:
             self._keep(
                 module,

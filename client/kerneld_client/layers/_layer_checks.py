@@ -22,7 +22,6 @@ __all__ = [
     "METADATA_DETERMINISTIC",
     "InvalidKernelLayer",
     "NondeterministicKernel",
-    "check_registration",
     "declared_deterministic",
     "mode_problem",
     "validated_layer",
@@ -107,37 +106,20 @@ def validated_layer(layer: Any, original: type[Any], where: str) -> type[nn.Modu
 # ------------------------------------------------------------------------ modes
 
 
-def check_registration(layer: type[Any], repo_mode: Mode, layer_name: str, repo: str) -> None:
-    """A mapping entry registered for training or torch.compile whose kernel layer cannot do
-    that is a configuration error: ValueError whatever `use_fallback` says (as in `kernels`)."""
-    if Mode.TRAINING in repo_mode and not getattr(layer, "has_backward", True):
-        raise ValueError(
-            f"Function/layer from repo {repo} does not support backward.\n"
-            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
-        )
-    if Mode.TORCH_COMPILE in repo_mode and not getattr(layer, "can_torch_compile", False):
-        raise ValueError(
-            f"Function/layer from repo {repo} does not support torch.compile.\n"
-            f"Was registered for `{layer_name}` with mode `{repo_mode}`"
-        )
-
-
-def mode_problem(layer: type[Any], mode: Mode, repo_mode: Mode) -> str | None:
-    """Why `layer` cannot run in the kernelize `mode` with the mapping entry's `repo_mode`
-    (no backward for training, no torch.compile support), or None if it can."""
-    has_backward = bool(getattr(layer, "has_backward", True))
-    can_compile = bool(getattr(layer, "can_torch_compile", False))
-    wants_training = (Mode.TRAINING in mode) or (Mode.TRAINING in repo_mode)
-    wants_compile = (Mode.TORCH_COMPILE in mode) or (Mode.TORCH_COMPILE in repo_mode)
-    if wants_training and not has_backward:
+def mode_problem(layer: type[Any], mode: Mode, repo: str) -> str | None:
+    """Why `layer` cannot run in the kernelize `mode` (no backward for training, no torch.compile
+    support), or None if it can. Only the mode asked for counts, not the modes the mapping entry
+    was registered for: as in `kernels` 0.19, an entry registered for training whose layer has
+    no backward is a fallback (under `KernelizeFallback.NO_COMPATIBLE_MODE`), not an error."""
+    if Mode.TRAINING in mode and not getattr(layer, "has_backward", True):
         return (
-            f"Available kernel does not support mode: {mode} (the kernel layer "
-            f"declares has_backward=False; mapping entry {repo_mode})"
+            f"Function/layer from repo {repo} does not support backward, needed for mode "
+            f"`{mode}` (the kernel layer declares has_backward=False)"
         )
-    if wants_compile and not can_compile:
+    if Mode.TORCH_COMPILE in mode and not getattr(layer, "can_torch_compile", False):
         return (
-            f"Available kernel does not support mode: {mode} (the kernel layer does "
-            f"not declare can_torch_compile=True; mapping entry {repo_mode})"
+            f"Function/layer from repo {repo} does not support torch.compile, needed for mode "
+            f"`{mode}` (the kernel layer does not declare can_torch_compile=True)"
         )
     return None
 

@@ -282,6 +282,16 @@ class LockedLayerRepository(_Repository):
         self._pin: tuple[str, str | None] | None = None
         self._pin_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copies and pickles (a kernelized model's, too) carry the pin read so far, not the lock
+        state = dict(self.__dict__)
+        del state["_pin_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pin_lock = threading.Lock()
+
     def pin(self) -> tuple[str, str | None]:
         """(commit, ref or None) that the lock file pins for this repo; read once."""
         with self._pin_lock:

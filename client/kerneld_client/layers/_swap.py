@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from types import MethodType
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client.layers._decorators import FUNCS_ATTR, LAYER_NAME_ATTR
+from kerneld_client.layers._kernel_funcs import KERNEL_FUNCTION_ATTR
+from kerneld_client.layers._marks import FUNCS_ATTR, LAYER_NAME_ATTR
 from kerneld_client.layers._report import KernelizeReport
 
 if TYPE_CHECKING:
@@ -67,6 +68,14 @@ def restore_forward(module: nn.Module, *, forget: bool = False) -> None:
     also drops the saved state, as if `module` had never been kernelized."""
     state = module.__dict__
     saved = state.get(SAVED_ATTR)
+    if hasattr(type(module), KERNEL_FUNCTION_ATTR):
+        # a kernel function's wrapper has no forward of its own: whoever bound one (kernelize,
+        # or code that swaps kernels by hand), falling back means the function again
+        state.pop("forward", None)
+        state.pop(REPO_ATTR, None)
+        if forget:
+            state.pop(SAVED_ATTR, None)
+        return
     if not isinstance(saved, _Saved):
         return
     state.pop(REPO_ATTR, None)
