@@ -44,6 +44,7 @@ from pathlib import Path
 
 from bench.common import BENCH, ROOT, base_env, log, machine_facts, table, versions
 from bench.hubrepos import make_bench_hub
+from bench.results_file import kept_sections
 from bench.scenario import Ctx, Section
 from bench.zygote import Zygote
 from examples.kernels.build import build_examples
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         elif sec.key == "s7":
             sec.plots = s7_hosts.plot(sec, out_dir)
     text = render(args, sections, seconds, (load0, os.getloadavg()[0]))
-    args.out.write_text(text, encoding="utf-8")
+    args.out.write_text(text + kept_sections(args.out), encoding="utf-8")
     log(f"wrote {args.out} ({seconds:.0f} s)")
     for sec in sections:
         for g in sec.goals:

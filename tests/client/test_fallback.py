@@ -119,16 +119,18 @@ class _SilentServer:
 def test_hung_daemon_falls_back_within_the_deadline(
     client: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("KERNELD_TIMEOUT", "0.3")
+    """A daemon that accepts and never answers costs one deadline, then is not asked again for
+    a while. The deadline is set above the default (1 s) so that a lower bound, which load cannot
+    break, shows it is the configured one; the upper bound only catches a hang."""
+    monkeypatch.setenv("KERNELD_TIMEOUT", "1.5")
     server = _SilentServer(client)
     try:
         got, took = _timed(get_kernel, ACTIVATION, version=1, fallback=FALLBACK)
         assert got is FALLBACK
         assert len(server.accepted) >= 1, "the client never connected"
-        # It waited for the deadline (so it really asked) but not much longer.
-        assert 0.25 <= took < 0.3 + 1.5, f"took {took:.3f} s"
-        got, again = _timed(get_kernel, RELU2, version=1, fallback=FALLBACK)
-        assert got is FALLBACK and again < 0.05, "the hung daemon was asked again at once"
+        assert 1.45 <= took < 1.5 + 10, f"took {took:.3f} s"
+        with pytest.raises(DaemonUnavailable, match=r"not retried for a while"):
+            get_kernel(RELU2, version=1, policy="error")
     finally:
         server.close()
 

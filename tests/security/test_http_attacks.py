@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import pwd
+import selectors
 import socket
 import subprocess
 import threading
@@ -265,15 +266,19 @@ def test_a_member_is_capped_per_uid_and_others_keep_loading(
 
     def hold() -> list[int]:
         conns = [socket.create_connection(address, timeout=5) for _ in range(PER_UID + 60)]
-        time.sleep(1.0)
+        # Read each answer as it comes (a loaded machine may take a while to send 60), up to a
+        # deadline; the connections within the share never get one.
         refused = 0
-        for s in conns:
-            s.setblocking(False)
-            try:
-                if s.recv(64).startswith(b"HTTP/1.1 503"):
-                    refused += 1
-            except OSError:
-                pass
+        with selectors.DefaultSelector() as waiting:
+            for s in conns:
+                waiting.register(s, selectors.EVENT_READ)
+            deadline = time.monotonic() + 20
+            while refused < 60 and waiting.get_map() and time.monotonic() < deadline:
+                for key, _ in waiting.select(timeout=0.2):
+                    waiting.unregister(key.fileobj)
+                    with contextlib.suppress(OSError):
+                        if key.fileobj.recv(64).startswith(b"HTTP/1.1 503"):  # type: ignore[union-attr]
+                            refused += 1
         time.sleep(3)
         for s in conns:
             s.close()
