@@ -59,9 +59,13 @@ def count_warnings(stderr: str, category: str) -> int:
     return sum(1 for line in stderr.splitlines() if f": {category}: " in line)
 
 
-#: Instances of each mapped hub layer kind in the tiny Llama (two decoder layers); the rotary
-#: function is kernelized per attention layer (each has its own wrapper of it, as in kernels 0.19).
+#: Instances of each mapped hub layer kind in the tiny Llama (two decoder layers) when kerneld's
+#: decorators mark it (the hook): the rotary function is kernelized per attention layer (each has
+#: its own wrapper of it, as in kernels 0.19).
 LLAMA_KINDS = {"RMSNorm": 2 * 2 + 1, "SiLU": 2, "rotary_pos_emb": 2}
+#: The same when `kernels` 0.17.2's decorators mark it (no hook): one rotary function, shared by
+#: every attention layer.
+LLAMA_KINDS_KERNELS_0172 = {**LLAMA_KINDS, "rotary_pos_emb": 1}
 
 
 def kernelized(out: Mapping[str, Any]) -> dict[str, int]:
