@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # computes); a fourth only adds contention (bench/SUITE.md: 3 workers beat 4 twice).
 PYTEST_WORKERS ?= 3
 
-.PHONY: run test bootstrap lint typecheck proto proto-check bench clean
+.PHONY: run test bootstrap bytecode lint typecheck proto proto-check bench clean
 
 bootstrap:
 	@scripts/bootstrap
@@ -34,7 +34,15 @@ proto: bootstrap
 proto-check: bootstrap
 	$(PY) scripts/genproto --check
 
-test: lint typecheck
+# The work tree's bytecode, written before the suite: it starts hundreds of daemons, kerneldctl
+# runs and jobs from this checkout, and where PYTHONDONTWRITEBYTECODE is set (this kind of
+# machine sets it) each of them would compile kerneld's modules again, as an installed wheel
+# never does (pip compiles at install). About 14% of the CPU of the daemon and kerneldctl tests
+# (bench/SUITE.md).
+bytecode: bootstrap
+	$(PY) -m compileall -q -j 0 kerneld client/kerneld_client examples tests bench chaos
+
+test: lint typecheck bytecode
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # BENCH_ARGS adds flags, e.g. BENCH_ARGS=--quick (python -m bench.run --help lists them).

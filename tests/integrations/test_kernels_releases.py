@@ -5,8 +5,8 @@ cold load comes from the daemon, a warm one from the published index with no RPC
 request; a mapped layer is kernelized from the store; a mapped repo that is missing, and a
 daemon that is down, keep the PyTorch layer with one KernelFallbackWarning naming the repo; a
 misspelt revision and an untrusted publisher raise as in `kernels`. Beside it, every public
-name's signature is compared with the release's own (inspect, in its venv), and Transformers 5.25
-(`use_kernels` on by default, kernels 0.19.1) loads a tiny Llama through the hook."""
+name's signature is compared with the release's own (inspect, in its venv). Transformers 5.22
+and 5.25 through the hook: tests/integrations/test_transformers_releases.py."""
 
 from __future__ import annotations
 
@@ -206,46 +206,3 @@ def test_every_public_name_has_the_release_signature(
 
     listed = documented(f"kernels {release}")
     assert {name for name, _ in ACCEPTED} <= listed, listed
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_transformers_5_25_loads_through_the_hook(
-    tmp_path_factory: pytest.TempPathFactory,
-    hub: HubServer,
-    hub_daemon: DaemonProcess,
-    tmp_path: Path,
-) -> None:
-    """Transformers 5.25 (kernels 0.19.1, `use_kernels`) in a clean venv: every mapped layer of
-    the tiny Llama from the store, logits as PyTorch's; warm, no RPC and no Hub request."""
-    from tests.hubapi.venvs import CLIENT_REQUIREMENT, TRANSFORMERS_RELEASE, make_venv
-    from tests.integrations.support import LLAMA_KINDS, ROOT, kernelized
-
-    with shared_dir(tmp_path_factory, "release-venvs") as root:
-        python = make_venv(
-            root, [f"transformers=={TRANSFORMERS_RELEASE}", CLIENT_REQUIREMENT], name="tf-hook"
-        )
-    # the child imports the tiny Llama maker from tests/ (torch and transformers only)
-    env = {**hook_env(tmp_path, hub, hub_daemon), "PYTHONPATH": str(ROOT)}
-    args = json.dumps({"model": str(tmp_path / "model")})
-    store = hub_daemon.store_root.resolve()
-    for start in ("cold", "warm"):
-        hub.reset_counts()
-        proc = subprocess.run(
-            [str(python), "-m", "tests.integrations._transformers_child", args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        out = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert out["hooked"] is True and kernelized(out) == LLAMA_KINDS, (start, out)
-        files = [f for layer in out["layers"].values() for f in layer["files"]]
-        assert files and all(Path(f).is_relative_to(store) for f in files)
-        assert out["max_err"] < 1e-4
-        if start == "warm":
-            assert set(out["kerneld_sources"]) == {"index"} and out["grpc"] is False
-            assert hub.total() == 0, dict(hub.counts)
