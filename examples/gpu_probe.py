@@ -75,9 +75,10 @@ def ops() -> dict[str, Any]:
     }
 
 
-def kernelize_no_device() -> dict[str, Any]:
-    """A model whose RMSNorm and SiluAndMul map to the CUDA kernel, kernelized for `cuda` in a
-    process without a CUDA device: every layer must keep its PyTorch forward and compute."""
+def cuda_mapped_model() -> tuple[Any, dict[str, Any], Any]:
+    """A model whose RMSNorm and SiluAndMul map to the CUDA example kernel (for `cuda` only),
+    that mapping, and an input on the CPU: (model, mapping, x). Also the model of
+    tests/example_kernels/cuda_torch_probe.py."""
     import torch
     from torch import nn
 
@@ -108,8 +109,17 @@ def kernelize_no_device() -> dict[str, Any]:
         }
         for name in ("RMSNorm", "SiluAndMul")
     }
-    model = nn.Sequential(RMSNorm(16), SiluAndMul())
-    x = torch.randn(2, 16)
+    return nn.Sequential(RMSNorm(16), SiluAndMul()), mapping, torch.randn(2, 16)
+
+
+def kernelize_no_device() -> dict[str, Any]:
+    """The cuda-mapped model kernelized for `cuda` in a process without a CUDA device: every
+    layer must keep its PyTorch forward and compute."""
+    import torch
+
+    import kerneld_client
+
+    model, mapping, x = cuda_mapped_model()
     with torch.no_grad():
         expected = model(x)
     with kerneld_client.use_kernel_mapping(mapping, inherit_mapping=False):

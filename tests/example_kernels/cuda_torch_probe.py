@@ -3,7 +3,8 @@ registry's CUDA torch (scripts/cuda-torch-venv) against a real kerneld serving a
 
     python cuda_torch_probe.py '{"mode": "facts"|"resolve"|"kernelize", ...}'
 
-Prints one JSON object (its last stdout line). Imports only torch and kerneld_client.
+Prints one JSON object (its last stdout line). Imports torch, kerneld_client and the
+model of examples/gpu_probe.py (the standard library at import).
 `resolve` takes `{"inject": "api", "facts": {...}}` to pin facts with set_platform_facts();
 `KERNELD_PLATFORM_JSON` in the environment injects them the other way.
 """
@@ -16,9 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-REPO_ID = "kerneld-examples/activation-cuda"
-REVISION = "main"
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.append(str(ROOT))  # run by path: the checkout, after the venv, for examples/ only
+from examples.gpu_probe import REPO_ID, REVISION, cuda_mapped_model  # noqa: E402
 
 
 def _error(exc: BaseException) -> str:
@@ -122,37 +123,10 @@ def kernelize(device: str | None) -> dict[str, Any]:
     (for `cuda` only), on the CPU, kernelized with the device inferred from its parameters
     (`device` None, what a job does) or for `device`; then run on its CPU input."""
     import torch
-    from torch import nn
 
     import kerneld_client
 
-    @kerneld_client.use_kernel_forward_from_hub("RMSNorm")
-    class RMSNorm(nn.Module):
-        def __init__(self, hidden: int) -> None:
-            super().__init__()
-            self.weight = nn.Parameter(torch.rand(hidden) + 0.5)
-            self.variance_epsilon = 1e-6
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return x * scale * self.weight
-
-    @kerneld_client.use_kernel_forward_from_hub("SiluAndMul")
-    class SiluAndMul(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            d = x.shape[-1] // 2
-            return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
-
-    mapping = {
-        name: {
-            "cuda": kerneld_client.LayerRepository(
-                repo_id=REPO_ID, revision=REVISION, layer_name=name
-            )
-        }
-        for name in ("RMSNorm", "SiluAndMul")
-    }
-    model = nn.Sequential(RMSNorm(16), SiluAndMul())
-    x = torch.randn(2, 16)
+    model, mapping, x = cuda_mapped_model()
     with torch.no_grad():
         expected = model(x)
     out: dict[str, Any] = {"cuda_available": torch.cuda.is_available()}

@@ -318,7 +318,9 @@ def test_an_impostor_on_the_socket_cannot_make_a_job_import_its_files(
             get_kernel("kerneld-sec/ghost", version=1, policy="error")
         assert "_sec_evil" not in sys.modules
     finally:
-        server.stop(0)
+        # Wait for the stop: a stopping gRPC server unlinks its unix socket's path, which the
+        # next server is about to bind again.
+        server.stop(0).wait()
     _reset()
     server = _serve(_Impostor(str(a), f"sha256:{b.name}"), sock)  # type: ignore[abstract]
     try:
@@ -326,7 +328,7 @@ def test_an_impostor_on_the_socket_cannot_make_a_job_import_its_files(
             get_kernel("kerneld-sec/ghost", version=1, policy="error")
         assert "_sec_imp_a" not in sys.modules
     finally:
-        server.stop(0)
+        server.stop(0).wait()
         sock.unlink(missing_ok=True)
 
 

@@ -74,7 +74,23 @@ def function_layer(source: KernelSource, func_name: str, where: str) -> type[nn.
     return function_layer_class(func)
 
 
-class FuncRepository(LayerRepository):
+class _KernelFunction:
+    """What the three function repositories add to their layer repository: the layer is the
+    kernel's function `func_name`, and a function repository never equals a layer one."""
+
+    func_name: str
+
+    def layer_class(self, source: KernelSource) -> type[nn.Module]:
+        return function_layer(source, self.func_name, str(self))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, type(self)) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(("func", super().__hash__()))
+
+
+class FuncRepository(_KernelFunction, LayerRepository):
     """A function of a Hub kernel repo at a version (branch `vN`) or a revision."""
 
     def __init__(
@@ -98,15 +114,6 @@ class FuncRepository(LayerRepository):
         )
         self.func_name = func_name
 
-    def layer_class(self, source: KernelSource) -> type[nn.Module]:
-        return function_layer(source, self.func_name, str(self))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FuncRepository) and super().__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(("func", super().__hash__()))
-
     def __str__(self) -> str:
         return f"`{self.repo_id}` ({self.ref}), function `{self.func_name}`"
 
@@ -117,22 +124,13 @@ class FuncRepository(LayerRepository):
         return f"FuncRepository({self.repo_id!r}, func_name={self.func_name!r}, {selector})"
 
 
-class LocalFuncRepository(LocalLayerRepository):
+class LocalFuncRepository(_KernelFunction, LocalLayerRepository):
     """A function of a kernel on local disk."""
 
     def __init__(self, repo_path: str | Path, *, func_name: str, check_arch: bool = True) -> None:
         _deprecated("LocalFuncRepository", "LocalLayerRepository")
         super().__init__(repo_path, layer_name=func_name, check_arch=check_arch)
         self.func_name = func_name
-
-    def layer_class(self, source: KernelSource) -> type[nn.Module]:
-        return function_layer(source, self.func_name, str(self))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LocalFuncRepository) and super().__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(("func", super().__hash__()))
 
     def __str__(self) -> str:
         return f"`{self.repo_path}` (function `{self.func_name}`)"
@@ -141,7 +139,7 @@ class LocalFuncRepository(LocalLayerRepository):
         return f"LocalFuncRepository({str(self.repo_path)!r}, func_name={self.func_name!r})"
 
 
-class LockedFuncRepository(LockedLayerRepository):
+class LockedFuncRepository(_KernelFunction, LockedLayerRepository):
     """A function of a kernel at the commit a `kernels.lock` pins."""
 
     def __init__(
@@ -162,15 +160,6 @@ class LockedFuncRepository(LockedLayerRepository):
             check_arch=check_arch,
         )
         self.func_name = func_name
-
-    def layer_class(self, source: KernelSource) -> type[nn.Module]:
-        return function_layer(source, self.func_name, str(self))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LockedFuncRepository) and super().__eq__(other)
-
-    def __hash__(self) -> int:
-        return hash(("func", super().__hash__()))
 
     def __str__(self) -> str:
         return f"`{self.repo_id}` (locked), function `{self.func_name}`"
