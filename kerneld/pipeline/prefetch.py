@@ -30,7 +30,7 @@ from kerneld.pipeline.fetch import FetchResult, VariantFetcher
 from kerneld.pipeline.fetch_progress import FetchProgress
 from kerneld.pipeline.hardware import Hardware
 from kerneld.pipeline.resolve import Admit, KernelSpec, NoVariantFits, Resolver
-from kerneld.store import Hold, Store, TreeNotFoundError
+from kerneld.store import Hold, PrefetchTarget, TreeNotFoundError
 from kerneld.upstream.errors import EntryNotFound
 from kerneld_client.variants import (
     Backend,
@@ -291,7 +291,7 @@ class Prefetcher:
 
     def __init__(
         self,
-        store: Store,
+        store: PrefetchTarget,
         resolver: Resolver,
         fetch: VariantFetcher,
         *,

@@ -12,11 +12,11 @@ from kerneld.publish import PublishError, immutable
 from kerneld.publish.build import LocalVariant
 from kerneld.publish.refs import Ancestry, plan_ref
 from kerneld.publish.report import PublishReport
-from kerneld.store import Store, StoreError, TreeFile
+from kerneld.store import PublishTarget, StoreError, TreeFile
 
 
 def publish_to_store(
-    store: Store,
+    store: PublishTarget,
     variants: Sequence[LocalVariant],
     *,
     repo_id: str,

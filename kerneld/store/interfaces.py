@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .blobs import BlobInfo, BlobWriter, Expected
 from .gc import GcReport
+from .holds import Holds
 from .leasing import Lease
 from .lookup import LookupHit
 from .manifest import TreeFile
@@ -121,6 +122,30 @@ class Policy(Protocol):
 
 class ResolveTarget(Policy, FetchTarget, Protocol):
     """What resolution needs: the names, and a tree for them, fetched if need be."""
+
+
+class Holding(Protocol):
+    """Holds (repo, commit, variant) against GC while a job of several steps runs: trees a
+    prefetch or an import made stay until it is done, even under a full store."""
+
+    @property
+    def holds(self) -> Holds: ...
+
+
+class PrefetchTarget(Policy, TreePublisher, Holding, Protocol):
+    """What a prefetch needs: the names and denies, its trees looked up, each held until the
+    whole job is done (kerneld.pipeline.prefetch.Prefetcher; the downloads go through the fetch
+    function it is given)."""
+
+
+class PublishTarget(Policy, Ingester, TreePublisher, BlobProvider, Holding, Protocol):
+    """What publishing straight into a stopped daemon's store needs: blobs in, trees out, refs
+    moved, and the trees already there (kerneld.publish.to_store)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None: ...
 
 
 class Catalog(BlobProvider, Protocol):
@@ -233,8 +258,10 @@ if TYPE_CHECKING:
         FetchTarget,
         Policy,
         ResolveTarget,
+        PrefetchTarget,
+        PublishTarget,
         Leases,
         Maintenance,
     ]:
         """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
-        return store, store, store, store, store, store, store, store, store, store
+        return store, store, store, store, store, store, store, store, store, store, store, store
