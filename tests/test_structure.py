@@ -3,6 +3,8 @@ import cycles (issue 21).
 
 Code outside `kerneld/store/` talks to a `Store` through its methods, never through
 `store.index` (the SQLite index) or `store.layout` (the on-disk layout): both stay free to change.
+A consumer takes the narrow view of the store it uses (`kerneld/store/interfaces.py`); the few
+that still take the whole `Store` are listed with why.
 Inside the store, only the modules of `index/` hold SQL. Both rules are checked on the syntax
 tree, so a comment or a string that mentions them does not count, and each check is shown to
 catch a violation.
@@ -107,6 +109,59 @@ def test_only_the_index_module_runs_sql() -> None:
     assert any(sql_calls(path.read_text(encoding="utf-8")) for path in _modules(SQL_MODULES))
 
 
+def store_annotations(source: str) -> list[int]:
+    """Lines that declare a parameter, return value or attribute as the concrete `Store`
+    (`Store`, `"Store"`, `kerneld.store.Store`); calling `Store(...)` to open one is not
+    counted."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        annotations: list[ast.expr] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            annotations += [x.annotation for x in params if x is not None and x.annotation]
+            annotations += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for annotation in annotations:
+            for n in ast.walk(annotation):
+                name = n.id if isinstance(n, ast.Name) else getattr(n, "attr", None)
+                if name == "Store" or (isinstance(n, ast.Constant) and n.value == "Store"):
+                    lines.append(node.lineno)
+    return lines
+
+
+#: The modules that still take the whole `Store`, each with why. Every other consumer names the
+#: narrow view it uses (kerneld/store/interfaces.py: FetchTarget, PrefetchTarget, Catalog, ...),
+#: so that its signature says what it can do to the store.
+WHOLE_STORE = {
+    "kerneld/server/core.py": "opens the daemon's store and hands views of it out",
+    "kerneld/server/serving.py": "the RPC handlers: refs, leases, trees, denies and generations",
+    "kerneld/server/scrubber.py": "scrub, quarantine, denies, refs and holds",
+    "kerneld/server/suspect.py": "reads trees and quarantines what it confirms",
+    "kerneld/mirror/import_.py": "blobs, trees, refs, space and metadata checks",
+}
+
+
+def test_consumers_take_a_view_of_the_store_not_the_store() -> None:
+    offenders = {
+        rel: hits
+        for path in _modules(PACKAGE)
+        if STORE not in path.parents
+        for rel in [str(path.relative_to(ROOT))]
+        if rel not in WHOLE_STORE
+        for hits in [store_annotations(path.read_text(encoding="utf-8"))]
+        if hits
+    }
+    assert offenders == {}, (
+        "take the narrowest view in kerneld/store/interfaces.py (or add one) instead of the "
+        f"concrete Store: {offenders}"
+    )
+    # Each exemption is still needed (a module that moved to a view leaves the list).
+    stale = [rel for rel in WHOLE_STORE if not store_annotations((ROOT / rel).read_text())]
+    assert stale == [], f"no longer take the whole Store, drop them from WHOLE_STORE: {stale}"
+
+
 def test_the_checks_catch_what_they_are_for() -> None:
     assert reach_through("rows = self.core.store.index.denies()")
     assert reach_through("index = store.index")
@@ -115,6 +170,10 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert sql_calls("conn.execute('DELETE FROM pins')")
     assert sql_calls("conn.executemany(q, rows)")
     assert not sql_calls("# conn.execute('x')\nexecute = 1")
+    assert store_annotations("def f(store: Store) -> None: ...") == [1]
+    assert store_annotations("class A:\n    store: 'Store'\n") == [2]
+    assert store_annotations("def f() -> kerneld.store.Store: ...") == [1]
+    assert store_annotations("s = Store(root)\ndef f(store: FetchTarget) -> None: ...") == []
 
 
 MAX_LINES = 600
