@@ -37,7 +37,7 @@ proto-check: bootstrap
 # The work tree's bytecode, written before the suite: it starts hundreds of daemons, kerneldctl
 # runs and jobs from this checkout, and where PYTHONDONTWRITEBYTECODE is set (this kind of
 # machine sets it) each of them would compile kerneld's modules again, as an installed wheel
-# never does (pip compiles at install). About 14% of the CPU of the daemon and kerneldctl tests
+# never does (pip compiles at install). The suite ran in 0.84x the wall time and CPU
 # (bench/SUITE.md).
 bytecode: bootstrap
 	$(PY) -m compileall -q -j 0 kerneld client/kerneld_client examples tests bench chaos
