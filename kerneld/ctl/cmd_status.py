@@ -73,6 +73,8 @@ def cmd_status(ctx: Ctx) -> int:
         ctx.say(f"store:   {doc['store_root']}")
     for where in doc.get("hub_api") or []:
         ctx.say(f"hub api: {where} (HF_ENDPOINT for unmodified kernels)")
+    for problem in doc.get("listener_problems") or []:
+        ctx.say(f"NOT LISTENING: {problem}")
     cap = doc.get("store_cap_bytes")
     used = human_bytes(int(doc.get("store_bytes", 0)))
     ctx.say(

@@ -34,6 +34,8 @@ from kerneld.server.access import apply_store_access
 from kerneld.server.activation import Inherited, hub_api_sockets
 from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
+from kerneld.server.exposure import Exposure, check_hub_endpoint
+from kerneld.server.httphead import HttpLimits
 from kerneld.server.hubapi.server import HubApiServer
 from kerneld.server.identity import (
     CallerInterceptor,
@@ -42,7 +44,7 @@ from kerneld.server.identity import (
     cred_path,
 )
 from kerneld.server.kernels_service import KernelsService
-from kerneld.server.metrics import Metrics, MetricsServer
+from kerneld.server.metrics import METRICS_LIMITS, Metrics, MetricsServer
 from kerneld.server.notify import Notifier, Watchdog, store_summary, watchdog_interval
 from kerneld.server.sockets import (
     SocketLock,
@@ -70,8 +72,9 @@ BIND_UMASK = 0o177
 SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 #: Admin RPCs that change nothing (not audited); health and reflection are not Admin methods.
 ADMIN_READ_ONLY = frozenset({"List", "ListDenies", "GetAdminStatus", "Check", "Watch"})
-#: Descriptors kept free for all but the sockets' connections: store and SQLite files, blobs
-#: being hashed, upstream HTTP connections, the metrics server, logs (measured: ~40 at rest).
+#: Descriptors kept free for the store and SQLite files, blobs being hashed, upstream HTTP
+#: connections and logs (measured: ~40 at rest); every listener's cap comes on top
+#: (`descriptor_budget`).
 FD_RESERVE = 512
 #: Calls one connection may carry at once (HTTP/2's recommended minimum): the client makes one
 #: call per channel, but a process's concurrent channels share a connection; each open stream
@@ -80,6 +83,33 @@ MAX_STREAMS_PER_CONNECTION = 100
 #: The admin socket's RPCs admitted at once, per thread (admins are trusted; the bound only
 #: keeps a runaway script from queueing without end).
 ADMIN_QUEUE_PER_THREAD = 4
+
+
+def descriptor_budget(cfg: Config, *, hub_api: bool) -> dict[str, int]:
+    """The descriptors each part of the daemon may hold at its caps, by what holds them: every
+    listener's connection cap (a refused HTTP connection is kept a moment so that its answer is
+    read), the pidfds that bind callers' tokens, and FD_RESERVE for the store. Reserved before
+    the first socket is bound, so that no caller filling one part leaves another (the admin
+    socket, the store) without a descriptor."""
+    parts = {
+        "user-socket connections": cfg.max_connections,
+        "admin-socket connections": cfg.admin_max_connections,
+        "caller pidfds": TokenBook.MAX_BOUND,
+    }
+    if hub_api:
+        limits = HttpLimits()
+        parts["Hub API connections"] = limits.max_connections + limits.max_refused_draining
+    if cfg.metrics_socket is not None or cfg.metrics_listen:
+        parts["metrics connections"] = (
+            METRICS_LIMITS.max_connections + METRICS_LIMITS.max_refused_draining
+        )
+    parts["store, SQLite, downloads and logs"] = FD_RESERVE
+    return parts
+
+
+def _shown_address(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
 def block_signals() -> None:
@@ -166,15 +196,17 @@ class Daemon:
         limit, so a full user socket never leaves the admin socket (or the store) without a
         descriptor; raises the soft limit when the hard one allows, else refuses to start."""
         cfg = self.config
-        need = cfg.max_connections + cfg.admin_max_connections + FD_RESERVE
+        parts = descriptor_budget(
+            cfg, hub_api=bool(self.inherited or cfg.hub_api_listen or cfg.hub_api_socket)
+        )
+        need = sum(parts.values())
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY or soft >= need:
             return
+        shown = ", ".join(f"{n} {what}" for what, n in parts.items())
         problem = (
-            f"{cfg.max_connections} user + {cfg.admin_max_connections} admin connections and "
-            f"{FD_RESERVE} descriptors for the store need an open-files limit of {need}, but it "
-            f"is {soft}: lower [server] max_connections or raise the limit (LimitNOFILE= in "
-            "the unit)"
+            f"{shown} need an open-files limit of {need}, but it is {soft}: lower [server] "
+            "max_connections or raise the limit (LimitNOFILE= in the unit)"
         )
         if hard != resource.RLIM_INFINITY and hard < need:
             raise ConfigError(cfg.source, "server.max_connections", problem)
@@ -243,6 +275,77 @@ class Daemon:
             listener.start()
         log.info("listening user=%s admin=%s", user.path, admin.path)
 
+    # ---- the optional HTTP listeners ---------------------------------------------------------
+    # A port another process holds, or a listener refused for what it would expose, is an error
+    # line and a line in `kerneldctl status`, never a daemon that does not start: jobs load
+    # through the gRPC sockets and the published index whatever happens to these.
+
+    def _listener_problem(self, what: str, problem: str) -> None:
+        log.error("%s: %s", what, problem)
+        self.core.listener_problems.append(f"{what}: {problem}")
+
+    def _start_metrics(self) -> None:
+        cfg = self.config
+        if cfg.metrics_socket is None and not cfg.metrics_listen:
+            return
+        server = MetricsServer(
+            self.metrics,
+            socket_path=cfg.metrics_socket,
+            listen=cfg.metrics_listen,
+            socket_mode=cfg.metrics_socket_mode,
+            socket_group=cfg.metrics_socket_group,
+        )
+        for failed in server.failed:
+            self._listener_problem("metrics", f"not listening on {failed}; the rest serves")
+        server.start()
+        self._metrics_server = server
+
+    def _start_hub_api(self) -> None:
+        cfg = self.config
+        passed = hub_api_sockets(
+            self.inherited, listen=cfg.hub_api_listen, socket_path=cfg.hub_api_socket
+        )
+        if not (passed or cfg.hub_api_listen or cfg.hub_api_socket):
+            return
+        served: list[Inherited] = []
+        refused: list[tuple[Inherited, str]] = []
+        for item in passed:
+            exposure = (
+                check_hub_endpoint(
+                    _shown_address(item.address), item.address[1], system=cfg.system, passed=True
+                )
+                if item.address is not None
+                else Exposure(serve=True)
+            )
+            if exposure.serve:
+                served.append(item)
+            else:
+                refused.append((item, exposure.refusal))
+                self._listener_problem("hub api", exposure.refusal)
+            if exposure.warning:
+                log.warning("%s", exposure.warning)
+        listen = "" if passed else cfg.hub_api_listen
+        if listen:
+            port = int(listen.rpartition(":")[2])
+            exposure = check_hub_endpoint(f"http://{listen}", port, system=cfg.system, passed=False)
+            if exposure.warning:
+                log.warning("%s", exposure.warning)
+            if not exposure.serve:
+                self._listener_problem("hub api", exposure.refusal)
+                listen = ""
+        server = HubApiServer(
+            self.core,
+            listen=listen,
+            socket_path=None if passed else cfg.hub_api_socket,
+            inherited=served,
+            refused=refused,
+        )
+        for failed in server.failed:
+            self._listener_problem("hub api", f"not listening on {failed}; the rest serves")
+        server.start()
+        self._hub_api = server
+        self.core.hub_api = list(server.where)
+
     def _serving(self, on: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
@@ -271,28 +374,8 @@ class Daemon:
                 lambda: (*store.quarantine_usage(), store.quarantine_max_bytes)
             )
             apply_store_access(store.root, self.config.user_socket)
-            self._metrics_server = MetricsServer(
-                self.metrics,
-                socket_path=self.config.metrics_socket,
-                listen=self.config.metrics_listen,
-                socket_mode=self.config.metrics_socket_mode,
-                socket_group=self.config.metrics_socket_group,
-            )
-            self._metrics_server.start()
-            passed = hub_api_sockets(
-                self.inherited,
-                listen=self.config.hub_api_listen,
-                socket_path=self.config.hub_api_socket,
-            )
-            if passed or self.config.hub_api_listen or self.config.hub_api_socket:
-                self._hub_api = HubApiServer(
-                    self.core,
-                    listen=self.config.hub_api_listen,
-                    socket_path=self.config.hub_api_socket,
-                    inherited=passed,
-                )
-                self._hub_api.start()
-                self.core.hub_api = list(self._hub_api.where)
+            self._start_metrics()
+            self._start_hub_api()
             # The advert first: a client that sees SERVING finds the index right away.
             write_advert(
                 Advert(

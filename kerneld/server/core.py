@@ -95,6 +95,8 @@ class Core:
         self.fetch_gate = FetchGate()
         self.hub_api: list[str] = []
         """Where the Hub API endpoint listens (GetStatus shows it); set by the app."""
+        self.listener_problems: list[str] = []
+        """Optional listeners (Hub API, metrics) not served, and why (`kerneldctl status`)."""
 
     # ---- opening and closing -------------------------------------------------------------
 

@@ -1,9 +1,5 @@
-"""HTTP listeners of the daemon: a unix socket path and/or a loopback HOST:PORT.
-
-The metrics exposition and the Hub API endpoint both serve HTTP this way. A unix socket is
-bound owner-only and then opened to its configured mode and group (like the RPC sockets: the
-file's mode decides who may connect); a TCP port is only ever bound on loopback (the config
-refuses anything else).
+"""The HTTP front of the daemon's HTTP listeners (the metrics exposition and the Hub API
+endpoint): one poller and a pool of workers over the sockets `httplisteners.py` binds.
 
 Every local user can reach a loopback port, so nothing of a connection is read before the
 daemon knows whose it is: the peer is identified at `accept()` (`identify`: SO_PEERCRED on a
@@ -23,21 +19,17 @@ import contextlib
 import errno
 import io
 import logging
-import os
 import queue
 import selectors
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import Any
 
-from kerneld.config import SocketConfig
-from kerneld.server.activation import Inherited
 from kerneld.server.httphead import (
     BodyReader,
     HeadError,
@@ -47,7 +39,6 @@ from kerneld.server.httphead import (
     fixed_answer,
 )
 from kerneld.server.identity import Caller
-from kerneld.server.sockets import secure, umask
 
 log = logging.getLogger("kerneld.httpd")
 
@@ -79,12 +70,15 @@ class _Conn:
 
 
 class _Listener:
-    """A bound, listening socket and how its peers are named."""
+    """A bound, listening socket and how its peers are named; `refusal`: every connection gets
+    this answer (a socket systemd passed that must not be served, but stays held: see
+    `kerneld.server.exposure`)."""
 
-    def __init__(self, sock: socket.socket, where: str, tcp: bool) -> None:
+    def __init__(self, sock: socket.socket, where: str, tcp: bool, refusal: str = "") -> None:
         self.sock = sock
         self.where = where
         self.tcp = tcp
+        self.refusal = refusal
 
 
 class HttpFront:
@@ -123,13 +117,22 @@ class HttpFront:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def add(self, sock: socket.socket, where: str, *, tcp: bool, listening: bool = False) -> None:
+    def add(
+        self,
+        sock: socket.socket,
+        where: str,
+        *,
+        tcp: bool,
+        listening: bool = False,
+        refusal: str = "",
+    ) -> None:
         """Serve `sock`; `listening`: already listening (passed by systemd, whose Backlog= it
-        keeps), else bound here and put into listen mode."""
+        keeps), else bound here and put into listen mode; `refusal`: answer every connection
+        with a 503 saying this instead (nothing of it read)."""
         if not listening:
             sock.listen(BACKLOG)
         sock.setblocking(False)
-        self.listeners.append(_Listener(sock, where, tcp))
+        self.listeners.append(_Listener(sock, where, tcp, refusal))
 
     def start(self) -> None:
         for listener in self.listeners:
@@ -243,6 +246,9 @@ class HttpFront:
 
     def _admit(self, sock: socket.socket, peer: Any, listener: _Listener) -> None:
         """Identify and check the peer before reading a byte of it."""
+        if listener.refusal:
+            self._refuse(sock, -1, 503, "Service Unavailable", f"kerneld: {listener.refusal}")
+            return
         try:
             caller = self.identify(sock, peer)
         except Exception as exc:  # an identification that fails refuses, never admits
@@ -493,105 +499,3 @@ class HttpFront:
             return False
         method()
         return not handler.close_connection
-
-
-def _unix_socket(path: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.bind(str(path))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _tcp_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-class HttpListeners:
-    """One request handler served on a unix socket and/or a loopback port (`HttpFront`)."""
-
-    def __init__(
-        self,
-        name: str,
-        handler: type[BaseHTTPRequestHandler],
-        *,
-        socket_path: Path | None,
-        listen: str,
-        socket: SocketConfig | None = None,
-        identify: Identify,
-        admit: Admit | None = None,
-        limits: HttpLimits | None = None,
-        inherited: Sequence[Inherited] = (),
-    ) -> None:
-        """`socket` gives the unix socket's mode and group (default 0660, the daemon's group);
-        `identify` names each peer at accept (`kerneld.server.peers.identify_peer`), `admit`
-        checks it. `inherited`: listening sockets systemd passed (socket activation); given,
-        they are served instead of `socket_path` and `listen`, and left as systemd made them
-        (mode, owner, the path itself: systemd keeps listening on them across restarts)."""
-        self.name = name
-        self.where: list[str] = []
-        self.socket_path = socket_path
-        self.front = HttpFront(name, handler, identify=identify, admit=admit, limits=limits)
-        if inherited:
-            self.socket_path = None  # systemd's to remove, not ours
-            for item in inherited:
-                where = item.describe()
-                where = where if item.unix_path is not None else f"http://{where}"
-                self.front.add(item.sock, where, tcp=item.unix_path is None, listening=True)
-                self.where.append(where)
-            return
-        if socket_path is not None:
-            socket_path.parent.mkdir(parents=True, exist_ok=True)
-            if socket_path.is_socket():
-                socket_path.unlink()
-            with umask(0o177):
-                unix = _unix_socket(socket_path)
-            self.front.add(unix, f"unix:{socket_path}", tcp=False)
-            cfg = socket or SocketConfig(socket_path, 0o660)
-            try:
-                secure(socket_path, SocketConfig(socket_path, cfg.mode, cfg.group))
-            except BaseException:
-                self._close_all()
-                raise
-            self.where.append(f"unix:{socket_path}")
-        if listen:
-            host, _, port = listen.rpartition(":")
-            bind_host = {"localhost": "127.0.0.1", "[::1]": "::1"}.get(host, host)
-            try:
-                tcp = _tcp_socket(bind_host, int(port))
-            except BaseException:
-                self._close_all()
-                raise
-            where = f"http://{host}:{tcp.getsockname()[1]}"
-            self.front.add(tcp, where, tcp=True)
-            self.where.append(where)
-
-    def start(self) -> None:
-        self.front.start()
-
-    def _close_all(self) -> None:
-        """Unbind what was bound (a start that fails half way leaves no socket behind)."""
-        bound = bool(self.front.listeners)
-        self.front.close()
-        if self.socket_path is not None and bound:
-            self.socket_path.unlink(missing_ok=True)
-
-    def quiesce(self) -> None:
-        self.front.quiesce()
-
-    def stop(self, grace: float = 0.0) -> None:
-        self.front.stop(grace)
-        if self.socket_path is not None:
-            with contextlib.suppress(OSError):
-                if os.path.exists(self.socket_path):
-                    self.socket_path.unlink()

@@ -79,6 +79,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         started_at=convert.ts(core.started_at),
         store_cap_bytes=cfg.cap_bytes or 0,
         hub_api=core.hub_api,
+        listener_problems=core.listener_problems,
     )
     if core.ready:
         usage = core.store.usage()

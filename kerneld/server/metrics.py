@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
 from prometheus_client.core import GaugeMetricFamily
 
 from kerneld.config import SocketConfig
-from kerneld.server.httpd import HttpListeners
 from kerneld.server.httphead import HttpLimits
+from kerneld.server.httplisteners import HttpListeners
 from kerneld.server.peers import identify_peer
 
 log = logging.getLogger("kerneld.metrics")
@@ -245,6 +245,7 @@ class MetricsServer:
             limits=METRICS_LIMITS,
         )
         self.where = self._listeners.where
+        self.failed = self._listeners.failed
 
     def start(self) -> None:
         self._listeners.start()

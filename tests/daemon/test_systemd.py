@@ -161,7 +161,7 @@ def test_socket_unit_verifies_and_matches_the_user_socket(tmp_path: Path) -> Non
     toml = (SYSTEMD / "kerneld.toml").read_text()
     assert 'user_mode = "0660"' in toml and 'user_group = "kerneld-users"' in toml
     for line in ("SocketUser=kerneld", "SocketGroup=kerneld-users", "SocketMode=0660",
-                 "FileDescriptorName=hub-api", "ListenStream=127.0.0.1:8484",
+                 "FileDescriptorName=hub-api", "ListenStream=127.0.0.1:848",
                  "ListenStream=/run/kerneld/hub-api.sock"):  # fmt: skip
         assert f"\n{line}\n" in text, line
     # the directory holding hub-api.sock must outlive a restart of the service

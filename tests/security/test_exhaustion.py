@@ -30,6 +30,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kerneld.server.app import FD_RESERVE
+from kerneld.server.httphead import HttpLimits
+from kerneld.server.identity import TokenBook
+from kerneld.server.metrics import METRICS_LIMITS
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, resolve_req
@@ -128,7 +131,7 @@ def test_a_connection_flood_is_capped_and_the_admin_socket_still_answers(
     cap, admin_cap, flood = 40, 16, 800
     # A limit 800 connections would fill: without a cap the daemon could not accept anything
     # (admin socket included) once the flood is in.
-    limit = cap + admin_cap + FD_RESERVE + 100
+    limit = cap + admin_cap + TokenBook.MAX_BOUND + FD_RESERVE + 100
     with open_files_limit(limit):
         d = make_daemon(
             mirror_dirs=[kernel_mirror],
@@ -265,7 +268,8 @@ def test_the_connection_caps_must_fit_under_the_open_files_limit(
     (else the user socket could again take the descriptors the admin socket needs)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     cap = min(hard, 1 << 20)  # the highest max_connections the config takes
-    if hard == resource.RLIM_INFINITY or cap + 64 + FD_RESERVE <= hard:
+    need = cap + 64 + TokenBook.MAX_BOUND + FD_RESERVE  # no Hub API, no metrics listener
+    if hard == resource.RLIM_INFINITY or need <= hard:
         pytest.skip("the open-files limit is too high to exceed")
     d = make_daemon(
         start=False, mirror_dirs=[kernel_mirror], config={"server": {"max_connections": cap}}
@@ -275,4 +279,59 @@ def test_the_connection_caps_must_fit_under_the_open_files_limit(
     assert d.returncode == 2
     message = str(failed.value)
     assert "server.max_connections" in message and "LimitNOFILE" in message, message
-    assert str(cap + 64 + FD_RESERVE) in message, message
+    assert str(need) in message, message
+
+
+class LimitedDaemon(DaemonProcess):
+    """A daemon started under `prlimit --nofile=N:N` (a hard limit it cannot raise; lowering
+    this process's own would be for good: root here may lack CAP_SYS_RESOURCE)."""
+
+    def __init__(self, *args: Any, nofile: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.nofile = nofile
+
+    def command(self) -> list[str]:
+        return ["prlimit", f"--nofile={self.nofile}:{self.nofile}", "--", *super().command()]
+
+
+@needs_root
+def test_every_listener_and_the_token_book_are_in_the_descriptor_budget(
+    kernel_mirror: Path, tmp_path: Path
+) -> None:
+    """The daemon starts only if every part that holds descriptors for callers fits under the
+    open-files limit beside the store's reserve: both gRPC sockets' caps, the pidfds binding
+    callers' tokens, the Hub endpoint's and the metrics listener's connections (a refused HTTP
+    connection is held a moment too). A part left out could be filled by one member until the
+    store had no descriptor left."""
+    cap, admin_cap = 40, 16
+    hub, metrics = HttpLimits(), METRICS_LIMITS
+    need = (
+        cap
+        + admin_cap
+        + TokenBook.MAX_BOUND
+        + hub.max_connections
+        + hub.max_refused_draining
+        + metrics.max_connections
+        + metrics.max_refused_draining
+        + FD_RESERVE
+    )
+    config = {
+        "server": {"max_connections": cap, "admin_max_connections": admin_cap},
+        "hub_api": {"listen": "127.0.0.1:0"},
+        "metrics": {"listen": "127.0.0.1:0"},
+    }
+    short = LimitedDaemon(tmp_path / "short", nofile=need - 1, mirror_dirs=[kernel_mirror],
+                          config=config)  # fmt: skip
+    try:
+        with pytest.raises(DaemonFailed) as failed:
+            short.start()
+        assert short.returncode == 2
+    finally:
+        short.close()
+    message = str(failed.value)
+    for part in ("caller pidfds", "Hub API connections", "metrics connections", str(need)):
+        assert part in message, message
+    with LimitedDaemon(
+        tmp_path / "fits", nofile=need, mirror_dirs=[kernel_mirror], config=config
+    ) as d:
+        assert d.proc is not None and _limits(d.proc.pid) == need

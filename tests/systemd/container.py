@@ -110,8 +110,13 @@ def _private_paths() -> list[str]:
 class Container:
     """One booted container; use as a context manager (always torn down)."""
 
-    def __init__(self, base: Path, name: str, *, tmpfs_size: str = "4g") -> None:
+    def __init__(
+        self, base: Path, name: str, *, tmpfs_size: str = "4g", private_network: bool = False
+    ) -> None:
+        """`private_network`: a network namespace of its own with only a loopback device
+        (its ports are nobody else's; it reaches nothing outside); else this machine's."""
         self.base = base
+        self.private_network = private_network
         self.name = name
         self.layers = base / "layers"
         self.root = base / "root"
@@ -156,6 +161,7 @@ class Container:
                     f"--machine={self.name}",
                     "--console=read-only",
                     *_private_paths(),
+                    *(["--private-network"] if self.private_network else []),
                     "systemd.unit=basic.target",
                 ],
                 stdin=subprocess.DEVNULL,

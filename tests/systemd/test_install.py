@@ -212,6 +212,18 @@ def fresh_host(c: Container) -> None:
             shutil.rmtree(path)
 
 
+def free_privileged_port() -> int:
+    """A loopback port below 1024 that nothing holds now (the test runs as root)."""
+    for port in range(1000, 600, -1):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free loopback port between 601 and 1000")
+
+
 def mirror_config(example_url: str, test_url: str, hub_api_port: int) -> str:
     return f"""# written by tests/systemd/test_install.py: loopback mirrors instead of the Hub
 [[upstream]]
@@ -407,9 +419,9 @@ def test_documented_install_under_systemd(
     # -- configure: loopback mirrors, metrics socket; reload applies, a bad file is refused ----
     with MirrorServer(example_mirror) as examples, MirrorServer(kernel_mirror) as test_kernels:
         config = c.root / "etc" / "kerneld" / "kerneld.toml"
-        with socket.socket() as probe:  # a free port (the container shares the host's network)
-            probe.bind(("127.0.0.1", 0))
-            hub_api_port = probe.getsockname()[1]
+        # A free privileged port (the container shares this machine's network; a system daemon
+        # serves the endpoint on no other, tests/security/test_port_squat.py).
+        hub_api_port = free_privileged_port()
         good = mirror_config(examples.url, test_kernels.url, hub_api_port)
         config.write_text(good)
         ok(c.run(["systemctl", "reload", "kerneld"]), "systemctl reload (valid file)")

@@ -755,6 +755,7 @@ class DaemonStatus(_message.Message):
     UPSTREAMS_FIELD_NUMBER: _builtins.int
     HOST_PLATFORMS_FIELD_NUMBER: _builtins.int
     HUB_API_FIELD_NUMBER: _builtins.int
+    LISTENER_PROBLEMS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     ready: _builtins.bool
     """False while the store is being opened and scanned, or while draining on SIGTERM."""
@@ -780,6 +781,13 @@ class DaemonStatus(_message.Message):
         HF_ENDPOINT for unmodified `kernels`. Empty when [hub_api] is off.
         """
 
+    @_builtins.property
+    def listener_problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional listeners (the Hub API, metrics) the daemon is not serving, each with why and the
+        fix ("hub api: the Hub API on http://127.0.0.1:8484 is not served: ..."): a port another
+        process holds, or one any local user could take. The daemon serves everything else.
+        """
+
     def __init__(
         self,
         *,
@@ -796,10 +804,11 @@ class DaemonStatus(_message.Message):
         upstreams: _abc.Iterable[Global___UpstreamStatus] | None = ...,
         host_platforms: _abc.Iterable[Global___PlatformFacts] | None = ...,
         hub_api: _abc.Iterable[_builtins.str] | None = ...,
+        listener_problems: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "hub_api", b"hub_api", "index_format", b"index_format", "index_path", b"index_path", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "hub_api", b"hub_api", "index_format", b"index_format", "index_path", b"index_path", "listener_problems", b"listener_problems", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

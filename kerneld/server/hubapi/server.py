@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from kerneld.config import SocketConfig
 from kerneld.server.activation import Inherited
 from kerneld.server.core import Core
-from kerneld.server.httpd import HttpListeners
+from kerneld.server.httplisteners import HttpListeners
 from kerneld.server.hubapi.view import HubFile, HubView, git_blob_id
 from kerneld.server.identity import Caller
 from kerneld.server.peers import admit, identify_peer
@@ -498,9 +498,12 @@ class HubApiServer:
         listen: str,
         socket_path: Path | None,
         inherited: Sequence[Inherited] = (),
+        refused: Sequence[tuple[Inherited, str]] = (),
     ) -> None:
         """`inherited`: the Hub API sockets systemd passed (kerneld.socket), served instead of
-        binding `listen` and `socket_path` (`kerneld.server.activation.hub_api_sockets`)."""
+        binding `listen` and `socket_path` (`kerneld.server.activation.hub_api_sockets`);
+        `refused`: passed ones held but answered with a 503 saying why
+        (`kerneld.server.exposure`)."""
         user = core.config.user_socket
         handler = type("KerneldHubApiHandler", (HubApiHandler,), {"view": HubView(core)})
 
@@ -519,8 +522,10 @@ class HubApiServer:
             identify=identify_peer,
             admit=admit_member,
             inherited=inherited,
+            refused=refused,
         )
         self.where = self._listeners.where
+        self.failed = self._listeners.failed
 
     def start(self) -> None:
         self._listeners.start()
