@@ -20,8 +20,9 @@ the example kernels from a loopback `mirror-http` upstream (the store is warmed 
   HF cache holding the kernel, online and with HF_HUB_OFFLINE=1) and, with kerneld.socket, the
   service stopped but the socket listening. Prints what each job got.
 
-`service`: today's unit alone (the daemon binds the port itself). `socket`: kerneld.socket holds
-the port (a drop-in sets it) and passes it to the daemon.
+`service`: today's unit alone, the daemon binding the port itself (a privileged one: a drop-in
+gives it CAP_NET_BIND_SERVICE, as a container would). `socket`: kerneld.socket holds the port (a
+drop-in sets it) and passes it to the daemon.
 """
 
 from __future__ import annotations
@@ -83,9 +84,23 @@ def socket_dropin(port: int) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A free privileged loopback port: a system daemon serves the endpoint on no other
+    (kerneld/server/exposure.py); run as root, as the container needs."""
+    for port in range(1000, 600, -1):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port between 601 and 1000")
+
+
+#: `service` mode: the daemon binds the privileged port itself, as one in a container would.
+BIND_DROPIN = (
+    "[Service]\nCapabilityBoundingSet=CAP_NET_BIND_SERVICE\n"
+    "AmbientCapabilities=CAP_NET_BIND_SERVICE\n"
+)
 
 
 def ok(c: Container, argv: list[str], timeout: float = 60.0) -> str:
@@ -115,6 +130,9 @@ def install(c: Container, mode: str, mirror_url: str, port: int) -> None:
         shutil.copy(UNITS / "kerneld.socket", units / "kerneld.socket")
         (units / "kerneld.socket.d").mkdir(exist_ok=True)
         (units / "kerneld.socket.d" / "port.conf").write_text(socket_dropin(port))
+    else:
+        (units / "kerneld.service.d").mkdir(exist_ok=True)
+        (units / "kerneld.service.d" / "bind.conf").write_text(BIND_DROPIN)
     for rel, src in (
         ("usr/lib/sysusers.d/kerneld.conf", "kerneld.sysusers"),
         ("usr/lib/tmpfiles.d/kerneld.conf", "kerneld.tmpfiles"),
