@@ -171,6 +171,7 @@ def test_full_file(tmp_path: Path) -> None:
         3600,
     )
     assert cfg.fetch_allowed("org/x") and cfg.fetch_allowed("other/one")
+    assert cfg.fetch_allowed("Org/X") and cfg.fetch_allowed("OTHER/One")  # the Hub's ids
     assert not cfg.fetch_allowed("other/two")
     assert (cfg.fetch_timeout_s, cfg.fetch_attempts) == (0.25, 7)
     assert cfg.prefetch == (
@@ -190,6 +191,9 @@ def test_full_file(tmp_path: Path) -> None:
         "kernels-community/activation"
     )
     assert not cfg.publisher_allowed("kernels-community/relu")
+    assert cfg.publisher_allowed("My-Org/x") and cfg.publisher_allowed(
+        "Kernels-Community/Activation"
+    )
     assert not cfg.trust_honor_remote_code
     assert cfg.provenance_policy == "require" and not cfg.provenance_kernels_defaults
     assert cfg.provenance_identities == (

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kerneld_client.vocabulary import is_commit, is_hex
+from kerneld_client.vocabulary import is_commit, is_commit_prefix, is_hex, repo_key
 
 __all__ = [
     "ALL",
@@ -34,6 +34,7 @@ __all__ = [
     "Publishers",
     "RepoIndex",
     "VariantEntry",
+    "deny_covers",
     "index_dir",
     "lock_path_for",
     "parse_repo_doc",
@@ -182,9 +183,22 @@ class RepoIndex:
     def deny_reason(self, revision: str, commit: str | None) -> str | None:
         """The reason of the first deny covering this request, or None."""
         for rev, reason in self.denies:
-            if rev in (ALL, revision) or (commit is not None and rev == commit):
+            if deny_covers(rev, revision, commit):
                 return reason or "denied by the administrator"
         return None
+
+
+def deny_covers(denied: str, revision: str, commit: str | None) -> bool:
+    """Does a published deny of revision `denied` refuse a request for `revision` that names
+    `commit` (None: not known yet)? `*` is the whole repo; a full commit is that commit however
+    it is asked for; a ref name refuses requests that name it (the daemon publishes the commit
+    it points to as a row of its own); a commit prefix (a row an older kerneld stored as it was
+    typed) refuses every commit it abbreviates."""
+    if denied in (ALL, revision):
+        return True
+    if commit is None:
+        return False
+    return denied == commit or (is_commit_prefix(denied) and commit.startswith(denied))
 
 
 #: The index's folder in the store (one `joinpath`: a warm load makes these paths).
@@ -383,7 +397,9 @@ def repo_matches(repo: str, pattern: str) -> bool:
     """`fnmatch.fnmatchcase(repo, pattern)`, without compiling a regular expression for the
     patterns sites write (`org/*`, `org-*/*`, an exact repo id): `fnmatch` compiles one per
     pattern and process, about 0.1 ms, which a warm load would pay. Patterns with `?` or `[`
-    go to `fnmatch` itself. The daemon's `[trust]` and `[fetch]` lists match with it too."""
+    go to `fnmatch` itself. The daemon's `[trust]` and `[fetch]` lists match with it too.
+    Case-insensitively, as the Hub resolves repo ids (`vocabulary.repo_key`)."""
+    repo, pattern = repo_key(repo), repo_key(pattern)
     if "?" in pattern or "[" in pattern:
         from fnmatch import fnmatchcase
 
@@ -428,7 +444,7 @@ class Publishers:
         """May this process run `repo`'s code without asking the daemon? (False: ask it.)"""
         if self.policy == "any" or (trust_remote_code and self.honor_trust_remote_code):
             return True
-        if self.policy == "hub" and repo.split("/", 1)[0] in self.trusted_orgs:
+        if self.policy == "hub" and repo_key(repo.split("/", 1)[0]) in self.trusted_orgs:
             return True
         return any(repo_matches(repo, p) for p in self.allow)
 
@@ -449,7 +465,9 @@ def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | 
             policy=_str(doc["policy"], "policy"),
             allow=tuple(_str(p, "allow pattern") for p in allow),
             honor_trust_remote_code=doc.get("honor_trust_remote_code") is True,
-            trusted_orgs=frozenset(o for o, v in orgs.items() if v.get("trusted") is True),
+            trusted_orgs=frozenset(
+                repo_key(o) for o, v in orgs.items() if v.get("trusted") is True
+            ),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IndexFormatError(f"malformed {PUBLISHERS_FILE}: {exc!r}") from exc

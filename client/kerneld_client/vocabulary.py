@@ -22,6 +22,8 @@ _ALNUM = REPO_ID_CHARS[:62]
 _LOWER_HEX = "0123456789abcdef"
 #: A git commit id as the Hub returns it: 40 lower-case hex digits.
 COMMIT_LENGTH = 40
+#: The shortest commit prefix a deny accepts (as git abbreviates): shorter ones name too many.
+MIN_COMMIT_PREFIX = 7
 
 
 def _repo_part(part: str) -> bool:
@@ -36,6 +38,13 @@ def is_repo_id(value: object) -> bool:
     return _repo_part(org) and _repo_part(name)
 
 
+def repo_key(repo: str) -> str:
+    """The form two repo ids are compared in: the Hub resolves `Org/Name` to the repo `org/name`
+    (ids are unique case-insensitively), so a policy that compared the spelling would let a
+    case variant through. Repo ids are ASCII (`REPO_ID_CHARS`), so `lower` is the whole rule."""
+    return repo.lower()
+
+
 def is_hex(value: object, length: int) -> bool:
     """`length` lower-case hex digits (a commit, a sha256 digest)."""
     return isinstance(value, str) and len(value) == length and not value.strip(_LOWER_HEX)
@@ -44,6 +53,15 @@ def is_hex(value: object, length: int) -> bool:
 def is_commit(value: object) -> bool:
     """A full commit id (40 lower-case hex digits), not a branch or tag that looks like one."""
     return is_hex(value, COMMIT_LENGTH)
+
+
+def is_commit_prefix(value: object) -> bool:
+    """A commit abbreviated as git does: `MIN_COMMIT_PREFIX` to 39 lower-case hex digits."""
+    return (
+        isinstance(value, str)
+        and MIN_COMMIT_PREFIX <= len(value) < COMMIT_LENGTH
+        and not value.strip(_LOWER_HEX)
+    )
 
 
 def normalise_machine(machine: str, os_name: str) -> str:

@@ -30,8 +30,14 @@ def _flags(item: dict[str, Any]) -> str:
     bits = []
     if item.get("pinned"):
         bits.append("pinned")
-    if item.get("denied"):
-        bits.append("DENIED")
+    if item.get("denied"):  # what refuses it: the whole repo, or which rows refuse a commit
+        by = item.get("denied_by")
+        if by is None:  # a kernel (a revision has the list: empty from an older daemon)
+            bits.append("DENIED (whole repo)")
+        else:
+            bits.append("DENIED by " + " and ".join(by) if by else "DENIED")
+    # Refs denied by name: requests naming them are refused, the commit itself is not.
+    bits.extend(f"ref {ref} DENIED" for ref in item.get("denied_refs") or [])
     if item.get("active_leases"):
         bits.append(f"{item['active_leases']} lease(s)")
     provenance = item.get("provenance") or {}

@@ -1,7 +1,8 @@
 """pin/unpin and deny/allow: an admin's standing decisions about a kernel.
 
-A pin keeps a kernel's trees from garbage collection; a deny keeps a kernel (or one revision)
-from being served or fetched. Through the daemon's admin socket by default, or on a store
+A pin keeps a kernel's trees from garbage collection; a deny keeps a kernel (or one commit, or
+what a ref names) from being served or fetched; what each deny row refuses is
+`kerneld.store.deny_rules`. Through the daemon's admin socket by default, or on a store
 directly with `--store` (the daemon stopped, since the daemon owns its store).
 """
 
@@ -11,6 +12,9 @@ from typing import Any
 
 from kerneld.ctl.common import EXIT_OK, EXIT_USAGE, CtlError, Ctx, offline, open_store
 from kerneld.ctl.subcommands import Commands
+
+#: The revision of a whole-repo deny row (`kerneld.store.ALL`; not imported at startup).
+ALL_REVISIONS = "*"
 
 # ---- pin / unpin ------------------------------------------------------------------------------
 
@@ -97,15 +101,23 @@ def _deny_target(ctx: Ctx) -> tuple[str, str]:
 
 def _list_denies(ctx: Ctx) -> int:
     if offline(ctx):
+        from kerneld.store.deny_rules import REF, deny_kind, meaning, ref_commits
+
         with open_store(ctx, writable=False) as store:
-            rows = [
-                {
-                    "repo_id": r.repo,
-                    "revision": "" if r.revision == "*" else r.revision,
-                    "reason": r.reason,
-                }
-                for r in store.denies()
-            ]
+            rows = []
+            for r in store.denies():
+                kind = deny_kind(r.revision)
+                commits = ref_commits(store, r.repo, r.revision) if kind == REF else []
+                rows.append(
+                    {
+                        "repo_id": r.repo,
+                        "revision": "" if r.revision == "*" else r.revision,
+                        "reason": r.reason,
+                        "kind": kind,
+                        "meaning": meaning(r.revision, commits),
+                        "commits": commits,
+                    }
+                )
     else:
         from kerneld.ctl.listing import proto_to_dict
         from kerneld.ctl.rpc import Admin
@@ -123,8 +135,31 @@ def _list_denies(ctx: Ctx) -> int:
     else:
         for r in rows:
             target = r["repo_id"] + (f"@{r['revision']}" if r.get("revision") else "")
-            ctx.say(f"{target}" + (f"  ({r['reason']})" if r.get("reason") else ""))
+            what = f"  {r['meaning']}" if r.get("meaning") else ""  # empty from an older daemon
+            ctx.say(f"{target}{what}" + (f"  ({r['reason']})" if r.get("reason") else ""))
     return EXIT_OK
+
+
+def _say_deny(ctx: Ctx, allow: bool, doc: dict[str, Any]) -> None:
+    """`denied org/x@<sha> (v1 -> <sha>)`: the row written or lifted, and what it came from."""
+    from kerneld.store.deny_rules import DenyTarget
+
+    kind = doc.get("kind") or ""
+    revision = doc["revision"] or "*"
+    if kind:
+        target = DenyTarget(doc["repo_id"], revision, kind, doc.get("resolved_from") or "")
+        label = target.label()
+    else:  # a daemon older than the kind field: it stored the revision as given
+        label = doc["repo_id"] + (f"@{doc['revision']}" if doc["revision"] else "")
+        if doc["revision"]:
+            ctx.note(
+                "kerneldctl: note: the daemon is older than this kerneldctl: it stored the "
+                "revision as typed (requests that spell it), not the commit it names"
+            )
+    if allow:
+        ctx.say(f"allowed {label}" if doc["changed"] else f"{label} was not denied")
+    else:
+        ctx.say(f"denied {label}" if doc["changed"] else f"{label} was already denied")
 
 
 def _deny(ctx: Ctx, allow: bool) -> int:
@@ -134,35 +169,47 @@ def _deny(ctx: Ctx, allow: bool) -> int:
         raise CtlError("name a kernel (org/name or org/name@REVISION)", code=EXIT_USAGE)
     repo, revision = _deny_target(ctx)
     reason = "" if allow else (ctx.args.reason or "")
+    ref = bool(ctx.args.ref)
     if offline(ctx):
-        from kerneld.store import ALL, StoreError
+        from kerneld.store import ALL, StoreError, UnresolvedDenyError
+        from kerneld.store.deny_rules import plan_allow, plan_deny
 
         with open_store(ctx, writable=True) as store:
             try:
                 if allow:
-                    changed = store.allow(repo, revision or ALL)
+                    target = plan_allow(store, repo, revision, ref=ref)
+                    changed = store.allow(target.repo, target.revision)
                 else:
-                    before = {(d.repo, d.revision, d.reason) for d in store.denies(repo)}
-                    store.deny(repo, revision or ALL, reason)
-                    after = {(d.repo, d.revision, d.reason) for d in store.denies(repo)}
-                    changed = before != after
+                    # Without the daemon a ref or prefix is resolved from what the store knows.
+                    target = plan_deny(store, repo, revision, ref=ref)
+                    before = {(d.revision, d.reason) for d in store.denies(repo)}
+                    store.deny(target.repo, target.revision, reason)
+                    changed = (target.revision, reason) not in before
+            except UnresolvedDenyError as exc:  # exit 1, as when the daemon refuses it
+                raise CtlError(str(exc)) from None
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
+        stored = "" if target.revision == ALL else target.revision
+        doc = {"revision": stored, "kind": target.kind, "resolved_from": target.asked}
     else:
         from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2
 
-        request = kerneld_pb2.DenyRequest(repo_id=repo, revision=revision, reason=reason)
+        request = kerneld_pb2.DenyRequest(repo_id=repo, revision=revision, reason=reason, ref=ref)
         with Admin(ctx) as admin:
             answer = admin.unary(admin.stub.Allow if allow else admin.stub.Deny, request)
         changed = answer.changed
-    target = repo + (f"@{revision}" if revision else "")
+        stored = answer.revision if answer.kind else revision  # an older daemon: as typed
+        doc = {
+            "revision": "" if stored == ALL_REVISIONS else stored,
+            "kind": answer.kind,
+            "resolved_from": answer.resolved_from,
+        }
+    doc = {"repo_id": repo, **doc, "changed": changed}
     if ctx.json:
-        ctx.emit_json({"repo_id": repo, "revision": revision, "changed": changed})
-    elif allow:
-        ctx.say(f"allowed {target}" if changed else f"{target} was not denied")
+        ctx.emit_json(doc)
     else:
-        ctx.say(f"denied {target}" if changed else f"{target} was already denied")
+        _say_deny(ctx, allow, doc)
     return EXIT_OK
 
 
@@ -193,19 +240,47 @@ def register(commands: Commands) -> None:
     p = commands.add(
         "deny",
         cmd_deny,
-        "Disable a kernel (or one revision of it) on this host, effective for new loads at once.",
+        "Disable a kernel (or one commit of it) on this host, effective for new loads at once.",
         "  kerneldctl deny kernels-community/bad --reason 'crashes on H100'\n"
-        "  kerneldctl deny kernels-community/activation@0123abcd...\n"
+        "  kerneldctl deny kernels-community/activation:1\n"
+        "  kerneldctl deny kernels-community/activation@0123abcd\n"
+        "  kerneldctl deny --ref kernels-community/activation@v1\n"
         "  kerneldctl deny --list\n",
+    )
+    p.description = (
+        f"{p.description}\n\n"
+        "The repo id matches in any case (the Hub resolves Org/Name to org/name). REPO alone\n"
+        "denies every revision. REPO@REV denies one commit, however a job names it (a branch,\n"
+        "a tag, the sha): a branch, tag or commit prefix (at least 7 hex digits) is resolved to\n"
+        "its full commit now, by the daemon's upstreams (with --store: what the store knows),\n"
+        "and the command says which (`denied org/x@<sha> (v1 -> <sha>)`); an unknown,\n"
+        "ambiguous or too short revision is refused. --ref denies the ref name instead: jobs\n"
+        "that name it are refused whatever it points to, now and after it moves (the commit\n"
+        "stays loadable by another name)."
     )
     p.add_argument("kernel", nargs="?", metavar="REPO[@REV]")
     p.add_argument("--reason", metavar="TEXT")
-    p.add_argument("--list", action="store_true", help="list what is denied")
+    p.add_argument(
+        "--ref",
+        action="store_true",
+        help="deny the ref name itself (whatever it points to, now and later), not its commit",
+    )
+    p.add_argument(
+        "--list", action="store_true", help="list what is denied and what each row refuses"
+    )
 
     p = commands.add(
         "allow",
         cmd_allow,
         "Lift a deny.",
-        "  kerneldctl allow kernels-community/bad\n",
+        "  kerneldctl allow kernels-community/bad\n"
+        "  kerneldctl allow kernels-community/activation@0123abcd\n"
+        "  kerneldctl allow --ref kernels-community/activation@v1\n",
+    )
+    p.description = (
+        f"{p.description}\n\n"
+        "REPO@REV lifts the row stored under REV, else the one `deny REPO@REV` would write\n"
+        "(the commit REV names, resolved as deny resolves it)."
     )
     p.add_argument("kernel", metavar="REPO[@REV]")
+    p.add_argument("--ref", action="store_true", help="lift a deny of the ref name (deny --ref)")

@@ -84,6 +84,8 @@ def store_listing(store: Any, repos: list[str] | None = None) -> list[dict[str, 
                     ],
                     "pinned": r.pinned,
                     "denied": r.denied,
+                    "denied_by": r.denied_by,
+                    "denied_refs": r.denied_refs,
                 }
                 for r in k.revisions
             ],

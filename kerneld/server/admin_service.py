@@ -26,11 +26,21 @@ from kerneld.server.core import Core
 from kerneld.server.kernels_service import daemon_status
 from kerneld.server.statuses import Unimplemented, abort, classify, log_level, rpc_handler
 from kerneld.store import ALL
+from kerneld.store.deny_rules import (
+    REF,
+    DenyTarget,
+    deny_kind,
+    meaning,
+    plan_allow,
+    plan_deny,
+    ref_commits,
+)
 from kerneld.store.inventory import VariantItem, inventory
 from kerneld.store.verify import Quarantined
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.proto import kerneld_pb2_grpc as pb_grpc
+from kerneld_client.vocabulary import is_commit_prefix
 from kerneld_client.wire import facts_from_proto
 
 log = logging.getLogger("kerneld.admin")
@@ -255,6 +265,8 @@ class AdminService(pb_grpc.AdminServicer):
                         variants=[_variant_entry(v, with_depends) for v in rev.variants],
                         pinned=rev.pinned,
                         denied=rev.denied,
+                        denied_by=rev.denied_by,
+                        denied_refs=rev.denied_refs,
                     )
                 )
             out.kernels.append(entry)
@@ -320,49 +332,62 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- denies ---------------------------------------------------------------------------
 
-    @rpc_handler
-    def Deny(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
+    def _deny_target(self, request: pb.DenyRequest, *, allow: bool) -> DenyTarget:
+        """The row a Deny writes or an Allow lifts: a ref or commit prefix resolved to its
+        commit by the resolver (a prefix is not recorded as a ref), else from the store."""
         if not request.repo_id:
             raise ValueError("repo_id is required")
-        revision = request.revision or ALL
-        store = self.core.store
-        before = {(d.revision, d.reason) for d in store.denies(request.repo_id)}
-        store.deny(request.repo_id, revision, request.reason)
-        changed = (revision, request.reason) not in before
-        log.info(
-            "admin: deny repo=%s revision=%s changed=%s reason=%s",
-            request.repo_id,
-            revision,
-            changed,
-            request.reason or "-",
+
+        def ask(revision: str) -> str | None:
+            spec = KernelSpec(request.repo_id, revision=revision)
+            try:
+                return self.core.resolver.commit_for(spec, record=not is_commit_prefix(revision))[0]
+            except UpstreamError:
+                return None
+
+        plan = plan_allow if allow else plan_deny
+        return plan(
+            self.core.store, request.repo_id, request.revision, ref=request.ref, ask_upstream=ask
         )
-        return pb.DenyResponse(changed=changed)
+
+    @rpc_handler
+    def Deny(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
+        target, store = self._deny_target(request, allow=False), self.core.store
+        before = {(d.revision, d.reason) for d in store.denies(target.repo)}
+        store.deny(target.repo, target.revision, request.reason)
+        changed = (target.revision, request.reason) not in before
+        log.info(
+            "admin: deny %s changed=%s reason=%s", _fields(target), changed, request.reason or "-"
+        )
+        return _deny_response(target, changed)
 
     @rpc_handler
     def Allow(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
-        if not request.repo_id:
-            raise ValueError("repo_id is required")
-        revision = request.revision or ALL
-        changed = self.core.store.allow(request.repo_id, revision)
-        log.info("admin: allow repo=%s revision=%s changed=%s", request.repo_id, revision, changed)
-        return pb.DenyResponse(changed=changed)
+        target = self._deny_target(request, allow=True)
+        changed = self.core.store.allow(target.repo, target.revision)
+        log.info("admin: allow %s changed=%s", _fields(target), changed)
+        return _deny_response(target, changed)
 
     @rpc_handler
     def ListDenies(
         self, request: pb.ListDeniesRequest, context: grpc.ServicerContext
     ) -> pb.ListDeniesResponse:
-        rows = self.core.store.denies()
-        return pb.ListDeniesResponse(
-            denies=[
+        store, entries = self.core.store, []
+        for d in store.denies():
+            kind = deny_kind(d.revision)
+            commits = ref_commits(store, d.repo, d.revision) if kind == REF else []
+            entries.append(
                 pb.DenyEntry(
                     repo_id=d.repo,
                     revision=d.revision,
                     reason=d.reason,
                     created_at=convert.ts(d.created_at),
+                    kind=kind,
+                    meaning=meaning(d.revision, commits),
+                    commits=commits,
                 )
-                for d in rows
-            ]
-        )
+            )
+        return pb.ListDeniesResponse(denies=entries)
 
     # ---- GC and verification --------------------------------------------------------------
 
@@ -553,3 +578,17 @@ class AdminService(pb_grpc.AdminServicer):
 
 
 __all__ = ["AdminService", "Unimplemented", "prefetch_event"]
+
+
+def _deny_response(target: DenyTarget, changed: bool) -> pb.DenyResponse:
+    return pb.DenyResponse(
+        changed=changed, revision=target.revision, kind=target.kind, resolved_from=target.asked
+    )
+
+
+def _fields(target: DenyTarget) -> str:
+    """A deny row as an `admin:` line names it."""
+    return (
+        f"repo={target.repo} revision={target.revision} kind={target.kind} "
+        f"resolved_from={target.asked or '-'}"
+    )

@@ -45,6 +45,7 @@ from typing import Any
 from kerneld.config import Config
 from kerneld.pipeline.resolve import ResolveError
 from kerneld.upstream.errors import OrgNotFound, UpstreamError, UpstreamUnavailable
+from kerneld_client.vocabulary import repo_key
 
 log = logging.getLogger("kerneld.trust")
 
@@ -113,7 +114,10 @@ the Hub does not know it, another UpstreamError when it cannot be asked.)"""
 
 
 def org_of(repo_id: str) -> str:
-    return repo_id.split("/", 1)[0]
+    """The organisation a verdict is kept under: in lower case, as the Hub's organisation
+    names are unique case-insensitively (`GoodCorp/x` is goodcorp's), so a case variant is
+    neither a second question to the Hub nor a second entry in the bounded tables."""
+    return repo_key(repo_id.split("/", 1)[0])
 
 
 class PublisherTrust:
@@ -167,6 +171,7 @@ class PublisherTrust:
             return True
         if cfg.trust_publishers == "allow-list":
             return False
+        org = repo_key(org)
         now = self._clock()
         with self._lock:
             verdict = self._verdicts.get(org) or self._refused.get(org)
@@ -359,5 +364,5 @@ def _read_verdicts(saved: Mapping[str, Any] | None) -> dict[str, Verdict]:
             if isinstance(raw, dict) and raw.get("trusted") is True:
                 checked = raw.get("checked_at")
                 if isinstance(checked, int | float):
-                    out[str(org)] = Verdict(raw["trusted"], float(checked))
+                    out[repo_key(str(org))] = Verdict(raw["trusted"], float(checked))
     return out

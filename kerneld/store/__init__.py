@@ -27,6 +27,7 @@ from .errors import (
     StoreLockedError,
     StoreOwnershipError,
     TreeNotFoundError,
+    UnresolvedDenyError,
     UnsupportedFileTypeError,
     log_context,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "TreeNotFoundError",
     "TreePublisher",
     "TreeRow",
+    "UnresolvedDenyError",
     "UnsupportedFileTypeError",
     "Usage",
     "VariantMetadata",

@@ -16,6 +16,7 @@ says what was wrong and what to do about it. Callers branch on the class, never 
     │   ├── PathConflictError     a path is both a file and a directory
     │   ├── UnsupportedFileTypeError  symlink, device, fifo, submodule
     │   ├── InvalidRepoError / InvalidRevisionError / InvalidDigestError
+    │   │   └── UnresolvedDenyError  a deny's ref or commit prefix names no one commit
     ├── IntegrityError            bytes do not match what the upstream promised
     │   ├── SizeMismatchError
     │   ├── DigestMismatchError
@@ -141,6 +142,11 @@ class InvalidRepoError(InvalidInputError):
 
 class InvalidRevisionError(InvalidInputError):
     """A revision, ref or commit id that is malformed."""
+
+
+class UnresolvedDenyError(InvalidRevisionError):
+    """A deny by ref or commit prefix that cannot be turned into one full commit (unknown, too
+    short, ambiguous): refused, since a deny that matches nothing protects nobody."""
 
 
 class InvalidDigestError(InvalidInputError):

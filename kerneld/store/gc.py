@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from kerneld_client.vocabulary import repo_key
+
 from .layout import Layout
 from .locks import Probe, try_lock_exclusive
 from .types import ALL, BlobRow, PinRow, RefRow, TreeRow, VariantRow
@@ -92,17 +94,21 @@ class GcPlan:
 def pinned_trees(
     pins: list[PinRow], refs: list[RefRow], variants: list[VariantRow]
 ) -> dict[str, str]:
-    """Tree digests reachable from pins, with the pin that holds each."""
-    commit_of = {(r.repo, r.ref): r.commit for r in refs}
+    """Tree digests reachable from pins, with the pin that holds each. A pin holds its repo
+    in every spelling (the Hub resolves repo ids case-insensitively)."""
+    commits_of: dict[tuple[str, str], set[str]] = {}
+    for r in refs:
+        commits_of.setdefault((repo_key(r.repo), r.ref), set()).add(r.commit)
     out: dict[str, str] = {}
     for pin in pins:
-        commit = pin.revision
+        key = repo_key(pin.repo)
+        commits = {pin.revision}
         if pin.revision != ALL:
-            commit = commit_of.get((pin.repo, pin.revision), pin.revision)
+            commits = commits_of.get((key, pin.revision), commits)
         for v in variants:
-            if v.repo != pin.repo:
+            if repo_key(v.repo) != key:
                 continue
-            if pin.revision != ALL and v.commit != commit:
+            if pin.revision != ALL and v.commit not in commits:
                 continue
             if pin.variant not in (ALL, v.variant):
                 continue

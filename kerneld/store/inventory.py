@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kerneld_client.vocabulary import repo_key
+
+from .deny_rules import COMMIT, REF, REPO, deny_kind, refuses
 from .gc import pinned_trees
 from .types import ALL, ProvenanceRecord
 
@@ -40,6 +43,12 @@ class RevisionItem:
     pinned: bool = False
     """A pin names this commit, or one of its refs, for every variant."""
     denied: bool = False
+    """A deny row refuses this commit however it is asked for (`deny_rules`)."""
+    denied_by: list[str] = field(default_factory=list)
+    """Which rows: "commit", "prefix 6d71a697" (an older kerneld's)."""
+    denied_refs: list[str] = field(default_factory=list)
+    """Refs of this commit denied by name (`deny --ref`): requests that name them are refused,
+    the commit itself is not."""
 
 
 @dataclass(frozen=True)
@@ -91,16 +100,21 @@ def inventory(store: Store, repos: list[str] | None = None) -> list[KernelItem]:
         for r in refs:
             by_commit.setdefault(r.commit, RevisionItem(r.commit)).refs.append(r.ref)
         ref_commit = {r.ref: r.commit for r in refs}
+        key = repo_key(repo)
         for p in pins:
-            if p.repo == repo and p.revision != ALL and p.variant == ALL:
+            if repo_key(p.repo) == key and p.revision != ALL and p.variant == ALL:
                 commit = ref_commit.get(p.revision, p.revision)
                 if commit in by_commit:
                     by_commit[commit].pinned = True
         for d in denies:
-            if d.revision != ALL:
-                commit = ref_commit.get(d.revision, d.revision)
-                if commit in by_commit:
-                    by_commit[commit].denied = True
+            kind = deny_kind(d.revision)
+            for rev in by_commit.values() if kind != REPO else ():
+                if kind == REF:
+                    if d.revision in rev.refs:
+                        rev.denied_refs.append(d.revision)
+                elif refuses(d.revision, rev.commit, rev.commit):
+                    rev.denied = True
+                    rev.denied_by.append(kind if kind == COMMIT else f"{kind} {d.revision}")
         revisions = sorted(by_commit.values(), key=lambda r: r.commit)
         for rev in revisions:
             rev.refs.sort()
@@ -109,7 +123,7 @@ def inventory(store: Store, repos: list[str] | None = None) -> list[KernelItem]:
             KernelItem(
                 repo_id=repo,
                 revisions=revisions,
-                pinned=any(p.repo == repo and p.revision == ALL for p in pins),
+                pinned=any(repo_key(p.repo) == key and p.revision == ALL for p in pins),
                 denied=any(d.revision == ALL for d in denies),
             )
         )

@@ -1,6 +1,7 @@
 """What the store remembers about names rather than bytes: where refs point, what the upstream
 lists (its versions, each commit's variants), failed upstream lookups (the negative cache),
-pins and denies. Every change a client resolves by is republished in the published index.
+pins and denies (what a deny row refuses: `deny_rules`). Every change a client resolves by is
+republished in the published index.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Iterable
 
 from kerneld_client.vocabulary import is_commit
 
-from .errors import DeniedError, InvalidInputError, log_context
+from .deny_rules import PREFIX, deny_kind, refuses
+from .errors import DeniedError, InvalidInputError, UnresolvedDenyError, log_context
 from .paths import validate_commit, validate_ref, validate_repo, validate_variant
 from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
@@ -129,29 +131,39 @@ class Names:
         return self._state.index.pins()
 
     def deny(self, repo: str, revision: str = ALL, reason: str = "") -> None:
-        """Refuse ``repo`` (or one ref/commit of it) from now on; published to clients."""
+        """Refuse ``repo`` (every spelling), a commit of it, or a ref name of it, from now on;
+        published to clients. A commit prefix is refused: resolve it first
+        (`deny_rules.plan_deny`)."""
         state, index = self._state, self._state.index
         state.writable()
         validate_repo(repo)
         if revision != ALL:
             validate_ref(revision, repo_id=repo)
+            if deny_kind(revision) == PREFIX:
+                raise UnresolvedDenyError(
+                    f"{revision} is a commit prefix: deny the full commit it abbreviates "
+                    "(`kerneldctl deny` resolves it)",
+                    repo_id=repo,
+                )
         with state.lock:
             with index.tx() as conn:
                 index.put_deny(conn, repo, revision, reason)
-            self._writer.publish([repo], denies=True)
-        log.info("denied %s@%s: %s", repo, revision, reason)
+            self._writer.publish(index.spellings(repo), denies=True)
+        log.info("denied %s@%s (%s): %s", repo, revision, deny_kind(revision), reason)
 
     def allow(self, repo: str, revision: str = ALL) -> bool:
+        """Lift the deny row of ``repo`` (any spelling) and ``revision`` as stored."""
         state, index = self._state, self._state.index
         state.writable()
         with state.lock:
             with index.tx() as conn:
                 removed = index.delete_deny(conn, repo, revision)
-            self._writer.publish([repo], denies=True)
+            self._writer.publish(index.spellings(repo), denies=True)
         log.info("allowed %s@%s (%s)", repo, revision, removed)
         return removed
 
     def denies(self, repo: str | None = None) -> list[DenyRow]:
+        """Every deny row, or those of ``repo`` in any spelling."""
         return self._state.index.denies(repo)
 
     def check_denied(
@@ -161,10 +173,11 @@ class Names:
         commit: str | None = None,
         ctx: dict[str, str | None] | None = None,
     ) -> None:
-        """Raise :class:`DeniedError` if ``repo`` (or this revision/commit of it) is denied;
-        the error carries ``ctx`` (default: the repo and commit)."""
+        """Raise :class:`DeniedError` if a deny of ``repo`` (in any spelling) refuses this
+        revision or commit (`deny_rules.refuses`); the error carries ``ctx`` (default: the
+        repo and commit)."""
         if ctx is None:
             ctx = {"repo_id": repo, "commit": commit}
         for d in self._state.index.denies(repo):
-            if d.revision in (ALL, revision, commit):
+            if refuses(d.revision, revision, commit):
                 raise DeniedError(d.reason, **{k: v for k, v in ctx.items() if v is not None})

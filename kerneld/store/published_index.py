@@ -42,18 +42,22 @@ Per-repo document, format version 1 (all paths are relative to the store root)::
           }
         }
       },
-      "denies": [{"revision": "*" | "<ref or commit>", "reason": "...", "created_at": 0.0}]
+      "denies": [{"revision": "*" | "<commit>" | "<ref>", "reason": "...", "created_at": 0.0}]
     }
 
     denies.json: {"format": "kerneld-denies", "version": 1, "generation": N, "written_at": T,
                   "denies": [{"repo": "org/name", "revision": "*", "reason": "...",
                               "created_at": 0.0}]}
 
+    A repo's document carries the denies of every spelling of its id (the Hub resolves ids
+    case-insensitively), and denies.json is matched the same way.
+
 How a client uses it (see :func:`lookup` below, the reference implementation):
 
 1. Read ``<org>/<name>.json``; a missing file or an unknown ``version`` is a miss (ask the daemon).
 2. ``version=N`` means ref ``vN``; a ref is looked up in ``refs``; a 40-hex revision is a commit.
-3. If a deny has ``revision`` ``"*"``, the requested revision or the resolved commit: refuse.
+3. If a deny has ``revision`` ``"*"``, the requested revision or the resolved commit (or, for
+   a commit prefix an older kerneld stored, abbreviates it): refuse (``deny_covers``).
 4. Take ``picks[<this process's fingerprint>]``, else rank the variants yourself: the best of
    ``upstream_variants`` when known, else of ``variants``. If that variant is not in
    ``variants`` (not fetched yet), it is a miss.
@@ -145,8 +149,7 @@ def build_repo_doc(
         },
         "commits": commits,
         "denies": [
-            {"revision": d.revision, "reason": d.reason, "created_at": d.created_at}
-            for d in index.denies(repo)
+            {k: v for k, v in row.items() if k != "repo"} for row in _deny_rows(index, repo)
         ],
     }
     versions = index.upstream_versions(repo)
@@ -161,11 +164,16 @@ def build_denies_doc(index: Index, generation: int) -> dict[str, Any]:
         "version": VERSION,
         "generation": generation,
         "written_at": time.time(),
-        "denies": [
-            {"repo": d.repo, "revision": d.revision, "reason": d.reason, "created_at": d.created_at}
-            for d in index.denies()
-        ],
+        "denies": _deny_rows(index, None),
     }
+
+
+def _deny_rows(index: Index, repo: str | None) -> list[dict[str, Any]]:
+    """The deny rows of `repo` (any spelling; None: every repo) as readers match them."""
+    return [
+        {"repo": d.repo, "revision": d.revision, "reason": d.reason, "created_at": d.created_at}
+        for d in index.denies(repo)
+    ]
 
 
 def atomic_write_json(path: Path, doc: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """`repo_matches`: the `[trust] allow` / `[fetch] allow` pattern match of the client's warm path
-and of the daemon, which must say exactly what `fnmatch.fnmatchcase` says."""
+and of the daemon, which must say exactly what `fnmatch.fnmatchcase` says of the repo id and the
+pattern in lower case (the Hub resolves repo ids case-insensitively)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,11 @@ def test_other_wildcards_are_fnmatchs_own() -> None:
     assert repo_matches("org/x1", "org/x?")
     assert repo_matches("org/b", "org/[ab]")
     assert not repo_matches("org/c", "org/[ab]")
+
+
+def test_case_does_not_matter_as_on_the_hub() -> None:
+    """`GoodCorp/X` is the Hub's `goodcorp/x`: an allow list names it in any case."""
+    assert repo_matches("GoodCorp/X", "goodcorp/*")
+    assert repo_matches("goodcorp/x", "GoodCorp/X")
+    assert repo_matches("Org/X1", "org/x?") and repo_matches("ORG/B", "org/[ab]")
+    assert not repo_matches("GoodCorp/X", "badcorp/*")

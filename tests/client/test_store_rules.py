@@ -202,10 +202,14 @@ def test_denies_in_the_index_are_honoured(
     assert has_kernel(ACTIVATION, version=1) is True
     with Store.open(store_copy.root) as store:
         store.deny(ACTIVATION, reason="all of it")
-    # Not even the `hub` fallback may fetch a denied kernel: the caller's fallback is returned.
+    # Not even the `hub` fallback may fetch a denied kernel, by any spelling of its id (the Hub
+    # resolves them all to it): the caller's fallback is returned.
     monkeypatch.setenv("HF_ENDPOINT", example_server.url)
     example_server.reset_counts()
-    assert get_kernel(ACTIVATION, version=1, policy="hub", fallback="torch") == "torch"
+    for repo in (ACTIVATION, ACTIVATION.upper()):
+        assert get_kernel(repo, version=1, policy="hub", fallback="torch") == "torch"
+        with pytest.raises(KernelDenied, match="all of it"):  # not a failed download
+            get_kernel(repo, version=1, policy="hub")
     assert example_server.total() == 0
     with pytest.raises(KernelDenied, match="all of it"):
         get_kernel(ACTIVATION, version=1, policy="error")

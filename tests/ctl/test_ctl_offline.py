@@ -152,9 +152,24 @@ def test_pin_unpin_deny_allow(tmp_path: Path, store_dir: Path) -> None:
     assert ctl(tmp_path, "unpin", *s, f"{K}:1", "--json").json()["changed"] is True
 
     r = ctl(tmp_path, "deny", *s, J, "--reason", "crashes", "--json")
-    assert r.json() == {"repo_id": J, "revision": "", "changed": True}
+    assert r.json() == {
+        "repo_id": J,
+        "revision": "",
+        "kind": "repo",
+        "resolved_from": "",
+        "changed": True,
+    }
     denies = ctl(tmp_path, "deny", *s, "--list", "--json").json()["denies"]
-    assert denies == [{"repo_id": J, "revision": "", "reason": "crashes"}]
+    assert denies == [
+        {
+            "repo_id": J,
+            "revision": "",
+            "reason": "crashes",
+            "kind": "repo",
+            "meaning": "the whole repo: every revision",
+            "commits": [],
+        }
+    ]
     ls = {k["repo_id"]: k for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
     assert ls[J]["denied"] is True and ls[K]["denied"] is False
     # the published index tells clients at once
@@ -163,6 +178,51 @@ def test_pin_unpin_deny_allow(tmp_path: Path, store_dir: Path) -> None:
     r = ctl(tmp_path, "allow", *s, J)
     assert r.rc == 0 and "allowed" in r.stdout
     assert ctl(tmp_path, "allow", *s, J, "--json").json()["changed"] is False  # nothing left
+
+
+def test_offline_deny_resolves_what_the_store_knows(tmp_path: Path, store_dir: Path) -> None:
+    """Without the daemon a deny by ref or commit prefix is resolved from the store, says what
+    it resolved, and is refused (usage error, the fix named) when the store cannot say."""
+    s = ("--store", str(store_dir))
+    r = ctl(tmp_path, "deny", *s, f"{K}:1")
+    assert r.rc == 0 and f"denied {K}@{CK} (v1 -> {CK})" in r.stdout, r.stdout + r.stderr
+    r = ctl(tmp_path, "deny", *s, f"{K}@{CK[:8]}", "--json")
+    assert r.json()["revision"] == CK and r.json()["resolved_from"] == CK[:8]
+    assert r.json()["changed"] is False  # the same row as the ref's
+    ls = {k["repo_id"]: k for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
+    assert ls[K]["revisions"][0]["denied"] is True
+    assert ls[K]["revisions"][0]["denied_by"] == ["commit"]
+    assert ctl(tmp_path, "allow", *s, f"{K}@{CK[:8]}", "--json").json()["changed"] is True
+    with Store.open(store_dir) as store:  # a second commit of K sharing 8 hex digits with CK
+        other = CK[:8] + "e" * 32
+        publish(store, K, other, "torch-universal", variant_files("_k_2", {"k.py": b"K = 2\n"}))
+    for bad, words in (
+        (f"{K}@{CK[:6]}", "at least 7 hex digits"),
+        (f"{K}@{CK[:8]}", f"commit prefix {CK[:8]} is ambiguous: 2 commits"),
+        (f"{K}@no-such-ref", "without the daemon"),
+        (f"{J}@{CK[:8]}", "no commit of org/j"),
+    ):
+        r = ctl(tmp_path, "deny", *s, bad)
+        assert r.rc == 1 and words in r.stderr, (bad, r.stderr)
+    assert ctl(tmp_path, "deny", *s, f"{K}@{CK[:9]}", "--json").json()["revision"] == CK
+    assert ctl(tmp_path, "allow", *s, f"{K}@{CK}", "--json").json()["changed"] is True
+    # A ref deny is explicit, stored as the name, and does not refuse the commit itself.
+    r = ctl(tmp_path, "deny", *s, "--ref", f"{K}@v1", "--json")
+    assert (r.json()["kind"], r.json()["revision"]) == ("ref", "v1")
+    assert ctl(tmp_path, "deny", *s, "--ref", f"{K}@{CK[:8]}").rc == 1  # reads as a commit
+    listed = {
+        d["revision"]: d for d in ctl(tmp_path, "deny", *s, "--list", "--json").json()["denies"]
+    }
+    assert listed["v1"]["commits"] == [CK] and "requests that name it" in listed["v1"]["meaning"]
+    ls = {k["repo_id"]: k for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
+    (rev,) = [r for r in ls[K]["revisions"] if r["commit"] == CK]
+    assert rev["denied"] is False and rev["denied_refs"] == ["v1"]
+    assert "ref v1 DENIED" in ctl(tmp_path, "ls", *s).stdout
+    # A case variant of the repo id names the same repo (the Hub resolves ids so).
+    assert ctl(tmp_path, "deny", *s, "ORG/J").rc == 0
+    ls = {k["repo_id"]: k for k in ctl(tmp_path, "ls", *s, "--json").json()["kernels"]}
+    assert ls[J]["denied"] is True
+    assert ctl(tmp_path, "allow", *s, "org/J", "--json").json()["changed"] is True
 
 
 def test_verify_exit_bitmask_and_repair(tmp_path: Path, store_dir: Path) -> None:

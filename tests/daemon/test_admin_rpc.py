@@ -112,21 +112,32 @@ def test_list_pin_unpin(admin: AdminStub) -> None:
 
 
 def test_deny_allow_list_denies(admin: AdminStub) -> None:
+    # A deny by ref is resolved to the commit the ref names, and says so.
     request = pb.DenyRequest(repo_id=MULTI, revision="v1", reason="crashes on H100")
-    assert admin.Deny(request, timeout=TIMEOUT).changed
+    answer = admin.Deny(request, timeout=TIMEOUT)
+    assert answer.changed and (answer.revision, answer.kind, answer.resolved_from) == (
+        C1,
+        "commit",
+        "v1",
+    )
     assert not admin.Deny(request, timeout=TIMEOUT).changed  # same deny again
     try:
         denies = admin.ListDenies(pb.ListDeniesRequest(), timeout=TIMEOUT).denies
         (entry,) = [d for d in denies if d.repo_id == MULTI]
-        assert (entry.revision, entry.reason) == ("v1", "crashes on H100")
+        assert (entry.revision, entry.reason, entry.kind) == (C1, "crashes on H100", "commit")
+        assert C1 in entry.meaning and "any branch, tag or the sha" in entry.meaning
         assert abs(entry.created_at.seconds - time.time()) < 60
         events = prefetch(admin, ref(MULTI, 1))
         assert events[0].kind == K.KERNEL_FAILED and events[0].error.code == E.KERNEL_DENIED
     finally:
-        assert admin.Allow(pb.DenyRequest(repo_id=MULTI, revision="v1"), timeout=TIMEOUT).changed
+        allowed = admin.Allow(pb.DenyRequest(repo_id=MULTI, revision="v1"), timeout=TIMEOUT)
+        assert allowed.changed and allowed.revision == C1
     assert not admin.Allow(pb.DenyRequest(repo_id=MULTI, revision="v1"), timeout=TIMEOUT).changed
     code, _ = failure(admin.Deny, pb.DenyRequest())
     assert code == grpc.StatusCode.INVALID_ARGUMENT
+    # A ref that neither the upstreams nor the store know is refused, with what to do.
+    code, detail = failure(admin.Deny, pb.DenyRequest(repo_id=MULTI, revision="no-such-ref"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "--ref" in detail.message, detail
 
 
 def test_admin_status(daemon: DaemonProcess, admin: AdminStub) -> None:

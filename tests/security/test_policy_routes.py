@@ -1,10 +1,13 @@
 """Issue 41: one gate for every route. Each policy gives the same verdict on every front end
 that can reach a kernel: the RPC path (`kerneld_client.get_kernel`, cold), the warm path (the
 published index), the hook (`kernels.get_kernel` with KERNELD_HOOK_KERNELS=1), the Hub API
-endpoint (what unmodified `kernels` asks with HF_ENDPOINT) and `kerneldctl prefetch`.
+endpoint (what unmodified `kernels` asks with HF_ENDPOINT) and `kerneldctl prefetch`; a deny
+also on the mirror import, for every spelling of the repo id and however a commit is named
+(issue 52).
 
-A real daemon (as its unprivileged user) over the Hub test server serves one trusted
-organisation's signed and unsigned kernel and an untrusted organisation's kernel; callers are
+A real daemon (as its unprivileged user) over the Hub test server (case-insensitive, as the
+Hub) serves one trusted organisation's signed and unsigned kernel, an untrusted
+organisation's kernel and two kernels to deny; callers are
 real processes, the endpoint's of real users (`nobody`) where the policy is about who asks.
 The hook's `kernels` talks to the same Hub test server, so a refusal that fell through to
 `kernels`' own download would be served: the verdict must come from kerneld.
@@ -37,6 +40,11 @@ from tests.support.sigstore_local import LocalSigstore, Signer
 
 ORG, OTHER = "gate-trusted", "gate-untrusted"
 SIGNED, UNSIGNED, UNTRUSTED = f"{ORG}/signed", f"{ORG}/unsigned", f"{OTHER}/kernel"
+#: Issue 52's denies: a repo the Hub also answers as `goodcorp/DenyMe` or `GoodCorp/denyme`,
+#: and one whose commit `main`, the `v1` branch and the `release-1` tag all name.
+DENYME, BYREF = "goodcorp/denyme", "goodcorp/other"
+CASE_VARIANTS = ("goodcorp/DenyMe", "GoodCorp/denyme")
+TAG = "release-1"
 VARIANT = "torch-universal"
 SIGNER = Signer()
 TIMEOUT = 30.0
@@ -49,8 +57,15 @@ def sigstore() -> LocalSigstore:
 
 @pytest.fixture(scope="module")
 def hub(sigstore: LocalSigstore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """The Hub test server as case-insensitive as the real Hub (`Org/Name` is `org/name`)."""
     root = tmp_path_factory.mktemp("gate-hub")
-    for repo, signed in ((SIGNED, True), (UNSIGNED, False), (UNTRUSTED, True)):
+    for repo, signed in (
+        (SIGNED, True),
+        (UNSIGNED, False),
+        (UNTRUSTED, True),
+        (DENYME, True),
+        (BYREF, True),
+    ):
         name = repo.split("/")[1]
         files = kernel_variant_files(name=name, version=1, factor=2.0, variant=VARIANT)
         if signed:
@@ -59,8 +74,17 @@ def hub(sigstore: LocalSigstore, tmp_path_factory: pytest.TempPathFactory) -> It
         git = GitRepo(root / "kernels" / repo)
         git.commit("v1", files)
         git.branch("v1")
-    with HubServer(root, trusted_orgs={ORG: True, OTHER: False}) as server:
+        if repo == BYREF:
+            git.tag(TAG)
+    trusted = {ORG: True, OTHER: False, "goodcorp": True}
+    with HubServer(root, trusted_orgs=trusted, case_insensitive=True) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def byref_commit(hub: HubServer) -> str:
+    """The one commit `main`, `v1` and the tag of BYREF name."""
+    return GitRepo(hub.root / "kernels" / BYREF).rev_parse("HEAD")
 
 
 def _daemon(
@@ -89,15 +113,21 @@ def _daemon(
 # ---- the routes ---------------------------------------------------------------------------
 
 
-def job(d: DaemonProcess, tmp: Path, repo: str) -> str:
-    """kerneld_client.get_kernel: 'index' or 'daemon' (where it came from), or the error."""
+def _selector(revision: str | None) -> str:
+    """The keyword arguments of a `get_kernel` call: version 1, or this revision."""
+    return "version=1" if revision is None else f"revision={revision!r}"
+
+
+def job(d: DaemonProcess, tmp: Path, repo: str, revision: str | None = None) -> str:
+    """kerneld_client.get_kernel (version 1, or `revision`): 'index' or 'daemon' (where it came
+    from), or the error."""
     env = client_env(
         d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
     )
     code = f"""
 import json, kerneld_client
 try:
-    kerneld_client.get_kernel({repo!r}, version=1, policy="error")
+    kerneld_client.get_kernel({repo!r}, {_selector(revision)}, policy="error")
 except kerneld_client.KernelError as exc:
     print(json.dumps({{"out": type(exc).__name__ + ": " + exc.message}}))
 else:
@@ -107,9 +137,11 @@ else:
     return out
 
 
-def hook(d: DaemonProcess, hub: HubServer, tmp: Path, repo: str) -> str:
-    """`kernels.get_kernel` with the hook on: 'kerneld:<source>', 'kernels' (its own download:
-    kerneld did not decide) or the error."""
+def hook(
+    d: DaemonProcess, hub: HubServer, tmp: Path, repo: str, revision: str | None = None
+) -> str:
+    """`kernels.get_kernel` (version 1, or `revision`) with the hook on: 'kerneld:<source>',
+    'kernels' (its own download: kerneld did not decide) or the error."""
     env = client_env(
         None,
         tmp,
@@ -122,7 +154,7 @@ def hook(d: DaemonProcess, hub: HubServer, tmp: Path, repo: str) -> str:
     code = f"""
 import json, kernels, kerneld_client
 try:
-    module = kernels.get_kernel({repo!r}, version=1)
+    module = kernels.get_kernel({repo!r}, {_selector(revision)})
 except Exception as exc:
     print(json.dumps({{"out": type(exc).__name__ + ": " + str(exc)}}))
 else:
@@ -152,13 +184,23 @@ def endpoint(url: str, path: str, uid: int | None = None) -> tuple[int, str]:
     return int(status), str(message)
 
 
-def file_path(repo: str, name: str = "__init__.py") -> str:
-    return f"/kernels/{repo}/resolve/v1/build/{VARIANT}/{name}"
+def file_path(repo: str, name: str = "__init__.py", revision: str = "v1") -> str:
+    return f"/kernels/{repo}/resolve/{revision}/build/{VARIANT}/{name}"
 
 
-def prefetch(d: DaemonProcess, tmp: Path, repo: str) -> tuple[int, str]:
+def prefetch(
+    d: DaemonProcess, tmp: Path, repo: str, revision: str | None = None
+) -> tuple[int, str]:
     env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
-    done = run_ctl("prefetch", f"{repo}:1", home=tmp / "ctl", env=env)
+    spec = f"{repo}:1" if revision is None else f"{repo}@{revision}"
+    done = run_ctl("prefetch", spec, home=tmp / "ctl", env=env)
+    return done.rc, done.stdout + done.stderr
+
+
+def ctl(d: DaemonProcess, tmp: Path, *args: str) -> tuple[int, str]:
+    """A kerneldctl command through the daemon's admin socket: (exit status, its output)."""
+    env = {"KERNELD_ADMIN_SOCKET": str(d.admin_socket)}
+    done = run_ctl(*args, home=tmp / "ctl", env=env)
     return done.rc, done.stdout + done.stderr
 
 
@@ -221,6 +263,115 @@ def test_a_deny_holds_on_every_route(
     assert endpoint(url, f"/api/kernels/{SIGNED}/revision/v1")[0] == 403
     rc, out = prefetch(d, tmp_path, SIGNED)
     assert rc != 0 and "bad build" in out, out
+
+
+def _refused_everywhere(
+    d: DaemonProcess,
+    hub: HubServer,
+    url: str,
+    tmp: Path,
+    repo: str,
+    revision: str | None,
+    reason: str,
+) -> None:
+    """`repo` (version 1, or `revision`) is refused with `reason` on the RPC path or the
+    published index, the hook, the endpoint (file and revision) and kerneldctl prefetch."""
+    what = (repo, revision)
+    out = job(d, tmp, repo, revision)
+    assert out.startswith("KernelDenied") and reason in out, (what, out)
+    out = hook(d, hub, tmp, repo, revision)
+    assert reason in out, (what, out)
+    status, message = endpoint(url, file_path(repo, revision=revision or "v1"))
+    assert status == 403 and reason in message, (what, status, message)
+    status, message = endpoint(url, f"/api/kernels/{repo}/revision/{revision or 'v1'}")
+    assert status == 403 and reason in message, (what, status, message)
+    rc, out = prefetch(d, tmp, repo, revision)
+    assert rc != 0 and reason in out, (what, out)
+
+
+@needs_root
+def test_a_deny_holds_for_every_spelling_of_the_repo_id(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    """Issue 52, finding 3: the Hub answers `goodcorp/DenyMe` and `GoodCorp/denyme` with
+    `goodcorp/denyme`'s commit, so a deny of one spelling must refuse every spelling on every
+    route: a spelling already in the store (the warm path, the mirror import) and one that is
+    not (the daemon's check before any upstream request)."""
+    d, url = _daemon(make_daemon, hub, sigstore)
+    stored = CASE_VARIANTS[0]
+    assert job(d, tmp_path, stored) == "daemon"  # fetched under a case variant before the deny
+    bundle = tmp_path / "denyme.tar"
+    assert ctl(d, tmp_path, "mirror", "export", "--to", str(bundle), stored)[0] == 0
+    rc, out = ctl(d, tmp_path, "deny", DENYME, "--reason", "advisory 52")
+    assert rc == 0 and f"denied {DENYME}" in out, out
+    hub.reset_counts()
+    for repo in CASE_VARIANTS:
+        _refused_everywhere(d, hub, url, tmp_path, repo, None, "advisory 52")
+    rc, out = ctl(d, tmp_path, "mirror", "import", "--from", str(bundle), "--no-check-sigs")
+    assert rc != 0 and "denied on this host" in out and "advisory 52" in out, out
+    # Nothing of the denied repo was asked of the Hub under any spelling.
+    asked = [r.path for r in hub.requests if "denyme" in r.path.lower()]
+    assert asked == [], asked
+    rc, out = ctl(d, tmp_path, "ls", "--json")
+    kernels = {k["repo_id"]: k for k in json.loads(out)["kernels"]}
+    assert kernels[stored]["denied"] is True, kernels
+    # The allow lifts it for every spelling too.
+    assert ctl(d, tmp_path, "allow", "GoodCorp/DenyMe")[0] == 0
+    assert job(d, tmp_path, stored) == "index"
+
+
+@needs_root
+def test_a_deny_by_ref_or_commit_prefix_refuses_the_commit_however_it_is_named(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    byref_commit: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 52, finding 4: `deny org/x@v1` and `deny org/x@<8 hex>` left the commit loadable
+    through `main`, its sha or a tag. Both are resolved to the full commit when denied (and the
+    command says so); a too short or unknown revision is refused; a deny of the ref name
+    itself is explicit (`--ref`) and refuses requests that name it."""
+    commit = byref_commit
+    d, url = _daemon(make_daemon, hub, sigstore)
+    assert job(d, tmp_path, BYREF, "main") == "daemon"
+    names = ("main", "v1", TAG, commit)
+    for how in ("v1", commit[:8]):
+        rc, said = ctl(d, tmp_path, "deny", f"{BYREF}@{how}", "--reason", f"bad build {how}")
+        assert rc == 0, said
+        for name in names:
+            _refused_everywhere(d, hub, url, tmp_path, BYREF, name, f"bad build {how}")
+        assert f"denied {BYREF}@{commit} ({how} -> {commit})" in said, said
+        rc, out = ctl(d, tmp_path, "ls", "--json")
+        (kernel,) = [k for k in json.loads(out)["kernels"] if k["repo_id"] == BYREF]
+        (rev,) = kernel["revisions"]
+        assert rev["denied"] is True and rev["denied_by"] == ["commit"], rev
+        rc, out = ctl(d, tmp_path, "allow", f"{BYREF}@{how}")
+        assert rc == 0 and f"allowed {BYREF}@{commit}" in out, out
+        assert job(d, tmp_path, BYREF, "main") == "index"
+    # Too short, unknown upstream and here, or a commit where a ref name is wanted: refused.
+    for args, words in (
+        ((f"{BYREF}@{commit[:6]}",), "at least 7 hex digits"),
+        ((f"{BYREF}@{'0' * 8}",), f"no commit of {BYREF}"),
+        ((f"{BYREF}@no-such-branch",), "--ref"),
+        (("--ref", f"{BYREF}@{commit[:8]}"), "reads as a commit"),
+    ):
+        rc, out = ctl(d, tmp_path, "deny", *args)
+        assert rc == 1 and words in out, (args, out)
+    rc, out = ctl(d, tmp_path, "deny", "--list", "--json")
+    assert json.loads(out)["denies"] == [], out
+    # The ref name itself, explicitly: requests naming it are refused, the commit is not.
+    rc, out = ctl(d, tmp_path, "deny", "--ref", f"{BYREF}@v1", "--reason", "channel closed")
+    assert rc == 0 and "the ref name" in out, out
+    _refused_everywhere(d, hub, url, tmp_path, BYREF, "v1", "channel closed")
+    assert job(d, tmp_path, BYREF, "main") == "index"
+    rc, out = ctl(d, tmp_path, "deny", "--list")
+    assert f"{BYREF}@v1  the ref v1: requests that name it" in out and commit in out, out
+    rc, out = ctl(d, tmp_path, "ls")
+    assert "ref v1 DENIED" in out and "DENIED by" not in out, out
 
 
 @needs_root

@@ -20,8 +20,10 @@ from kerneld.store import (
     Store,
     StoreLockedError,
     TreeNotFoundError,
+    UnresolvedDenyError,
     published_index,
 )
+from kerneld.store.gc import pinned_trees
 from kerneld.store.index import SCHEMA_VERSION
 
 from .conftest import COMMIT_A, COMMIT_B, REPO, publish
@@ -154,6 +156,57 @@ def test_denies(store):
             "created_at": pytest.approx(time.time(), abs=60),
         }
     ]
+
+
+def test_a_deny_or_pin_names_the_repo_in_any_case(store):
+    """The Hub resolves `Org/Name` to `org/name`: a deny refuses every spelling (in the store,
+    in each spelling's published document and in denies.json's reading), one row per repo
+    whatever its case, and a pin keeps every spelling's trees."""
+    upper = REPO.upper()
+    publish(store, repo=upper)
+    store.set_ref(upper, "v1", COMMIT_A)
+    store.deny(REPO, reason="advisory")
+    for repo in (REPO, upper, "Kernels-Community/Activation"):
+        with pytest.raises(DeniedError, match="advisory"):
+            store.check_denied(repo, "v1")
+    with pytest.raises(DeniedError):
+        store.lookup(upper, "v1", "torch-cpu")
+    with pytest.raises(published_index.Denied, match="advisory"):
+        published_index.lookup(store.root, upper, "v1", "torch-cpu")
+    store.deny(upper, reason="again")  # the same repo: its row is replaced
+    assert [(d.repo, d.reason) for d in store.denies(REPO)] == [(upper, "again")]
+    assert store.allow("kernels-community/ACTIVATION")
+    assert store.denies() == [] and store.lookup(upper, "v1", "torch-cpu") is not None
+    store.pin(REPO, COMMIT_A)
+    (tree,) = {v.tree for v in store.variants_of(upper)}
+    held = pinned_trees(store.pins(), store.all_refs(), store.index.all_variants())
+    assert held == {tree: f"pinned ({REPO}@{COMMIT_A}/*)"}
+
+
+def test_deny_rows_of_an_older_kerneld_keep_their_meaning(store_root):
+    """An older kerneld stored `deny org/x@<rev>` as typed: a ref name still refuses the
+    requests that name it, and a commit prefix now refuses every commit it abbreviates (it
+    matched only a request that spelled it), in the store and in the published index it
+    rebuilds at open. A new prefix row is refused: resolve it first."""
+    with Store.open(store_root) as store:
+        publish(store)
+        store.set_ref(REPO, "v1", COMMIT_A)
+        store.set_ref(REPO, "main", COMMIT_A)
+        with store.index.tx() as conn:  # the row as an older kerneld wrote it
+            store.index.put_deny(conn, REPO, COMMIT_A[:8], "old prefix")
+    with Store.open(store_root) as store:
+        for revision in ("main", "v1", COMMIT_A):
+            with pytest.raises(DeniedError, match="old prefix"):
+                store.lookup(REPO, revision, "torch-cpu")
+            with pytest.raises(published_index.Denied, match="old prefix"):
+                published_index.lookup(store.root, REPO, revision, "torch-cpu")
+        assert store.allow(REPO, COMMIT_A[:8])
+        with pytest.raises(UnresolvedDenyError, match="full commit"):
+            store.deny(REPO, COMMIT_A[:8])
+        store.deny(REPO, "v1", reason="old ref")  # a ref name: the requests that name it
+        with pytest.raises(DeniedError, match="old ref"):
+            store.lookup(REPO, "v1", "torch-cpu")
+        assert store.lookup(REPO, "main", "torch-cpu") is not None
 
 
 def test_leases(store):

@@ -131,10 +131,10 @@ class HubHandler(BaseHTTPRequestHandler):
         if parts[1:3] == ["api", "organizations"] and len(parts) == 5 and parts[4] == "overview":
             if method not in ("GET", "HEAD"):
                 raise NotFound(405, None, "Method Not Allowed")
-            self._org_overview(unquote(parts[3]))
+            self._org_overview(self.server.hub.canonical_org(unquote(parts[3])))
             return
         if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
-            org, name = unquote(parts[3]), unquote(parts[4])
+            org, name = self.server.hub.canonical(unquote(parts[3]), unquote(parts[4]))
             rest = parts[5:]
             # HEAD as GET without the body, as the real Hub answers it (olah probes repos so).
             get = method in ("GET", "HEAD")
@@ -157,7 +157,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
             if method not in ("GET", "HEAD"):
                 raise NotFound(405, None, "Method Not Allowed")
-            org, name = unquote(parts[2]), unquote(parts[3])
+            org, name = self.server.hub.canonical(unquote(parts[2]), unquote(parts[3]))
             self._resolve(method, org, name, unquote(parts[5]), unquote("/".join(parts[6:])))
             return
         raise NotFound(404, None, "Not Found")

@@ -6,6 +6,9 @@ run unchanged against 127.0.0.1. Every request is counted (by kind and by path),
 bytes sent (by kind), and faults can be injected per path pattern: latency, HTTP 500, 429,
 connection reset, truncated or corrupted body. `set_rate_budget()` answers 429 with Retry-After
 once a request budget per time window is spent, as the real Hub's rate limits do.
+`case_insensitive=True` resolves repo ids and organisations as the real Hub does: `Org/Name`
+is the repo `org/name` on disk (info, refs, tree, paths-info, resolve and overviews), and the
+info answer's `id` is the canonical one.
 
 This module holds the server's state and configuration; requests are answered in hubhandler.py,
 from git through hubgit.py, with the faults, counters and rate budget of hubtraffic.py.
@@ -47,8 +50,10 @@ class HubServer:
         page_size: int = 1000,
         expand_page_size: int = 50,
         latency_s: float = 0.0,
+        case_insensitive: bool = False,
     ) -> None:
         self.root = Path(root)
+        self.case_insensitive = case_insensitive
         self.host = host
         self.requested_port = port
         self._initial = (dict(trusted_orgs or {}), page_size, expand_page_size, latency_s)
@@ -266,6 +271,28 @@ class HubServer:
     def org_exists(self, org: str) -> bool:
         return bool(org) and ".." not in org and (self.root / "kernels" / org).is_dir()
 
+    def canonical_org(self, org: str) -> str:
+        """`org` as the Hub names it: in case-insensitive mode the directory (or trusted_orgs
+        key) that matches in any case; else, or with no match, `org` as asked."""
+        if not self.case_insensitive or self.org_exists(org):
+            return org
+        with self._lock:
+            known = list(self.trusted_orgs)
+        base = self.root / "kernels"
+        if base.is_dir():
+            known += [child.name for child in base.iterdir() if child.is_dir()]
+        return next((k for k in known if k.lower() == org.lower()), org)
+
+    def canonical(self, org: str, name: str) -> tuple[str, str]:
+        """The repo `org/name` as the Hub names it (see `canonical_org`)."""
+        if not self.case_insensitive:
+            return org, name
+        org = self.canonical_org(org)
+        base = self.root / "kernels" / org
+        if ".." in name or (base / name).is_dir() or not base.is_dir():
+            return org, name
+        return org, next((c.name for c in base.iterdir() if c.name.lower() == name.lower()), name)
+
 
 def main(argv: list[str] | None = None) -> int:
     """Serve ROOT until interrupted; prints the URL on the first line."""
@@ -276,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trust", action="append", default=[], metavar="ORG")
     parser.add_argument("--page-size", type=int, default=1000)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every request")
+    parser.add_argument(
+        "--case-insensitive", action="store_true", help="resolve Org/Name as the Hub does"
+    )
     args = parser.parse_args(argv)
     server = HubServer(
         args.root,
@@ -284,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         trusted_orgs={org: True for org in args.trust},
         page_size=args.page_size,
         latency_s=args.latency_ms / 1000,
+        case_insensitive=args.case_insensitive,
     ).start()
     print(server.url, flush=True)
     try:

@@ -1,8 +1,9 @@
 """The `hub` fallback's source: a verified download into this user's own cache.
 
 Used only by the fallback policy, after kerneld could not provide the kernel. The host's deny
-list still applies (before the download, and to the commit it turned out to be), and the
-cache must belong to this user: its trees are then trusted like the store's (`Candidate.root`).
+list still applies (before the download, and to the commit it turned out to be; repo ids
+compared case-insensitively, as the Hub resolves them), and the cache must belong to this
+user: its trees are then trusted like the store's (`Candidate.root`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kerneld_client.errors import KernelDenied, UntrustedPath
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import store_root
 from kerneld_client.loading.sources import Candidate
+from kerneld_client.vocabulary import is_commit, repo_key
 
 
 class HubSource:
@@ -32,12 +34,16 @@ class HubSource:
 
         denies = _host_denies()
 
-        def check_denied(*revisions: str) -> None:
+        key = repo_key(request.repo_id)
+
+        def check_denied(commit: str | None) -> None:
             for repo, revision, reason in denies:
-                if repo == request.repo_id and revision in (published_index.ALL, *revisions):
+                if repo_key(repo) == key and published_index.deny_covers(
+                    revision, request.ref, commit
+                ):
                     raise KernelDenied(reason or "denied on this host", repo_id=request.repo_id)
 
-        check_denied(request.ref)
+        check_denied(request.ref if is_commit(request.ref) else None)
         cache = locations.hub_cache_dir()
         tree = _hub_download.fetch(
             request.repo_id,

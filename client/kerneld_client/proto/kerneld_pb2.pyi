@@ -1268,6 +1268,8 @@ class RevisionEntry(_message.Message):
     VARIANTS_FIELD_NUMBER: _builtins.int
     PINNED_FIELD_NUMBER: _builtins.int
     DENIED_FIELD_NUMBER: _builtins.int
+    DENIED_BY_FIELD_NUMBER: _builtins.int
+    DENIED_REFS_FIELD_NUMBER: _builtins.int
     commit: _builtins.str
     pinned: _builtins.bool
     denied: _builtins.bool
@@ -1277,6 +1279,18 @@ class RevisionEntry(_message.Message):
 
     @_builtins.property
     def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantEntry]: ...
+    @_builtins.property
+    def denied_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The deny rows that refuse this commit however it is named: "commit", or "prefix 6d71a69"
+        (a row an older kerneld stored); a whole-repo deny is KernelEntry.denied.
+        """
+
+    @_builtins.property
+    def denied_refs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Refs of this commit denied by name (`kerneldctl deny --ref`): requests that name them are
+        refused; the commit itself is not (denied stays false for them).
+        """
+
     def __init__(
         self,
         *,
@@ -1285,10 +1299,12 @@ class RevisionEntry(_message.Message):
         variants: _abc.Iterable[Global___VariantEntry] | None = ...,
         pinned: _builtins.bool = ...,
         denied: _builtins.bool = ...,
+        denied_by: _abc.Iterable[_builtins.str] | None = ...,
+        denied_refs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "denied", b"denied", "pinned", b"pinned", "refs", b"refs", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "denied", b"denied", "denied_by", b"denied_by", "denied_refs", b"denied_refs", "pinned", b"pinned", "refs", b"refs", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1400,20 +1416,31 @@ class DenyRequest(_message.Message):
     REPO_ID_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
     repo_id: _builtins.str
-    """repo_id alone denies the whole repo; with revision (a commit, branch or tag) only that one."""
+    """repo_id alone denies the whole repo (in any case: the Hub resolves ids case-insensitively).
+    With revision, Deny denies one commit: a branch, tag or commit prefix (7+ hex digits) is
+    resolved to its full commit now (the upstreams, else the store), and refused when it cannot
+    be (unknown, ambiguous, too short). Allow lifts the row Deny would write (or the row stored
+    under exactly this revision).
+    """
     revision: _builtins.str
     reason: _builtins.str
+    ref: _builtins.bool
+    """Deny the ref name itself instead: requests that name it, whatever commit it points to now
+    or later (`kerneldctl deny --ref`); the commit stays loadable by other names.
+    """
     def __init__(
         self,
         *,
         repo_id: _builtins.str = ...,
         revision: _builtins.str = ...,
         reason: _builtins.str = ...,
+        ref: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "repo_id", b"repo_id", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "ref", b"ref", "repo_id", b"repo_id", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1424,15 +1451,29 @@ class DenyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANGED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    RESOLVED_FROM_FIELD_NUMBER: _builtins.int
     changed: _builtins.bool
+    revision: _builtins.str
+    """The row written or lifted: "*" (the whole repo), a full commit, or a ref name. Empty from
+    a daemon older than these fields (it stored the revision as given).
+    """
+    kind: _builtins.str
+    """"repo", "commit", "ref" (or "prefix", a row an older kerneld stored)."""
+    resolved_from: _builtins.str
+    """The branch, tag or prefix the commit was resolved from; empty when stored as given."""
     def __init__(
         self,
         *,
         changed: _builtins.bool = ...,
+        revision: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        resolved_from: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "kind", b"kind", "resolved_from", b"resolved_from", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1461,11 +1502,24 @@ class DenyEntry(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MEANING_FIELD_NUMBER: _builtins.int
+    COMMITS_FIELD_NUMBER: _builtins.int
     repo_id: _builtins.str
     revision: _builtins.str
     reason: _builtins.str
+    kind: _builtins.str
+    """"repo", "commit", "ref" or "prefix" (see DenyResponse.kind)."""
+    meaning: _builtins.str
+    """What the row refuses, in words ("commit <sha>, through any branch, tag or the sha")."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """For a ref deny: the commit(s) the ref points to in the store now (not refused by this row
+        when named otherwise).
+        """
+
     def __init__(
         self,
         *,
@@ -1473,10 +1527,13 @@ class DenyEntry(_message.Message):
         revision: _builtins.str = ...,
         reason: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        kind: _builtins.str = ...,
+        meaning: _builtins.str = ...,
+        commits: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "reason", b"reason", "repo_id", b"repo_id", "revision", b"revision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits", "created_at", b"created_at", "kind", b"kind", "meaning", b"meaning", "reason", b"reason", "repo_id", b"repo_id", "revision", b"revision"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

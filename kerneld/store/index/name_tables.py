@@ -68,6 +68,17 @@ class NameTables(Database):
         )
         return [r[0] for r in rows]
 
+    def spellings(self, repo: str) -> list[str]:
+        """Every repo the index knows that is `repo` in another case (and `repo`): a policy
+        change of one is published in each one's document."""
+        rows = self._all(
+            "SELECT repo FROM variants WHERE repo = ? COLLATE NOCASE UNION "
+            "SELECT repo FROM refs WHERE repo = ? COLLATE NOCASE UNION "
+            "SELECT repo FROM denies WHERE repo = ? COLLATE NOCASE ORDER BY 1",
+            (repo, repo, repo),
+        )
+        return sorted({repo, *(r[0] for r in rows)})
+
     @staticmethod
     def put_variant(
         conn: sqlite3.Connection,

@@ -15,39 +15,52 @@ MAX_NEGATIVE = 10_000
 
 
 class PolicyTables(Database):
+    """Pins and denies name a repo as an admin typed it and match every spelling of it
+    (`COLLATE NOCASE`: the Hub resolves repo ids case-insensitively; ids are ASCII); one row
+    per repo, whatever its case, and revision (a new spelling replaces the old one)."""
+
     def pins(self) -> list[PinRow]:
         return [PinRow(r[0], r[1], r[2], r[3]) for r in self._all("SELECT * FROM pins ORDER BY 1")]
 
     @staticmethod
     def put_pin(conn: sqlite3.Connection, repo: str, revision: str, variant: str) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO pins VALUES (?,?,?,?)", (repo, revision, variant, time.time())
+            "DELETE FROM pins WHERE repo = ? COLLATE NOCASE AND revision = ? AND variant = ?",
+            (repo, revision, variant),
         )
+        conn.execute("INSERT INTO pins VALUES (?,?,?,?)", (repo, revision, variant, time.time()))
 
     @staticmethod
     def delete_pin(conn: sqlite3.Connection, repo: str, revision: str, variant: str) -> bool:
         cur = conn.execute(
-            "DELETE FROM pins WHERE repo = ? AND revision = ? AND variant = ?",
+            "DELETE FROM pins WHERE repo = ? COLLATE NOCASE AND revision = ? AND variant = ?",
             (repo, revision, variant),
         )
         return cur.rowcount > 0
 
     def denies(self, repo: str | None = None) -> list[DenyRow]:
+        """Every deny, or those of `repo` in any spelling."""
         if repo is None:
             rows = self._all("SELECT * FROM denies ORDER BY repo, revision")
         else:
-            rows = self._all("SELECT * FROM denies WHERE repo = ? ORDER BY revision", (repo,))
+            rows = self._all(
+                "SELECT * FROM denies WHERE repo = ? COLLATE NOCASE ORDER BY revision, repo",
+                (repo,),
+            )
         return [DenyRow(r[0], r[1], r[2], r[3]) for r in rows]
 
     @staticmethod
     def put_deny(conn: sqlite3.Connection, repo: str, revision: str, reason: str) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO denies VALUES (?,?,?,?)", (repo, revision, reason, time.time())
+            "DELETE FROM denies WHERE repo = ? COLLATE NOCASE AND revision = ?", (repo, revision)
         )
+        conn.execute("INSERT INTO denies VALUES (?,?,?,?)", (repo, revision, reason, time.time()))
 
     @staticmethod
     def delete_deny(conn: sqlite3.Connection, repo: str, revision: str) -> bool:
-        cur = conn.execute("DELETE FROM denies WHERE repo = ? AND revision = ?", (repo, revision))
+        cur = conn.execute(
+            "DELETE FROM denies WHERE repo = ? COLLATE NOCASE AND revision = ?", (repo, revision)
+        )
         return cur.rowcount > 0
 
     @staticmethod

@@ -118,7 +118,9 @@ _MIGRATIONS: dict[int, str] = {
 #: indexes find the few dead rows among many live ones: GC purges and recovery ask for them a
 #: batch at a time, and each ask scanned every row (145 ms at 100,000 trees, 17 asks to purge
 #: 1,000 trees). Building them on an existing 100,000-tree store takes about a second, once.
+#: Denies are looked up by repo in any case (every Resolve asks; `policy_tables`).
 _ADDITIONS = (
+    "CREATE INDEX IF NOT EXISTS denies_repo_nocase ON denies (repo COLLATE NOCASE)",
     "CREATE INDEX IF NOT EXISTS leases_holder ON leases (holder, expires_at)",
     "CREATE INDEX IF NOT EXISTS leases_expires ON leases (expires_at)",
     "CREATE INDEX IF NOT EXISTS negative_expires ON negative (expires_at)",
