@@ -1,0 +1,64 @@
+"""The warm path's size budget (issue 56): what a warm `get_kernel` makes a fresh process import.
+
+Import time is the warm path's largest cost and it grows one module at a time, each too small for
+a timed bench to notice on a noisy machine. This test counts instead: the `kerneld_client`
+modules a warm load leaves in `sys.modules` and their source lines, against a budget. Both are
+deterministic, so a change that adds an import to the warm path fails here, not months later in
+a bench table. Lower the budget when the path gets slimmer; raise it only with a bench run that
+shows the cost (bench/RESULTS.md, scenario 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.client.support import ACTIVATION, IN_CHILD, OPS_CHECK, client_env, run_client
+from tests.support.daemon import DaemonProcess
+from tests.support.hubserver import HubServer
+
+#: kerneld_client modules (packages count as their __init__) a warm load may import ...
+MAX_MODULES = 28
+#: ... and their source lines in all. Measured when this test was added: 28 / 4,916.
+MAX_LINES = 4_920
+
+SCRIPT = (
+    "import json, sys\n"
+    + OPS_CHECK
+    + IN_CHILD
+    + f"""
+import kerneld_client
+m = kerneld_client.get_kernel("{ACTIVATION}", version=1, policy="error")
+check_activation(m, 1)
+mods = {{}}
+for name, mod in sorted(sys.modules.items()):
+    if name == "kerneld_client" or name.startswith("kerneld_client."):
+        path = getattr(mod, "__file__", None)
+        if path:
+            with open(path, encoding="utf-8") as f:
+                mods[name] = sum(1 for _ in f)
+print(json.dumps({{"source": kerneld_client.loaded_kernels()[0].source,
+                  "grpc": "grpc" in sys.modules, "modules": mods}}))
+"""
+)
+
+
+def test_a_warm_load_stays_within_its_import_budget(
+    make_daemon: Callable[..., DaemonProcess], example_server: HubServer, tmp_path: Path
+) -> None:
+    example_server.reset()
+    daemon = make_daemon(hub_endpoint=example_server.url)
+    env = client_env(None, tmp_path, KERNELD_SOCKET=str(daemon.user_socket))
+    run_client(SCRIPT, env)  # cold: the daemon fetches and publishes the pick
+
+    warm = run_client(SCRIPT, env)
+    assert warm["source"] == "index" and warm["grpc"] is False, "not the warm path"
+    modules: dict[str, int] = warm["modules"]
+    lines = sum(modules.values())
+    listing = "\n".join(f"  {n:>5}  {m}" for m, n in sorted(modules.items(), key=lambda i: -i[1]))
+    assert len(modules) <= MAX_MODULES and lines <= MAX_LINES, (
+        f"the warm path imports {len(modules)} kerneld_client modules, {lines} lines "
+        f"(budget: {MAX_MODULES} modules, {MAX_LINES} lines):\n{listing}\n"
+        "keep new imports off the warm path (import them where they are used), or measure the "
+        "cost (python -m bench.run --only s1) and raise the budget with the figures"
+    )
