@@ -132,6 +132,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(SCENARIOS), help="scenarios to run")
     parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--ab",
+        metavar="COMMIT",
+        default=None,
+        help="scenario 1: also run COMMIT's client in the same rounds; report paired differences",
+    )
     for key, value in FULL.items():
         kind = type(value) if not isinstance(value, str) else str
         parser.add_argument(

@@ -26,7 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
-from bench import s1_fork, s1_merged, s1_steps
+from bench import s1_ab, s1_fork, s1_merged, s1_steps
 from bench.common import fmt_stat, kernels_env, log, median, ratios, table
 from bench.scenario import DAEMON_CONFIG, Ctx, Goal, Section
 from bench.zygote import JobResult, fresh_job
@@ -63,6 +63,7 @@ def INFO():
         "source": kerneld_client.loaded_kernels()[0].source,
         "grpc": "grpc" in sys.modules,
         "ranked": "kerneld_client.variants.choice" in sys.modules,
+        "client": kerneld_client.__file__,
     }
 """
     + CHECK
@@ -159,6 +160,17 @@ def run(ctx: Ctx) -> Section:
             (k_rtt(a.rtt_ms), hf, online, a.rtt_ms),
             (K_OFFLINE, {**hf, "HF_HUB_OFFLINE": "1"}, offline, 0.0),
         ]
+        ab: tuple[str, Path] | None = None
+        if a.ab:
+            ab = s1_ab.checkout_client(a.ab, work / "ab")
+            old = s1_ab.env_with(env, ab[1])
+            loaders += [
+                (ab_row(KD_WARM, ab[0]), old, kd, 0.0),
+                (ab_row(KD_RPC, ab[0]), {**old, "KERNELD_REF_MAX_AGE": "0"}, kd, 0.0),
+            ]
+        paths_first = {KD_WARM, KD_RPC, FLOOR_ROW} | (
+            {ab_row(KD_WARM, ab[0]), ab_row(KD_RPC, ab[0])} if ab else set()
+        )
         steps: list[JobResult] = []
         try:
             for run_i in range(-1, a.warm_runs):  # -1: warm-up processes
@@ -171,7 +183,7 @@ def run(ctx: Ctx) -> Section:
                 if run_i >= 0:
                     steps.append(job)
                 for name, e, code, rtt in loaders:
-                    if run_i < 0 and name not in (KD_WARM, KD_RPC, FLOOR_ROW):
+                    if run_i < 0 and name not in paths_first:
                         continue  # kernels' cache and bytecode were filled above
                     latency(rtt)
                     job = fresh_job(env=e, setup=code, repos=[REPO], extra="info()")
@@ -197,7 +209,7 @@ def run(ctx: Ctx) -> Section:
         finally:
             latency(0.0)
     shutil.rmtree(work, ignore_errors=True)
-    check_paths(rows)
+    check_paths(rows, ab)
     ctx.shared["imports"] = {
         "`import kerneld_client` (the package: lazy)": [
             j.setup_extra["pkg_ms"] for j in rows[KD_WARM]
@@ -207,7 +219,22 @@ def run(ctx: Ctx) -> Section:
         ],
         "`import kernels`": [j.setup_extra["import_ms"] for j in rows[K_ONLINE]],
     }
-    sec = report(ctx, rows)
+    sec = report(ctx, {k: v for k, v in rows.items() if not ab or not k.endswith(f"@ {ab[0]}")})
+    if ab:
+        calls = {name: [call_ms(j) for j in jobs] for name, jobs in rows.items()}
+        totals = {
+            name: [call_ms(j) + float(j.setup_extra["import_ms"]) for j in jobs]
+            for name, jobs in rows.items()
+        }
+        sec.lines += s1_ab.report(
+            ab[0],
+            calls,
+            totals,
+            [
+                ("kerneld warm", KD_WARM, ab_row(KD_WARM, ab[0])),
+                ("kerneld RPC path", KD_RPC, ab_row(KD_RPC, ab[0])),
+            ],
+        )
     sec.lines += s1_steps.report(steps, sec.data["calls"][KD_WARM])
     call_over_floor = median(
         [
@@ -241,9 +268,22 @@ def call_ms(job: JobResult) -> float:
     return dur * 1e3
 
 
-def check_paths(rows: dict[str, list[JobResult]]) -> None:
+def ab_row(row: str, short: str) -> str:
+    return f"{row.split(' (', maxsplit=1)[0]} @ {short}"
+
+
+def check_paths(rows: dict[str, list[JobResult]], ab: tuple[str, Path] | None) -> None:
     warm = [j.ranks[0].extra for j in rows[KD_WARM]]
     rpc = [j.ranks[0].extra for j in rows[KD_RPC]]
+    if ab:
+        old = [j.ranks[0].extra for j in rows[ab_row(KD_WARM, ab[0])] + rows[ab_row(KD_RPC, ab[0])]]
+        if not all(Path(x["client"]).is_relative_to(ab[1]) for x in old):
+            raise RuntimeError(f"the {ab[0]} rows did not import {ab[0]}'s client: {old}")
+        warm_old = old[: len(rows[ab_row(KD_WARM, ab[0])])]
+        if not all(x["source"] == "index" and not x["grpc"] for x in warm_old):
+            raise RuntimeError(f"{ab[0]}'s warm rows did not load the published pick: {warm_old}")
+        if any(Path(x["client"]).is_relative_to(ab[1]) for x in warm + rpc):
+            raise RuntimeError("this checkout's rows imported the other commit's client")
     if not all(x["source"] == "index" and not x["grpc"] and not x["ranked"] for x in warm):
         raise RuntimeError(
             f"kerneld warm did not load the published pick without grpc or ranking: {warm}"
