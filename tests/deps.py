@@ -102,9 +102,16 @@ def images() -> dict[str, str] | None:
     return build_images()
 
 
+def all_venvs() -> list[object]:
+    """Every release venv of the suite, the groups side by side (pip waits on the network)."""
+    groups = (release_venvs, hook_venvs, tf_hook_venvs, clean_release_venvs)
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        return [f.result() for f in [pool.submit(g) for g in groups]]
+
+
 STEPS: dict[str, Callable[[], object]] = {
     "examples": examples,
-    "venvs": lambda: (release_venvs(), hook_venvs(), tf_hook_venvs(), clean_release_venvs()),
+    "venvs": all_venvs,
     "conformance": lambda: [conformance(v) for v in SUITE_RELEASES],
     "systemd-wheels": systemd_wheels,
     "image": images,
