@@ -60,9 +60,7 @@ def report(passes: list[Pass], counts: list[int], command: str) -> str:
     wall = {n: statistics.median(p.wall_s for p in ps) for n, ps in by.items()}
     cpu = {n: statistics.median(p.cpu_s for p in ps) for n, ps in by.items()}
     base = wall[counts[0]]
-    caches = ", ".join(
-        f"{c} {'warm' if (cache_root() / c).is_dir() else 'cold'}" for c in CACHES
-    )
+    caches = ", ".join(f"{c} {'warm' if (cache_root() / c).is_dir() else 'cold'}" for c in CACHES)
     out = [
         "# The test suite's wall time by pytest-xdist workers",
         "",
