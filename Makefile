@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # computes); a fourth only adds contention (bench/SUITE.md: 3 workers beat 4 twice).
 PYTEST_WORKERS ?= 3
 
-.PHONY: run test bootstrap bytecode lint typecheck proto proto-check bench clean
+.PHONY: run test test-deps bootstrap bytecode lint typecheck proto proto-check bench clean
 
 bootstrap:
 	@scripts/bootstrap
@@ -42,7 +42,19 @@ proto-check: bootstrap
 bytecode: bootstrap
 	$(PY) -m compileall -q -j 0 kerneld client/kerneld_client examples tests bench chaos
 
-test: lint typecheck bytecode
+# The suite's heavy set-up, once per machine and outside every test's timeout (issue 55): the
+# released `kernels`/Transformers venvs, the kernels 0.17.2/0.19.1 suites and their venvs, the
+# example builds, the systemd test's wheelhouse and the image's base and wheels, into a cache
+# outside the clone keyed by what each is made from: $KERNELD_TEST_CACHE, else
+# /var/cache/kerneld-test as root, else ~/.cache/kerneld-test (tests/support/testcache.py).
+# Later runs and later clones on the machine reuse it. TEST_DEPS names some steps only
+# (python -m tests.deps --list).
+TEST_DEPS ?=
+
+test-deps: bootstrap
+	$(PY) -m tests.deps $(TEST_DEPS)
+
+test: lint typecheck bytecode test-deps
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # BENCH_ARGS adds flags, e.g. BENCH_ARGS=--quick (python -m bench.run --help lists them).

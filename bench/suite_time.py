@@ -4,8 +4,9 @@
 
 Not a `make bench` scenario: one serial pass of the suite alone takes over ten minutes on two
 cores. Each pass is the pytest of `make test` (`-n N --dist loadfile --no-loadscope-reorder`;
-0 = serial, in pytest's order) on this checkout, with the caches under .cache/ as they are: run
-the suite once before, so the example build and the downloads are not what gets timed. Passes of
+0 = serial, in pytest's order) on this checkout, with the suite's cache as it is
+(tests/support/testcache.py): run `make test-deps` before, so the example build and the
+downloads are not what gets timed. Passes of
 different worker counts alternate (with --runs > 1), so a slow spell of a shared machine falls
 on all of them. CPU time is the passes' children's user + system time (the workers, daemons,
 jobs and pip runs they waited for); work inside the systemd test's container is not counted.
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import ROOT, machine_facts
+from tests.support.testcache import cache_root
 
 GOAL_S = 360.0  # issue 22: <= 6 minutes of pytest on a quiet 2-core machine
-CACHES = ("examples", "conformance", "systemd-wheels")
+CACHES = ("examples", "conformance", "systemd-wheels", "venvs", "image")
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,7 @@ def report(passes: list[Pass], counts: list[int], command: str) -> str:
     wall = {n: statistics.median(p.wall_s for p in ps) for n, ps in by.items()}
     cpu = {n: statistics.median(p.cpu_s for p in ps) for n, ps in by.items()}
     base = wall[counts[0]]
-    caches = ", ".join(
-        f"{c} {'warm' if (ROOT / '.cache' / c).is_dir() else 'cold'}" for c in CACHES
-    )
+    caches = ", ".join(f"{c} {'warm' if (cache_root() / c).is_dir() else 'cold'}" for c in CACHES)
     out = [
         "# The test suite's wall time by pytest-xdist workers",
         "",

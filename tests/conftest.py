@@ -3,7 +3,8 @@
 Fixtures live in plugin modules, one per concern, so they can grow independently:
 - tests/fixtures_examples.py: the example kernels, built once and cached by source hash;
 - tests/fixtures_hub.py: the Hub-compatible test server on 127.0.0.1;
-- tests/fixtures_release_venvs.py: released `kernels` in clean venvs.
+- tests/fixtures_release_venvs.py: released `kernels` in clean venvs;
+- tests/fixtures_testcache.py: the heavy set-up's cache outside the clone (`make test-deps`).
 """
 
 import os
@@ -12,6 +13,7 @@ import os
 os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
 
 pytest_plugins = [
+    "tests.fixtures_testcache",
     "tests.fixtures_examples",
     "tests.fixtures_hub",
     "tests.fixtures_daemon",

@@ -1,7 +1,8 @@
 """Pytest plugin: the example kernels, built once per cache key, and Hub-style git repos of them.
 
-The build is cached under $KERNELD_EXAMPLES_CACHE or .cache/examples at the repo root, so only
-the first run on a machine (or after a source change) pays for compiling; later sessions reuse it.
+The build is cached under $KERNELD_EXAMPLES_CACHE, which the suite points at the cache outside
+the clone (tests/fixtures_testcache.py; `make test-deps` builds it first), so only the first run
+on a machine (or after a source change) pays for compiling; later sessions and clones reuse it.
 """
 
 from __future__ import annotations

@@ -64,22 +64,29 @@ def _timed(fn, *args, **kwargs):
     return result, time.perf_counter() - t0
 
 
-def test_daemon_down_falls_back_in_milliseconds(client: Path) -> None:
-    """No socket file: the fallback object comes back within 50 ms, and so on every later call
-    (the back-off remembers the daemon is down)."""
+#: A deadline no fallback that waits for it can beat, however loaded the machine (issue 55): a
+#: call well under it did not wait. How fast the fallback is, is bench/'s to measure.
+LONG_TIMEOUT_S = 30.0
+
+
+def test_daemon_down_falls_back_at_once(client: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No socket file: the fallback object comes back without waiting for the deadline, and so
+    on every later call (the back-off remembers the daemon is down)."""
+    monkeypatch.setenv("KERNELD_TIMEOUT", str(LONG_TIMEOUT_S))
     with pytest.warns(KernelFallbackWarning, match="no kerneld socket"):
         got, first = _timed(get_kernel, ACTIVATION, version=1, fallback=FALLBACK)
     assert got is FALLBACK
-    assert first < 0.05, f"daemon-down fallback took {first * 1e3:.1f} ms"
+    assert first < LONG_TIMEOUT_S / 3, f"daemon-down fallback took {first:.3f} s"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second warning for the same kernel would raise
         got, again = _timed(get_kernel, ACTIVATION, version=1, fallback=FALLBACK)
-    assert got is FALLBACK and again < 0.05
+    assert got is FALLBACK and again < LONG_TIMEOUT_S / 3
     assert _rpc.daemon_down_reason() is not None
 
 
-def test_stale_socket_is_down_too(client: Path) -> None:
+def test_stale_socket_is_down_too(client: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A socket file nobody listens on (a crashed daemon): refused at connect, no waiting."""
+    monkeypatch.setenv("KERNELD_TIMEOUT", str(LONG_TIMEOUT_S))
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(client))
     s.close()
@@ -88,7 +95,7 @@ def test_stale_socket_is_down_too(client: Path) -> None:
         get_kernel(ACTIVATION, version=1, policy="error")
     _rpc.reset_backoff()
     got, took = _timed(get_kernel, ACTIVATION, version=1, fallback=None)
-    assert got is None and took < 0.05
+    assert got is None and took < LONG_TIMEOUT_S / 3, f"took {took:.3f} s"
 
 
 class _SilentServer:
@@ -121,8 +128,10 @@ def test_hung_daemon_falls_back_within_the_deadline(
 ) -> None:
     """A daemon that accepts and never answers costs one deadline, then is not asked again for
     a while. The deadline is set above the default (1 s) so that a lower bound, which load cannot
-    break, shows it is the configured one; the upper bound only catches a hang."""
+    break, shows it is the configured one; the upper bound only catches a hang. grpc's import
+    (once per process; seconds on a busy machine) is done before the clock starts."""
     monkeypatch.setenv("KERNELD_TIMEOUT", "1.5")
+    _rpc._import_grpc()
     server = _SilentServer(client)
     try:
         got, took = _timed(get_kernel, ACTIVATION, version=1, fallback=FALLBACK)

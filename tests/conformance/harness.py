@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import deps
 from tests.client.support import client_env
-from tests.conformance.suite import RELEASES, SuiteRelease, fetch_suite, run_suite, suite_venvs
+from tests.conformance.suite import RELEASES, SuiteRelease, run_suite
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
-from tests.support.shared import shared_dir
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "kernels-compatibility.md"
 HERE = Path(__file__).resolve().parent
@@ -153,9 +153,7 @@ def run_conformance(
     files test_kernels_suite.py and test_kernels_suite_0191.py, one release each, so that
     pytest-xdist runs them side by side)."""
     release: SuiteRelease = RELEASES[version]
-    suite = fetch_suite(release)
-    with shared_dir(tmp_path_factory, "release-venvs") as root:
-        venvs = suite_venvs(release, root)
+    suite, venvs = deps.conformance(version)
     daemon = make_daemon(hub_endpoint=standin_hub.url)
 
     started = time.monotonic()

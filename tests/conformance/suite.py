@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.hubapi.venvs import CLIENT_REQUIREMENT, make_venv
+from tests.support.testcache import cache_dir
 
 DEFAULT_INDEX = "https://pypi.org/simple"
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "conformance"
 #: What every release's suite needs to run: pytest and its per-test timeout.
 RUNNER = ("pytest", "pytest-timeout")
 
@@ -129,9 +128,10 @@ def _download(release: SuiteRelease) -> bytes:
     return data
 
 
-def fetch_suite(release: SuiteRelease, cache: Path = CACHE) -> Path:
+def fetch_suite(release: SuiteRelease, cache: Path | None = None) -> Path:
     """A folder holding the release's suite as `tests/` and its `pytest.ini` (fetched once,
-    then cached)."""
+    then cached in the suite's cache outside the clone, tests/support/testcache.py)."""
+    cache = cache or cache_dir("conformance")
     sdist = release.sdist
     target = cache / f"kernels-{release.version}-suite"
     if (target / "pytest.ini").is_file():
@@ -171,12 +171,17 @@ PORTED = {"tests/test_layer_cpu.py": "tests/test_layer.py"}
 
 
 def port_to_cpu(suite: Path) -> None:
-    """Write the ported copies (PORTED) next to the suite's own files."""
+    """Write the ported copies (PORTED) next to the suite's own files (only when they differ:
+    the suite is shared by the clones on the machine, tests/support/testcache.py)."""
     for target, source in PORTED.items():
         text = (suite / source).read_text(encoding="utf-8")
         text = text.replace("@pytest.mark.cuda_only\n", "")
         text = re.sub(r"([\"'])cuda\1", r"\1cpu\1", text)
-        (suite / target).write_text(text, encoding="utf-8")
+        out = suite / target
+        if not out.is_file() or out.read_text(encoding="utf-8") != text:
+            tmp = out.with_name(f".{out.name}.{os.getpid()}")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(out)
 
 
 def suite_venvs(release: SuiteRelease, root: Path) -> dict[str, Path]:

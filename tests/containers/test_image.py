@@ -1,9 +1,9 @@
 """The image recipe (deploy/image/) built and run as the DaemonSet runs it, on a fresh node.
 
 `deploy/image/build.py` builds the daemon image and the example job image with podman, offline,
-on a Debian 12 base made with mmdebstrap (the root file system cached under .cache/image, the
-image store too, so only the first run pays for the base and the wheels; $KERNELD_IMAGE_CACHE
-moves it). Then, with the flags
+on a Debian 12 base made with mmdebstrap (the root file system cached in the suite's cache outside
+the clone, tests/support/testcache.py, the image store too, so only the first run on a machine
+pays for the base and the wheels; $KERNELD_IMAGE_CACHE moves it). Then, with the flags
 *read from* deploy/kubernetes/ (no capability, read-only root, no new privileges, the manifest's
 uid; the init container as root with only its added capabilities):
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -50,14 +49,13 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
-#: The base's root file system, the wheels and the image store: kept between runs. A CI whose
-#: clone is new each run points KERNELD_IMAGE_CACHE at a directory that outlives it.
-CACHE = Path(os.environ.get("KERNELD_IMAGE_CACHE") or REPO / ".cache" / "image")
 KERNEL = f"{ORG}/activation"
 JOB_UID = 2000  # not the daemon's, not root
 
 sys.path.insert(0, str(REPO / "deploy" / "image"))
 import build as recipe  # noqa: E402  (deploy/image/build.py: not a package)
+
+from tests.containers.podman import ENV, build_images, podman_env  # noqa: E402
 
 JOB = """
 import json, torch
@@ -71,36 +69,7 @@ print(json.dumps({{"max_err": float((got - want).abs().max()), "shape": list(got
 """
 
 
-# ---- podman, set up for this machine --------------------------------------------------------
-
-
-def _podman_env() -> dict[str, str]:
-    """The test's own image store under .cache (kept between runs) and a containers.conf."""
-    conf = CACHE / "containers"
-    conf.mkdir(parents=True, exist_ok=True)
-    fs = Path("/proc/filesystems").read_text()
-    driver = "overlay" if re.search(r"\soverlay$", fs, re.MULTILINE) else "vfs"
-    (conf / "storage.conf").write_text(
-        f'[storage]\ndriver = "{driver}"\ngraphroot = "{conf / "storage"}"\n'
-        f'runroot = "{conf / "run"}"\n'
-    )
-    # crun does not run under hybrid cgroups (v1 controllers with a v2 mount); runc does.
-    pure_v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
-    runtime = "crun" if pure_v2 and shutil.which("crun") else "runc"
-    nofile = min(int(subprocess.check_output(["sh", "-c", "ulimit -Hn"]).strip()), 65536)
-    (conf / "containers.conf").write_text(
-        "[containers]\n"
-        f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc=4096:4096"]\n'
-        f'[engine]\nruntime = "{runtime}"\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
-    )
-    return {
-        **os.environ,
-        "CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"),
-        "CONTAINERS_CONF": str(conf / "containers.conf"),
-    }
-
-
-ENV: dict[str, str] = {}  # set by the images fixture: nothing is written at collection
+# ---- podman, set up for this machine (tests/containers/podman.py) --------------------------
 
 
 def podman(
@@ -116,19 +85,11 @@ def podman(
 
 @pytest.fixture(scope="module")
 def images() -> dict[str, str]:
-    """Both images, built by the recipe as a site would run it."""
-    assert shutil.which("podman"), "podman is missing: run scripts/bootstrap"
-    ENV.update(_podman_env())
-    t0 = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(REPO / "deploy" / "image" / "build.py"), "--python", sys.executable,
-         "--cache", str(CACHE)],
-        env=ENV, capture_output=True, text=True, timeout=840, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"deploy/image/build.py failed:\n{done.stdout}\n{done.stderr}"
-    built: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    """Both images, built by the recipe as a site would run it (`make test-deps` built the
+    base and the wheels; this build adds this checkout's wheels)."""
+    built = build_images()
+    ENV.update(podman_env())
     podman("image", "prune", "--force")  # the layers of earlier builds, in the cached store
-    print(f"images built in {time.monotonic() - t0:.1f}s: {built}")
     return built
 
 

@@ -11,7 +11,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -176,10 +175,8 @@ def test_kernels_get_local_kernel_loads_the_variants(built_examples: BuiltExampl
 def test_second_build_is_a_cache_hit(built_examples: BuiltExamples):
     so = built_examples.variant("activation", 1)
     before = (so.path / so.library).stat()  # type: ignore[operator]
-    started = time.monotonic()
     again = build_examples()
-    elapsed = time.monotonic() - started
-    assert again.cache_hit and elapsed < 1.0, elapsed
+    assert again.cache_hit  # no compile: the library's inode and mtime below are unchanged
     assert again.root == built_examples.root and again.cache_key == built_examples.cache_key
     after = (so.path / so.library).stat()  # type: ignore[operator]
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)

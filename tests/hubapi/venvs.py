@@ -6,11 +6,16 @@ kerneld-client distribution in client/ with its start-up hook `.pth`), so a test
 no sigstore, Transformers, grpc or kerneld_client unless pip put them there.
 
 The one thing not installed per venv is torch (the registry would bring a multi-GB CUDA build,
-and the local CPU wheel takes a minute to unpack). A `torch-only/` folder beside the venvs holds
-links to torch, the distributions it requires and numpy (torch warns without it), taken from
-the project's venv, and one `.pth` line appends it *after* the venv's site-packages: the venv's
-own copies of shared requirements (typing_extensions, filelock, fsspec) win, and nothing else
-of the project's is importable.
+and the local CPU wheel takes a minute to unpack). A `torch-only-<key>/` folder beside the venvs
+holds hard links (copies across file systems) of torch, the distributions it requires and numpy
+(torch warns without it), taken from the project's venv, and one `.pth` line appends it *after*
+the venv's site-packages: the venv's own copies of shared requirements (typing_extensions,
+filelock, fsspec) win, and nothing else of the project's is importable.
+
+The venvs live in the suite's cache outside the clone (tests/support/testcache.py; `make
+test-deps` makes them before the suite), each named by a hash of its requirements and the
+interpreter, so later runs and later clones reuse them. A venv whose requirements name this
+checkout (CLIENT_REQUIREMENT, an editable install of its client/) is this checkout's own.
 """
 
 from __future__ import annotations
@@ -18,12 +23,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from tests.support.testcache import (
+    cache_dir,
+    content_key,
+    interpreter_key,
+    link_tree,
+    locked,
+    staging,
+)
 
 #: The newest 0.14 and 0.16 releases, 0.17.2, 0.18.3 and the newest (issue 24, issue 40).
 KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.18.3", "0.19.1")
@@ -36,6 +51,11 @@ CLIENT = Path(__file__).resolve().parents[2] / "client"
 #: The requirement that installs kerneld-client (editable: the venv runs the work tree's code).
 CLIENT_REQUIREMENT = f"--editable={CLIENT}"
 TORCH_ONLY = "torch-only"
+#: Transformers release -> its hook venv's requirements and name (tests/integrations).
+TF_HOOK_RELEASES = {
+    "5.22.2": (["transformers[kernels]==5.22.2", CLIENT_REQUIREMENT], "tf-hook-5.22.2"),
+    "5.25.0": (["transformers==5.25.0", CLIENT_REQUIREMENT], "tf-hook"),
+}
 
 
 def _requirement_name(requirement: str) -> str:
@@ -61,44 +81,67 @@ def _closure(name: str) -> list[metadata.Distribution]:
     return list(seen.values())
 
 
+def venv_root() -> Path:
+    """The cache's folder of venvs (the fixtures' and `make test-deps`'s `root`)."""
+    return cache_dir("venvs")
+
+
 def torch_only(root: Path) -> Path:
-    """`root/torch-only`: links to torch and its requirements in the project's venv."""
-    folder = root / TORCH_ONLY
-    if (folder / ".done").exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    for dist in _closure("torch") + _closure("numpy"):  # torch warns at import without numpy
-        base = Path(str(dist.locate_file("")))
-        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
-        for top in tops:
-            source, link = base / top, folder / top
-            if source.exists() and not link.exists() and not top.endswith(".pth"):
-                link.symlink_to(source)
-    (folder / ".done").write_text("")
+    """`root/torch-only-<key>`: torch and its requirements as installed in the project's venv
+    (the key: their versions and the interpreter); made once, atomically."""
+    dists = _closure("torch") + _closure("numpy")  # torch warns at import without numpy
+    key = content_key(interpreter_key(), sorted(f"{d.name}=={d.version}" for d in dists))
+    folder = root / f"{TORCH_ONLY}-{key}"
+    with locked(folder):
+        if (folder / ".done").exists():
+            return folder
+        with staging(folder) as tmp:
+            for dist in dists:
+                base = Path(str(dist.locate_file("")))
+                files = dist.files or []
+                tops = {Path(str(f)).parts[0] for f in files if not str(f).startswith("..")}
+                for top in tops:
+                    source, dest = base / top, tmp / top
+                    if source.exists() and not dest.exists() and not top.endswith(".pth"):
+                        link_tree(source, dest)
+            (tmp / ".done").write_text("")
     return folder
 
 
 def make_venv(
     root: Path, requirements: list[str], *, name: str | None = None, with_torch: bool = True
 ) -> Path:
-    """A venv at `root/<name>` with `requirements` (`kernels==0.16.2`, CLIENT_REQUIREMENT) and
-    what pip resolves for them, plus torch through `torch-only/` unless `with_torch` is False;
-    its python. A venv a previous call finished (`.installed`, same requirements) is reused.
+    """A venv at `root/<name>-<key>` with `requirements` (`kernels==0.16.2`,
+    CLIENT_REQUIREMENT) and what pip resolves for them, plus torch through `torch-only-<key>/`
+    unless `with_torch` is False; its python. The key hashes the requirements, the interpreter
+    and the torch folder; a venv a previous call finished (`.installed`) is reused, one left
+    half-made by a killed run is made again, and a second process waits on the first's lock.
 
     The venv has no pip of its own: the project's pip installs into it (`pip --python`), which
     saves the seconds `ensurepip` spends copying pip into every venv."""
-    folder = root / (name or "+".join(r.replace("==", "-") for r in requirements))
+    torch = torch_only(root) if with_torch else None
+    base = name or "+".join(r.replace("==", "-") for r in requirements)
+    key = content_key(interpreter_key(), requirements, torch.name if torch else None)
+    folder = root / f"{base}-{key}"
     python = folder / "bin" / "python"
     done = folder / ".installed"
-    if done.exists() and done.read_text() == "\n".join(requirements) + "\n":
-        return python
-    if not python.exists():
-        subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", str(folder)],
-            check=True,
-            timeout=120,
-            capture_output=True,
-        )
+    with locked(folder):
+        if done.exists():
+            return python
+        shutil.rmtree(folder, ignore_errors=True)  # half-made by a run that was killed
+        _install_venv(folder, requirements, torch)
+        done.write_text("\n".join(requirements) + "\n")
+    return python
+
+
+def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> None:
+    python = folder / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(folder)],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_TARGET", "PYTHON"))}
     proc = subprocess.run(
         [
@@ -121,7 +164,8 @@ def make_venv(
     if proc.returncode != 0:
         raise RuntimeError(
             f"pip install {' '.join(requirements)} failed (the package registry must be "
-            f"reachable):\n{proc.stdout}\n{proc.stderr}"
+            f"reachable; `make test-deps` makes every venv before the suite):\n"
+            f"{proc.stdout}\n{proc.stderr}"
         )
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -130,10 +174,8 @@ def make_venv(
         check=True,
         timeout=60,
     ).stdout.strip()
-    if with_torch:
-        Path(purelib, "zz-torch-only.pth").write_text(f"{torch_only(root)}\n")
-    done.write_text("\n".join(requirements) + "\n")
-    return python
+    if torch is not None:
+        Path(purelib, "zz-torch-only.pth").write_text(f"{torch}\n")
 
 
 def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.hubapi.venvs import HOOK_RELEASES, make_hook_venvs
+from tests import deps
+from tests.hubapi.venvs import HOOK_RELEASES
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
-from tests.support.shared import shared_dir
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_kernels_child.py"
@@ -32,10 +32,10 @@ MISSING = f"{ORG}/no-such-kernel"
 
 
 @pytest.fixture(scope="session")
-def hook_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Release -> the python of its clean venv with kerneld-client (built once per run)."""
-    with shared_dir(tmp_path_factory, "release-venvs") as root:
-        return make_hook_venvs(root)
+def hook_venvs() -> dict[str, Path]:
+    """Release -> the python of its clean venv with kerneld-client (`make test-deps` made
+    them)."""
+    return deps.hook_venvs()
 
 
 def run(python: Path, script: Path, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:

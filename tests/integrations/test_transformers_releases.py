@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from examples.kernels.built import BuiltExamples
-from tests.hubapi.venvs import CLIENT_REQUIREMENT, make_venv
+from tests import deps
+from tests.hubapi.venvs import TF_HOOK_RELEASES
 from tests.integrations.support import ROOT, hook_env
 from tests.integrations.transformers_hub import (
     ACTIVATION,
@@ -38,26 +39,16 @@ from tests.integrations.transformers_hub import (
 )
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
-from tests.support.shared import shared_dir
 
-#: Transformers release -> its venv's requirements and name (5.25's is test_kernels_releases'
-#: "tf-hook" venv, shared within a run).
-RELEASES = {
-    "5.22.2": (["transformers[kernels]==5.22.2", CLIENT_REQUIREMENT], "tf-hook-5.22.2"),
-    "5.25.0": (["transformers==5.25.0", CLIENT_REQUIREMENT], "tf-hook"),
-}
 KERNELS_OF = {"5.22.2": "0.17.2", "5.25.0": "0.19.1"}
 KINDS = ("RMSNorm", "SiLU", "rotary_pos_emb")
 TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def tf_venvs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    with shared_dir(tmp_path_factory, "release-venvs") as root:
-        return {
-            release: make_venv(root, requirements, name=name)
-            for release, (requirements, name) in RELEASES.items()
-        }
+def tf_venvs() -> dict[str, Path]:
+    """Transformers release -> its venv with kerneld-client (`make test-deps` made them)."""
+    return deps.tf_hook_venvs()
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +123,7 @@ def assert_all_kernelized(out: dict[str, Any], store: Path) -> float:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("release", list(RELEASES))
+@pytest.mark.parametrize("release", list(TF_HOOK_RELEASES))
 def test_transformers_loads_the_models_through_the_hook(
     release: str,
     tf_venvs: dict[str, Path],

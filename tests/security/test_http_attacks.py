@@ -5,7 +5,9 @@ The endpoint's user socket is 0660 `kerneld-users`; `nobody` is the outsider (in
 group), `kerneld-tester` the member (added to `kerneld-users` in the user database for the
 test: a TCP peer's groups come from there). Each attack runs for a bounded time while a member
 loads a kernel through the endpoint (its info and one file, a fresh connection each) and every
-load must finish within `LOAD_BOUND_S`; the daemon must never be killed. The token replay
+load must finish within its bound (`load_bound_s`: a multiple of the same load at rest, measured
+on the same daemon in the same run, so a busy machine moves both); the daemon must never be
+killed. The token replay
 after a process exited is `test_token_hidepid.py`.
 """
 
@@ -35,9 +37,14 @@ from tests.support.hubserver import HubServer
 pytestmark = needs_root
 TESTER = pwd.getpwnam("kerneld-tester")
 GROUP = "kerneld-users"
-#: A member's load (info + a file over two fresh connections) during an attack: well past what
-#: it takes at rest (~10 ms) and well under the client timeouts that made loads fail.
-LOAD_BOUND_S = 3.0
+#: A member's load (info + a file over two fresh connections) during an attack may take this
+#: many times its slowest load at rest, measured before the attack (issue 55: a bound the
+#: machine's load moves with the baseline, not absolute seconds) ...
+LOAD_SLOWDOWN = 30
+#: ... and never less than this: well past what a load takes at rest on a quiet machine
+#: (~10 ms) and well under the client timeouts that made loads fail.
+LOAD_FLOOR_S = 3.0
+REST_LOADS = 5
 #: The per-uid connection cap docs/hub-api.md states (a black-box test: no daemon import).
 PER_UID = 256
 INFO = f"/api/kernels/{REPO}/revision/v1"
@@ -74,6 +81,7 @@ def confined(
         address = (host, int(port))
         daemon.metrics_socket = metrics  # type: ignore[attr-defined]
         assert as_user(member.pw_uid, member.pw_gid, lambda: load(address))[0] == 200
+        daemon.load_bound_s = load_bound_s(address, member)  # type: ignore[attr-defined]
         try:
             yield daemon, address, limits
         finally:
@@ -99,6 +107,14 @@ def load(address: tuple[str, int]) -> list[Any]:
     except OSError as exc:
         statuses = [repr(exc), None]
     return [*statuses, time.monotonic() - start]
+
+
+def load_bound_s(address: tuple[str, int], member: pwd.struct_passwd) -> float:
+    """How long a member's load may take during an attack: LOAD_SLOWDOWN times its slowest of
+    REST_LOADS at rest, now, on this daemon (at least LOAD_FLOOR_S)."""
+    rest = as_user(member.pw_uid, member.pw_gid, lambda: [load(address) for _ in range(REST_LOADS)])
+    assert all(r[:2] == [200, 200] for r in rest), rest
+    return max(LOAD_FLOOR_S, LOAD_SLOWDOWN * max(r[2] for r in rest))
 
 
 def member_loads_during(
@@ -134,8 +150,8 @@ def check_loads(loads: list[list[Any]], daemon: DaemonProcess, limits: UnitLimit
     assert daemon.running(), f"the daemon was killed: {daemon.logs()[-2000:]}"
     assert limits.oom_kills() == 0
     assert loads and all(s[:2] == [200, 200] for s in loads), loads
-    slowest = max(s[2] for s in loads)
-    assert slowest < LOAD_BOUND_S, f"a member's load took {slowest:.2f} s: {loads}"
+    slowest, bound = max(s[2] for s in loads), daemon.load_bound_s  # type: ignore[attr-defined]
+    assert slowest < bound, f"a member's load took {slowest:.2f} s (bound {bound:.2f} s): {loads}"
 
 
 def served_info(daemon: DaemonProcess) -> float:
@@ -296,5 +312,5 @@ def test_a_member_is_capped_per_uid_and_others_keep_loading(
         times.append(time.monotonic() - start)
     attacker.join(60)
     assert held["r"][1] >= 60, held  # those past the per-uid cap were refused, with why
-    assert max(times) < LOAD_BOUND_S, times
+    assert max(times) < daemon.load_bound_s, (times, daemon.load_bound_s)  # type: ignore[attr-defined]
     assert daemon.running() and limits.oom_kills() == 0

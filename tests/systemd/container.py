@@ -97,13 +97,24 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 _OWN_MOUNTS = (Path("/tmp"), Path("/run"), Path("/dev/shm"))
 
 
-def _private_paths() -> list[str]:
+def _nspawn_path(path: Path) -> str:
+    """`path` as one field of an nspawn `--bind`/`--overlay` value: `:` separates the fields
+    there and `\\` escapes, so both are escaped (spaces need nothing: one argv element)."""
+    return str(path).replace("\\", "\\\\").replace(":", "\\:")
+
+
+def _private_paths(repository: Path = REPOSITORY) -> list[str]:
     """nspawn options that show the repository in the container when it lives below a path
     the container has its own file system on (a checkout under /tmp, as CI may make): an
-    overlay of it with a throw-away upper layer, so the container writes nothing back."""
-    repo = str(REPOSITORY)
-    if any(REPOSITORY.is_relative_to(p) for p in _OWN_MOUNTS):
-        return [f"--overlay={repo}::{repo}"]
+    overlay with a throw-away upper layer, so the container writes nothing back.
+
+    The overlay is of the first folder below that path (`/tmp/a` for `/tmp/a/b/kd`), not of the
+    repository itself: nspawn creates an overlay's mount point but not its parents, and the
+    container's own /tmp is empty, so a deeper mount point cannot be made."""
+    for own in _OWN_MOUNTS:
+        if repository.is_relative_to(own) and repository != own:
+            top = own / repository.relative_to(own).parts[0]
+            return [f"--overlay={_nspawn_path(top)}::{_nspawn_path(top)}"]
     return []
 
 
@@ -111,10 +122,18 @@ class Container:
     """One booted container; use as a context manager (always torn down)."""
 
     def __init__(
-        self, base: Path, name: str, *, tmpfs_size: str = "4g", private_network: bool = False
+        self,
+        base: Path,
+        name: str,
+        *,
+        tmpfs_size: str = "4g",
+        private_network: bool = False,
+        repository: Path = REPOSITORY,
     ) -> None:
         """`private_network`: a network namespace of its own with only a loopback device
-        (its ports are nobody else's; it reaches nothing outside); else this machine's."""
+        (its ports are nobody else's; it reaches nothing outside); else this machine's.
+        `repository`: the checkout the container must see at its host path (this one)."""
+        self.repository = repository
         self.base = base
         self.private_network = private_network
         self.name = name
@@ -160,7 +179,7 @@ class Container:
                     f"--directory={self.root}",
                     f"--machine={self.name}",
                     "--console=read-only",
-                    *_private_paths(),
+                    *_private_paths(self.repository),
                     *(["--private-network"] if self.private_network else []),
                     "systemd.unit=basic.target",
                 ],

@@ -20,23 +20,18 @@ root, then works the service as its users would:
 - `systemctl stop kerneld.socket kerneld`: clean exit, sockets gone.
 
 pip installs the docs' `pip install ./client .` offline from a wheelhouse of the dependencies of
-kerneld and kerneld-client, made once with `pip download` (the package index) and cached under
-.cache/systemd-wheels/.
+kerneld and kerneld-client (tests/systemd/wheelhouse.py: made once, by `make test-deps`, in the
+suite's cache outside the clone).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -51,21 +46,14 @@ from examples.main_job import MirrorServer
 from examples.mirror import build_example_mirror
 from tests.support.daemon import REPO_ROOT
 from tests.systemd.container import (
-    BASE_ENV,
     Container,
     ContainerUnavailable,
     Ran,
     unavailable_reason,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from tests.systemd.wheelhouse import wheelhouse
 
 OPERATIONS = REPO_ROOT / "docs" / "operations.md"
-#: The container's `python3` is this machine's (the overlay's lower layer is the host root).
-BASE_PYTHON = shutil.which("python3", path=BASE_ENV["PATH"]) or "python3"
 KERNEL = "kerneld-examples/activation"  # a real torch kernel (C++ CPU ops), loaded by alice
 PREFETCHED = "kerneld-test/act:1"  # prefetched by bob, from the kernel_mirror fixture
 USERS = {"alice": "kerneld-users", "bob": "kerneld-admin", "carol": None}
@@ -143,45 +131,6 @@ def documented_paths() -> dict[str, tuple[int, str, str]]:
 def documented_curl() -> list[str]:
     (command,) = set(re.findall(r"`(curl --unix-socket [^`]+)`", OPERATIONS.read_text()))
     return shlex.split(command)
-
-
-# ---- the offline wheelhouse -----------------------------------------------------------------
-
-
-def wheelhouse(python: str) -> Path:
-    """Wheels of kerneld's dependencies and build backend for the container's `python3`
-    (version `python`), so the docs' `pip install ./client .` runs offline and fast; made once.
-
-    Made with that same interpreter (a throw-away venv on the host, whose /usr is the
-    container's), since binary wheels must match it and some dependencies are sdists."""
-    reqs: list[str] = []
-    for project in (REPO_ROOT, REPO_ROOT / "client"):  # kerneld and the kerneld-client it needs
-        meta = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
-        reqs += meta["project"]["dependencies"] + meta["build-system"]["requires"]
-    reqs = sorted({r for r in reqs if not r.startswith("kerneld-client")})  # built from client/
-    key = hashlib.sha256(json.dumps([python, reqs]).encode()).hexdigest()[:16]
-    cache = REPO_ROOT / ".cache" / "systemd-wheels"
-    dest = cache / key
-    if (dest / ".complete").exists():
-        return dest
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache))
-    try:
-        for argv in (
-            [BASE_PYTHON, "-m", "venv", str(tmp / "venv")],
-            # --use-pep517: Debian 12's pip (23.0.1) would build an sdist-only project (sdnotify)
-            # with `setup.py bdist_wheel`, which needs a `wheel` its venv does not have.
-            [str(tmp / "venv" / "bin" / "pip"), "wheel", "--quiet", "--disable-pip-version-check",
-             "--use-pep517", "--wheel-dir", str(tmp / "wheels"), *reqs],
-        ):  # fmt: skip
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, f"{argv}:\n{done.stdout}\n{done.stderr}"
-        (tmp / "wheels" / ".complete").write_text("")
-        with contextlib.suppress(OSError):  # another session made it meanwhile
-            (tmp / "wheels").rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 # ---- the host -------------------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""The heavy set-up's cache outside the clone (tests/support/testcache.py, `make test-deps`):
+where it is, that two processes making one entry make it once, and that a failed make leaves
+nothing a later run would take for whole."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import REPO_ROOT
+from tests.support.testcache import CACHE_ENV, cache_root, content_key, locked, staging
+
+#: One process making entry `thing` in the cache: the first counts itself in builds.log.
+MAKER = """
+import sys, time
+from pathlib import Path
+from tests.support.testcache import cache_dir, locked, staging
+dest = cache_dir("kind") / "thing"
+with locked(dest):
+    if not (dest / ".complete").exists():
+        with staging(dest) as tmp:
+            with open(Path(sys.argv[1]), "a") as log:
+                log.write("built\\n")
+            time.sleep(0.5)  # the other process asks meanwhile
+            (tmp / "payload").write_text("whole")
+            (tmp / ".complete").write_text("")
+print((dest / "payload").read_text())
+"""
+
+
+def test_the_cache_is_the_configured_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c" and (tmp_path / "c").is_dir()
+
+
+def test_keys_follow_every_input() -> None:
+    base = content_key(["kernels==0.19.1"], "3.11")
+    assert base == content_key(["kernels==0.19.1"], "3.11")
+    assert base != content_key(["kernels==0.19.2"], "3.11")
+    assert base != content_key(["kernels==0.19.1"], "3.12")
+
+
+def test_two_processes_make_one_entry_once(tmp_path: Path) -> None:
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "cache"), "PYTHONPATH": str(REPO_ROOT)}
+    log = tmp_path / "builds.log"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MAKER, str(log)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [out.strip() for out, _ in outs] == ["whole", "whole"]
+    assert log.read_text() == "built\n"
+    assert sorted(p.name for p in (tmp_path / "cache" / "kind").iterdir()) == [
+        "thing",
+        "thing.lock",
+    ]
+
+
+def test_a_failed_make_leaves_no_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    dest = cache_root() / "kind" / "thing"
+    with pytest.raises(RuntimeError), locked(dest), staging(dest) as tmp:
+        (tmp / "half").write_text("")
+        raise RuntimeError("pip failed")
+    assert not dest.exists()
+    assert [p.name for p in dest.parent.iterdir()] == ["thing.lock"]
