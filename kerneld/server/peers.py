@@ -236,23 +236,37 @@ def unix_peer(sock: socket.socket) -> Caller:
 
 
 #: How long a uid's groups from the user database are reused: a connect flood from one uid
-#: asks the database (NSS: files, maybe LDAP) once, and a change of membership counts within it.
+#: asks the database (NSS: files, maybe LDAP) once, and a change of membership counts within it
+#: (at once where it is a change of /etc/group or /etc/passwd: `_user_db_stamp`).
 USER_DB_TTL_S = 2.0
-_USER_DB: OrderedDict[int, tuple[float, Caller]] = OrderedDict()
+_USER_DB_FILES = (Path("/etc/group"), Path("/etc/passwd"))
+_USER_DB: OrderedDict[int, tuple[float, tuple[int, ...], Caller]] = OrderedDict()
 _USER_DB_LOCK = threading.Lock()
+
+
+def _user_db_stamp() -> tuple[int, ...]:
+    """The local user database's files' change times (a stat each: far cheaper than a lookup)."""
+    out = []
+    for path in _USER_DB_FILES:
+        try:
+            out.append(path.stat().st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)
 
 
 def user_db_caller(uid: int) -> Caller:
     """A uid with its primary and supplementary groups from the user database (kept for
-    `USER_DB_TTL_S`, at most 1024 uids)."""
+    `USER_DB_TTL_S` while /etc/group and /etc/passwd do not change, at most 1024 uids)."""
     now = time.monotonic()
+    stamp = _user_db_stamp()
     with _USER_DB_LOCK:
         cached = _USER_DB.get(uid)
-    if cached is not None and now - cached[0] < USER_DB_TTL_S:
-        return cached[1]
+    if cached is not None and now - cached[0] < USER_DB_TTL_S and cached[1] == stamp:
+        return cached[2]
     caller = _user_db_lookup(uid)
     with _USER_DB_LOCK:
-        _USER_DB[uid] = (now, caller)
+        _USER_DB[uid] = (now, stamp, caller)
         _USER_DB.move_to_end(uid)
         while len(_USER_DB) > 1024:
             _USER_DB.popitem(last=False)
