@@ -89,7 +89,7 @@ def cmd_env(ctx: Ctx) -> int:
         for repo in repos:
             commit = _pick_commit(store, repo, wanted.get(repo))
             names = store.variants(repo, commit) if commit else []
-            if not names:
+            if commit is None or not names:
                 skipped.append(f"{repo}: not in the store")
                 continue
             if ctx.args.variant:
