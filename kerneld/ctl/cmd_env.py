@@ -1,12 +1,17 @@
 """env: LOCAL_KERNELS for the `kernels` package, pointing at this store's trees.
 
 Reads the store directly (read-only): each repo maps to the variant tree that fits this host
-(or the one named with `--variant`), at the asked ref, else the highest vN, else main.
+(or the one named with `--variant`), at the asked ref, else the highest vN, else main. Only
+what a job would be given: the daemon's verdicts, as it publishes them for the warm path
+(kerneld/store/published_index.py), are applied first (`refusal`): denies, `[trust]` and, under
+`[provenance] policy = "require"`, signatures. A refused kernel is skipped with one line that
+says why and what to do (an error when it was named).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kerneld.ctl.common import EXIT_FAILURE, EXIT_OK, CtlError, Ctx, open_store
@@ -37,9 +42,41 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
     return latest
 
 
+def refusal(root: Path, repo: str, revision: str, commit: str, variant: str) -> str | None:
+    """Why the daemon would refuse `repo`@`commit`'s `variant` to a job, by the verdicts it
+    published (None: it would hand it out): a deny, an untrusted publisher, or a tree left out
+    of the index because its signature is not verified while signatures are required."""
+    from kerneld_client import published_index as pi
+
+    try:
+        doc = pi.read_repo_index(root, repo, owner_uid=None)
+        publishers = pi.read_publishers(root, owner_uid=None)
+    except (OSError, pi.IndexFormatError) as exc:
+        return f"cannot read the daemon's published verdicts ({exc}): ask the daemon instead"
+    if doc is not None:
+        reason = doc.deny_reason(revision, commit) or doc.deny_reason(commit, commit)
+        if reason is not None:
+            return f"denied by the administrator: {reason} (an admin may `kerneldctl allow` it)"
+    if publishers is not None and not publishers.trusts(repo, trust_remote_code=False):
+        org = repo.split("/", 1)[0]
+        return (
+            f"{org} is not a trusted kernel publisher on this host: ask an admin to add "
+            f"{org}/* to [trust] allow"
+        )
+    entry = None if doc is None else doc.commits.get(commit)
+    if doc is not None and (entry is None or variant not in entry.variants):
+        return (
+            "its signature is not verified and this site requires signed kernels "
+            '([provenance] policy = "require"; `kerneldctl ls` shows why): ask the publisher '
+            "for a signed build, or an admin to add its signer to [provenance] identities"
+        )
+    return None
+
+
 def cmd_env(ctx: Ctx) -> int:
     """LOCAL_KERNELS for the `kernels` package: repo -> the store's best variant tree here."""
     from kerneld.ctl.specs import parse_spec
+    from kerneld.store import StoreError
     from kerneld_client.variants import decide
 
     specs = [parse_spec(s) for s in ctx.args.kernels or []]
@@ -52,7 +89,7 @@ def cmd_env(ctx: Ctx) -> int:
         for repo in repos:
             commit = _pick_commit(store, repo, wanted.get(repo))
             names = store.variants(repo, commit) if commit else []
-            if not names:
+            if commit is None or not names:
                 skipped.append(f"{repo}: not in the store")
                 continue
             if ctx.args.variant:
@@ -67,7 +104,17 @@ def cmd_env(ctx: Ctx) -> int:
             if chosen is None:
                 skipped.append(f"{repo}@{commit}: no variant in the store fits this host")
                 continue
-            hit = store.lookup(repo, commit, chosen)
+            spec = wanted.get(repo)
+            asked = spec.ref if spec is not None and spec.ref is not None else commit
+            why = refusal(store.root, repo, asked, commit, chosen)
+            if why is not None:
+                skipped.append(f"{repo}@{commit[:12]}: {why}")
+                continue
+            try:
+                hit = store.lookup(repo, commit, chosen)
+            except StoreError as exc:  # a deny the index has not published yet
+                skipped.append(f"{repo}@{commit[:12]}: {exc}")
+                continue
             if hit is None:
                 skipped.append(f"{repo}@{commit}: {chosen} vanished")
                 continue

@@ -88,9 +88,9 @@ ADMIN_QUEUE_PER_THREAD = 4
 def descriptor_budget(cfg: Config, *, hub_api: bool) -> dict[str, int]:
     """The descriptors each part of the daemon may hold at its caps, by what holds them: every
     listener's connection cap (a refused HTTP connection is kept a moment so that its answer is
-    read), the pidfds that bind callers' tokens, and FD_RESERVE for the store. Reserved before
-    the first socket is bound, so that no caller filling one part leaves another (the admin
-    socket, the store) without a descriptor."""
+    read), the netlink socket that names TCP peers, the pidfds that bind callers' tokens, and
+    FD_RESERVE for the store. Reserved before the first socket is bound, so that no caller
+    filling one part leaves another (the admin socket, the store) without a descriptor."""
     parts = {
         "user-socket connections": cfg.max_connections,
         "admin-socket connections": cfg.admin_max_connections,
@@ -103,6 +103,8 @@ def descriptor_budget(cfg: Config, *, hub_api: bool) -> dict[str, int]:
         parts["metrics connections"] = (
             METRICS_LIMITS.max_connections + METRICS_LIMITS.max_refused_draining
         )
+    if hub_api or cfg.metrics_listen:
+        parts["sock_diag netlink socket (TCP peers' owners)"] = 1
     parts["store, SQLite, downloads and logs"] = FD_RESERVE
     return parts
 

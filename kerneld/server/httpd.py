@@ -8,9 +8,12 @@ checked (`admit`); a refused one gets a short fixed answer and is closed without
 request parsed. An admitted connection then costs a file descriptor, not a thread: one poller
 thread reads request heads (at most `head_bytes`, within `head_deadline_s`, bare CR refused)
 and waits out idle keep-alive connections; only a complete head goes to one of `workers`
-threads, which runs the `BaseHTTPRequestHandler` subclass for that one request. Connections
-are capped per listener and per uid. (Why not a server library: bench/RESULTS.md, "HTTP
-front".)
+threads, which runs the `BaseHTTPRequestHandler` subclass for that one request, once the
+poller has also read its body whole (at most `body_bytes`, within `body_deadline_s`: a head
+announcing a body never sent holds no worker). Connections and workers are shared fairly
+among uids (`kerneld.server.httpshare`: no two uids can take them all; a uid holding nothing
+always gets in), and refusals are answered at most `refusals_per_s` a second per uid. (Why not
+a server library: bench/RESULTS.md, "HTTP front".)
 """
 
 from __future__ import annotations
@@ -35,16 +38,19 @@ from kerneld.server.httphead import (
     HeadError,
     HttpLimits,
     SocketWriter,
+    body_length,
     check_head,
     fixed_answer,
 )
+from kerneld.server.httpshare import FairShare, RefusalBudget
 from kerneld.server.identity import Caller
 
 log = logging.getLogger("kerneld.httpd")
 
-#: listen(2) backlog: the 64 ranks of a job connect at once; a short backlog drops the rest of
-#: the SYNs, and each dropped client waits out a 1 s (then 3 s...) retry.
-BACKLOG = 512
+#: listen(2) backlog (the kernel caps it at net.core.somaxconn): the 64 ranks of a job connect
+#: at once, and an outsider's connect flood fills a short backlog; each dropped SYN costs its
+#: client a 1 s (then 3 s...) retry.
+BACKLOG = 4096
 
 
 #: Identifies the peer of an accepted socket (None: unknown or gone: refused).
@@ -56,7 +62,17 @@ Admit = Callable[[Caller], tuple[bool, str]]
 class _Conn:
     """One accepted connection, owned by the poller while it waits for a head."""
 
-    __slots__ = ("buf", "caller", "deadline", "draining", "in_head", "listener", "peer", "sock")
+    __slots__ = (
+        "buf",
+        "caller",
+        "deadline",
+        "draining",
+        "in_head",
+        "listener",
+        "need",
+        "peer",
+        "sock",
+    )
 
     def __init__(self, sock: socket.socket, peer: Any, caller: Caller, listener: str) -> None:
         self.sock = sock
@@ -67,6 +83,7 @@ class _Conn:
         self.in_head = True  # the first request's head is due within the head deadline
         self.draining = False
         self.listener = listener
+        self.need = 0  # while a body is read: the bytes of head and body together
 
 
 class _Listener:
@@ -105,9 +122,22 @@ class HttpFront:
         self._wake_w.setblocking(False)
         self._returned: queue.SimpleQueue[tuple[_Conn, bool, bytes]] = queue.SimpleQueue()
         self._conns: set[_Conn] = set()
-        self._per_uid: dict[int, int] = {}
-        self._busy: dict[int, int] = {}  # uid -> requests with a worker
-        self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for one
+        lim = self.limits
+        self._slots = FairShare(
+            lim.max_connections,
+            per_uid=lim.per_uid_connections,
+            reserve=lim.reserve_connections,
+            newcomer=lim.newcomer_connections,
+        )
+        self._workers = FairShare(
+            lim.workers,
+            per_uid=lim.per_uid_workers,
+            reserve=lim.reserve_workers,
+            newcomer=lim.newcomer_workers,
+        )
+        self._refusals = RefusalBudget(lim.refusals_per_s)
+        self._draining = 0
+        self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for a worker
         self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
         self._stop = threading.Event()
         self._quiescing = threading.Event()
@@ -270,17 +300,19 @@ class HttpFront:
                 self._refuse(sock, caller.uid, 403, "Forbidden", f"kerneld: {why}")
                 return
         limits = self.limits
-        if self._per_uid.get(caller.uid, 0) >= limits.per_uid_connections:
+        slots = self._slots
+        if not slots.may_take(caller.uid) and slots.holds(caller.uid):
             self._refuse(
                 sock,
                 caller.uid,
                 503,
                 "Service Unavailable",
-                f"kerneld: uid {caller.uid} has {limits.per_uid_connections} connections open "
-                f"to the {self.name} listener: close some (or reuse them) and retry",
+                f"kerneld: uid {caller.uid} has {slots.holds(caller.uid)} connections open "
+                f"to the {self.name} listener (its share while {len(slots.held)} users hold "
+                f"{slots.used} of {slots.total}): close some (or reuse them) and retry",
             )
             return
-        if len(self._conns) >= limits.max_connections:
+        if not slots.may_take(caller.uid):
             self._refuse(
                 sock,
                 caller.uid,
@@ -299,18 +331,22 @@ class HttpFront:
         conn = _Conn(sock, peer, caller, listener.where)
         conn.deadline = time.monotonic() + limits.head_deadline_s
         self._conns.add(conn)
-        self._per_uid[caller.uid] = self._per_uid.get(caller.uid, 0) + 1
+        slots.take(caller.uid)
         self._selector.register(sock, selectors.EVENT_READ, conn)
 
     def _refuse(self, sock: socket.socket, uid: int, status: int, reason: str, why: str) -> None:
-        """Answer a refused connection with one fixed line and close it; nothing of it read."""
+        """Answer a refused connection with one fixed line and close it; nothing of it read.
+        A 403 (not admitted) past the uid's refusal budget is closed unanswered: an outsider's
+        flood costs an accept and a close (a member's 503s all say why: it may retry)."""
         self._log_refusal(uid, why)
+        if status == 403 and not self._refusals.allow(uid):
+            sock.close()
+            return
         with contextlib.suppress(OSError):
             sock.setblocking(False)
             sock.send(fixed_answer(status, reason, why))
             sock.shutdown(socket.SHUT_WR)
-        draining = sum(1 for c in self._conns if c.draining)
-        if draining >= self.limits.max_refused_draining:
+        if self._draining >= self.limits.max_refused_draining:
             sock.close()
             return
         # Keep it a moment, discarding what arrives: closed with its request unread, the
@@ -319,11 +355,11 @@ class HttpFront:
         conn.draining = True
         conn.deadline = time.monotonic() + 1.0
         self._conns.add(conn)
+        self._draining += 1
         try:
             self._selector.register(sock, selectors.EVENT_READ, conn)
         except (OSError, ValueError):
-            self._conns.discard(conn)
-            sock.close()
+            self._forget(conn, registered=False)
 
     def _log_refusal(self, uid: int, why: str) -> None:
         """One line per uid and reason per 10 s (an outsider's flood does not flood the log)."""
@@ -358,45 +394,57 @@ class HttpFront:
         self._try_dispatch(conn)
 
     def _try_dispatch(self, conn: _Conn) -> None:
-        try:
-            size = check_head(conn.buf, self.limits)
-        except HeadError as err:
-            self._fail(conn, err.answer, str(err))
+        """A complete head, then its whole body, read here: only then is a worker taken."""
+        if not conn.need:
+            try:
+                size = check_head(conn.buf, self.limits)
+                if size is None:
+                    return
+                conn.need = size + body_length(conn.buf[:size], self.limits)
+            except HeadError as err:
+                self._fail(conn, err.answer, str(err))
+                return
+            if conn.need > size:  # a body to come: its own, shorter deadline
+                conn.deadline = time.monotonic() + self.limits.body_deadline_s
+        if len(conn.buf) < conn.need:
             return
-        if size is None:
-            return
-        head, rest = conn.buf[:size], conn.buf[size:]
+        end = check_head(conn.buf, self.limits) or 0
+        head, rest = conn.buf[:end], conn.buf[end:]
         conn.buf = b""
+        conn.need = 0
         conn.deadline = 0.0
         self._selector.unregister(conn.sock)
         self._submit(conn, head, rest)
 
     def _submit(self, conn: _Conn, head: bytes, rest: bytes) -> None:
-        """Give the request a worker, unless its uid already has its share of them: then it
-        waits for one of that uid's own requests to finish (one member's slow downloads cannot
-        take every worker from the others)."""
+        """Give the request a worker if its uid may take one now (`FairShare`); else it waits
+        for one to come back (no uid's slow requests can take every worker from the others)."""
         uid = conn.caller.uid
-        if self._busy.get(uid, 0) >= self.limits.per_uid_workers:
+        if not self._workers.may_take(uid):
             self._parked.setdefault(uid, deque()).append((conn, head, rest))
             return
-        self._busy[uid] = self._busy.get(uid, 0) + 1
+        self._workers.take(uid)
         try:
             self._pool.submit(self._serve, conn, head, rest)
         except RuntimeError:  # shutting down
+            self._workers.give(uid)
             self._forget(conn, registered=False)
 
     def _finished(self, uid: int) -> None:
-        """One of `uid`'s requests gave its worker back: the next of its waiting ones gets it."""
-        left = self._busy.get(uid, 1) - 1
-        if left > 0:
-            self._busy[uid] = left
-        else:
-            self._busy.pop(uid, None)
-        waiting = self._parked.get(uid)
-        if waiting:
-            self._submit(*waiting.popleft())
+        """One of `uid`'s requests gave its worker back: waiting requests that may take one
+        now get it, the uids holding fewest workers first."""
+        self._workers.give(uid)
+        while self._parked:
+            ready = [u for u in self._parked if self._workers.may_take(u)]
+            if not ready:
+                return
+            first = min(ready, key=self._workers.holds)
+            waiting = self._parked[first]
+            conn, head, rest = waiting.popleft()
             if not waiting:
-                del self._parked[uid]
+                del self._parked[first]
+            if conn in self._conns:
+                self._submit(conn, head, rest)
 
     def _fail(self, conn: _Conn, answer: bytes, why: str) -> None:
         log.info("%s: uid %d: %s; closed", self.name, conn.caller.uid, why)
@@ -408,6 +456,9 @@ class HttpFront:
         for conn in [c for c in self._conns if 0 < c.deadline <= now]:
             if conn.draining:
                 self._forget(conn)
+            elif conn.need:
+                why = f"the request body did not arrive within {self.limits.body_deadline_s:g} s"
+                self._fail(conn, fixed_answer(408, "Request Timeout", f"kerneld: {why}"), why)
             elif conn.in_head:
                 why = f"no complete request head within {self.limits.head_deadline_s:g} s"
                 self._fail(conn, fixed_answer(408, "Request Timeout", f"kerneld: {why}"), why)
@@ -444,12 +495,10 @@ class HttpFront:
                 self._selector.unregister(conn.sock)
         if conn in self._conns:
             self._conns.discard(conn)
-            if not conn.draining:
-                left = self._per_uid.get(conn.caller.uid, 1) - 1
-                if left > 0:
-                    self._per_uid[conn.caller.uid] = left
-                else:
-                    self._per_uid.pop(conn.caller.uid, None)
+            if conn.draining:
+                self._draining -= 1
+            else:
+                self._slots.give(conn.caller.uid)
         conn.sock.close()
 
     # -- a worker -----------------------------------------------------------------------------

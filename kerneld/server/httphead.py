@@ -33,8 +33,21 @@ class HttpLimits:
     #: how many of them one uid's requests may hold at once (the rest of its requests wait).
     workers: int = 32
     per_uid_workers: int = 16
+    #: Fair shares (`kerneld.server.httpshare`): connections and workers kept for uids that
+    #: hold fewer than the newcomer's part, so that no two uids can take them all.
+    reserve_connections: int = 64
+    newcomer_connections: int = 8
+    reserve_workers: int = 8
+    newcomer_workers: int = 2
+    #: A request body is read whole by the poller before a worker is taken: at most this many
+    #: bytes (a paths-info query is ~100), within this long of the end of its head.
+    body_bytes: int = 64 * 1024
+    body_deadline_s: float = 5.0
     #: Refused connections kept a moment so that their short answer is read, not reset.
     max_refused_draining: int = 64
+    #: Refusals answered per second per uid; past that a refused connection is closed
+    #: unanswered (an outsider's connect flood costs an accept and a close).
+    refusals_per_s: float = 32.0
 
 
 def fixed_answer(status: int, reason: str, message: str) -> bytes:
@@ -82,6 +95,40 @@ def check_head(buf: bytes, limits: HttpLimits) -> int | None:
             431, "Request Header Fields Too Large", f"more than {limits.max_headers} headers"
         )
     return None if end < 0 else end + 4
+
+
+def body_length(head: bytes, limits: HttpLimits) -> int:
+    """The length of the body a complete head announces (0: none); HeadError for a chunked
+    body (411: its length must be known before a worker is taken), a length past
+    `limits.body_bytes` (413) or a malformed or contradictory Content-Length (400)."""
+    lengths: set[str] = set()
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        key = name.strip().lower()
+        if key == b"transfer-encoding":
+            raise HeadError(
+                411,
+                "Length Required",
+                "kerneld: a request body must come with a Content-Length (chunked "
+                "Transfer-Encoding is not accepted)",
+            )
+        if key == b"content-length":
+            lengths.add(value.strip().decode("latin-1"))
+    if not lengths:
+        return 0
+    if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
+        raise HeadError(400, "Bad Request", "kerneld: a malformed or repeated Content-Length")
+    length = int(lengths.pop())
+    if length > limits.body_bytes:
+        raise HeadError(
+            413,
+            "Content Too Large",
+            f"kerneld: a request body of {length} bytes; this endpoint takes at most "
+            f"{limits.body_bytes}",
+        )
+    return length
 
 
 class BodyReader(io.RawIOBase):

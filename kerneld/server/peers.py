@@ -28,6 +28,9 @@ import pwd
 import socket
 import stat
 import struct
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +75,43 @@ TCP_ESTABLISHED = 1
 _SEQ = 0x6B64  # "kd"
 
 
+class _DiagSocket:
+    """One netlink sock_diag socket kept for the daemon's lifetime (a connect flood costs a
+    request and an answer each, not a socket each); asked under a lock, each question with its
+    own sequence number so that a late answer to an earlier one is never read as this one's.
+    One descriptor (`kerneld.server.app.descriptor_budget`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._seq = _SEQ
+
+    def ask(self, request: bytes) -> bytes:
+        """The kernel's answer to `request` (its header's seq is replaced); OSError if none."""
+        with self._lock:
+            self._seq = (self._seq + 1) & 0xFFFFFFFF
+            seq = self._seq
+            message = request[:8] + struct.pack("=L", seq) + request[12:]
+            try:
+                if self._sock is None:
+                    kind = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                    self._sock = socket.socket(socket.AF_NETLINK, kind, _NETLINK_SOCK_DIAG)
+                    self._sock.settimeout(1.0)
+                self._sock.sendto(message, (0, 0))
+                while True:
+                    answer = self._sock.recv(8192)
+                    if len(answer) >= _NLMSGHDR.size and _NLMSGHDR.unpack_from(answer)[3] == seq:
+                        return answer
+            except OSError:
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+                raise
+
+
+_DIAG = _DiagSocket()
+
+
 @dataclass(frozen=True)
 class DiagAnswer:
     """The kernel's sock_diag answer for one TCP socket."""
@@ -109,16 +149,13 @@ def _sock_diag(client: tuple[str, int], server: tuple[str, int]) -> DiagAnswer |
         head = _NLMSGHDR.pack(
             _NLMSGHDR.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, _SEQ, 0
         )
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-            nl.settimeout(1.0)
-            nl.sendto(head + body, (0, 0))
-            answer = nl.recv(8192)
+        answer = _DIAG.ask(head + body)
     except (OSError, ValueError):
         return None  # no netlink here (a sandbox without AF_NETLINK): the tables will do
     if len(answer) < _NLMSGHDR.size:
         return gone
-    length, kind, _flags, seq, _pid = _NLMSGHDR.unpack_from(answer)
-    if kind != _SOCK_DIAG_BY_FAMILY or seq != _SEQ:
+    length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(answer)
+    if kind != _SOCK_DIAG_BY_FAMILY:
         return gone  # NLMSG_ERROR: ENOENT, no such socket
     if length < _NLMSGHDR.size + _INET_DIAG_MSG.size or len(answer) < length:
         return gone
@@ -198,8 +235,45 @@ def unix_peer(sock: socket.socket) -> Caller:
     return Caller(uid=uid, gid=gid, pid=pid, groups=frozenset(groups) | {gid})
 
 
+#: How long a uid's groups from the user database are reused: a connect flood from one uid
+#: asks the database (NSS: files, maybe LDAP) once, and a change of membership counts within it
+#: (at once where it is a change of /etc/group or /etc/passwd: `_user_db_stamp`).
+USER_DB_TTL_S = 2.0
+_USER_DB_FILES = (Path("/etc/group"), Path("/etc/passwd"))
+_USER_DB: OrderedDict[int, tuple[float, tuple[int, ...], Caller]] = OrderedDict()
+_USER_DB_LOCK = threading.Lock()
+
+
+def _user_db_stamp() -> tuple[int, ...]:
+    """The local user database's files' change times (a stat each: far cheaper than a lookup)."""
+    out = []
+    for path in _USER_DB_FILES:
+        try:
+            out.append(path.stat().st_mtime_ns)
+        except OSError:
+            out.append(0)
+    return tuple(out)
+
+
 def user_db_caller(uid: int) -> Caller:
-    """A uid with its primary and supplementary groups from the user database."""
+    """A uid with its primary and supplementary groups from the user database (kept for
+    `USER_DB_TTL_S` while /etc/group and /etc/passwd do not change, at most 1024 uids)."""
+    now = time.monotonic()
+    stamp = _user_db_stamp()
+    with _USER_DB_LOCK:
+        cached = _USER_DB.get(uid)
+    if cached is not None and now - cached[0] < USER_DB_TTL_S and cached[1] == stamp:
+        return cached[2]
+    caller = _user_db_lookup(uid)
+    with _USER_DB_LOCK:
+        _USER_DB[uid] = (now, stamp, caller)
+        _USER_DB.move_to_end(uid)
+        while len(_USER_DB) > 1024:
+            _USER_DB.popitem(last=False)
+    return caller
+
+
+def _user_db_lookup(uid: int) -> Caller:
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:

@@ -313,6 +313,7 @@ def test_every_listener_and_the_token_book_are_in_the_descriptor_budget(
         + hub.max_refused_draining
         + metrics.max_connections
         + metrics.max_refused_draining
+        + 1  # the sock_diag netlink socket that names TCP peers (issue 52)
         + FD_RESERVE
     )
     config = {
@@ -329,7 +330,13 @@ def test_every_listener_and_the_token_book_are_in_the_descriptor_budget(
     finally:
         short.close()
     message = str(failed.value)
-    for part in ("caller pidfds", "Hub API connections", "metrics connections", str(need)):
+    for part in (
+        "caller pidfds",
+        "Hub API connections",
+        "metrics connections",
+        "sock_diag",
+        str(need),
+    ):
         assert part in message, message
     with LimitedDaemon(
         tmp_path / "fits", nofile=need, mirror_dirs=[kernel_mirror], config=config

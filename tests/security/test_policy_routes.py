@@ -184,6 +184,50 @@ def endpoint(url: str, path: str, uid: int | None = None) -> tuple[int, str]:
     return int(status), str(message)
 
 
+def ask(url: str, method: str, path: str, body: bytes = b"") -> tuple[int, str]:
+    """(status, error message) of one request of any method on the endpoint, as root."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+    try:
+        headers = {"Content-Type": "application/x-www-form-urlencoded"} if body else {}
+        conn.request(method, path, body=body or None, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader("X-Error-Message") or ""
+    finally:
+        conn.close()
+
+
+def about_the_tree(url: str, repo: str) -> dict[str, tuple[int, str]]:
+    """Every endpoint answer about `repo`'s v1 tree other than the file's bytes: HEAD of a
+    file (size, ETag, commit), the tree listing, revision info with blobs, paths-info."""
+    return {
+        "head": ask(url, "HEAD", file_path(repo)),
+        "tree": ask(url, "GET", f"/api/kernels/{repo}/tree/v1/build?recursive=1"),
+        "revision": ask(url, "GET", f"/api/kernels/{repo}/revision/v1?blobs=1"),
+        "paths-info": ask(
+            url,
+            "POST",
+            f"/api/kernels/{repo}/paths-info/v1",
+            f"paths=build/{VARIANT}/__init__.py".encode(),
+        ),
+    }
+
+
+def env(d: DaemonProcess, tmp: Path, *kernels: str) -> tuple[int, str]:
+    """`kerneldctl env` on the daemon's store (read directly): (exit status, its output)."""
+    done = run_ctl("env", "--store", str(d.store_root), *kernels, home=tmp / "ctl-env")
+    return done.rc, done.stdout + done.stderr
+
+
+def refused_by_env(d: DaemonProcess, tmp: Path, repo: str, reason: str) -> None:
+    """`kerneldctl env REPO:1` refuses with one line naming `reason`, never a traceback."""
+    rc, out = env(d, tmp, f"{repo}:1")
+    assert rc != 0 and reason in out and "Traceback" not in out, out
+    assert d.store_root.as_posix() + "/" not in out.split("LOCAL_KERNELS=", 1)[-1], out
+    assert len([line for line in out.splitlines() if reason in line]) == 1, out
+
+
 def file_path(repo: str, name: str = "__init__.py", revision: str = "v1") -> str:
     return f"/kernels/{repo}/resolve/{revision}/build/{VARIANT}/{name}"
 
@@ -243,6 +287,16 @@ def test_provenance_require_refuses_unsigned_on_every_route(
     assert prefetch(d, tmp_path, SIGNED)[0] == 0
     rc, out = prefetch(d, tmp_path, UNSIGNED)
     assert rc != 0 and refused in out, out
+    # Issue 52, finding 7: every answer about the refused tree is refused, not only its bytes.
+    signed = about_the_tree(url, SIGNED)
+    assert all(status == 200 for status, _ in signed.values()), signed
+    for route, (status, message) in about_the_tree(url, UNSIGNED).items():
+        assert status == 403, (route, status, message)
+        assert refused in message, (route, message)
+    # Finding 8: kerneldctl env hands out only what the daemon would.
+    rc, out = env(d, tmp_path, f"{SIGNED}:1")
+    assert rc == 0 and f"{SIGNED}=" in out, out
+    refused_by_env(d, tmp_path, UNSIGNED, "requires signed kernels")
 
 
 @needs_root
@@ -263,6 +317,7 @@ def test_a_deny_holds_on_every_route(
     assert endpoint(url, f"/api/kernels/{SIGNED}/revision/v1")[0] == 403
     rc, out = prefetch(d, tmp_path, SIGNED)
     assert rc != 0 and "bad build" in out, out
+    refused_by_env(d, tmp_path, SIGNED, "bad build")  # issue 52, finding 8: no traceback
 
 
 def _refused_everywhere(
@@ -397,6 +452,27 @@ def test_an_untrusted_publisher_is_refused_on_every_route(
     # Nothing of the untrusted kernel was downloaded by any route.
     downloads = [r.path for r in hub.requests if "/resolve/" in r.path]
     assert not any(UNTRUSTED in p for p in downloads), downloads
+
+
+@needs_root
+def test_kerneldctl_env_refuses_a_publisher_no_longer_trusted(
+    make_daemon: Callable[..., DaemonProcess],
+    hub: HubServer,
+    sigstore: LocalSigstore,
+    tmp_path: Path,
+) -> None:
+    """Issue 52, finding 8: a kernel fetched while its publisher was allowed, then the allow
+    removed: `kerneldctl env` refuses it with one line, as the daemon does."""
+    d, _ = _daemon(make_daemon, hub, sigstore)
+    d.write_config({**d.config, "trust": {"allow": [f"{OTHER}/*"]}})
+    assert ctl(d, tmp_path, "reload")[0] == 0
+    assert job(d, tmp_path, UNTRUSTED) == "daemon"
+    rc, out = env(d, tmp_path, f"{UNTRUSTED}:1")
+    assert rc == 0 and f"{UNTRUSTED}=" in out, out
+    d.write_config({**d.config, "trust": {"allow": []}})
+    assert ctl(d, tmp_path, "reload")[0] == 0
+    assert job(d, tmp_path, UNTRUSTED).startswith("UntrustedPublisher")
+    refused_by_env(d, tmp_path, UNTRUSTED, "not a trusted kernel publisher")
 
 
 @needs_root

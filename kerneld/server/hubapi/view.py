@@ -11,11 +11,12 @@ however many processes ask.
 
 Every decision is the daemon's acquire service's (`kerneld.server.acquire`), as for a Resolve:
 field bounds, denies, publisher trust (once the repo is known to exist), the provenance gate
-(the store refuses to hand out an unverified tree), the fetch gate with its per-uid budget and
-audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
-same TTL cache, the same stale answer when every upstream is down. What every upstream failed
-to answer is not asked again for `LISTING_RETRY_S`: during an outage a job costs the upstreams
-nothing more than the first one did, restart or not.
+(`signed`: under `[provenance] policy = "require"` a commit with a variant the store would refuse is
+refused whole, on every route that answers about its tree), the fetch gate with its per-uid budget
+and audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
+same TTL cache, the same stale answer when every upstream is down. What every upstream failed to
+answer is not asked again for `LISTING_RETRY_S`: during an outage a job costs the upstreams nothing
+more than the first one did, restart or not.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from kerneld.server.acquire import Acquire
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.server.statuses import RateLimited
-from kerneld.store import PublishedFile, RefRow, ResourceExhaustedError
+from kerneld.store import ProvenanceError, PublishedFile, RefRow, ResourceExhaustedError
+from kerneld.store.manifest import SIGSTORE_FILE
 from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
 from kerneld_client.vocabulary import is_commit
@@ -183,6 +185,30 @@ class HubView:
         self.core.acquire.check_fields(f"{org}/x")
         return self.core.acquire.org_verdict(org, caller)
 
+    def requires_signatures(self) -> bool:
+        return self.core.config.provenance_policy == "require"
+
+    def signed(self, repo_id: str, commit: str, files: list[HubFile]) -> None:
+        """The provenance gate of every answer about a tree (listings, revision info, HEAD and
+        GET of a file): under `[provenance] policy = "require"` a commit is refused whole
+        (ProvenanceError, a 403 saying why) when any of its variants is refused: one whose
+        listing has no signature bundle, or one in the store whose tree is not recorded as
+        verified (the store's own gate, as for the bytes). A variant not fetched yet whose
+        bundle is listed passes here; its bytes are checked when they are fetched."""
+        if not self.requires_signatures():
+            return
+        paths = {f.path for f in files}
+        for variant in sorted({f.variant for f in files}):
+            if f"build/{variant}/{SIGSTORE_FILE}" not in paths:
+                raise ProvenanceError(
+                    "unsigned",
+                    f"the variant has no {SIGSTORE_FILE}",
+                    repo_id=repo_id,
+                    commit=commit,
+                    variant=variant,
+                )
+            self.core.store.published_files(repo_id, commit, variant)
+
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
         return self.core.acquire.may_fetch(caller, repo_id)
@@ -316,6 +342,7 @@ class HubView:
             memo = self._complete.get((repo_id, commit))
         if memo is not None and memo[0] == generation:
             self._check_publisher(repo_id)
+            self.signed(repo_id, commit, memo[1])
             return memo[1]
         resolver = self.core.resolver
         allow = self.may_fetch(repo_id, caller)
@@ -366,6 +393,7 @@ class HubView:
             # variants here, the listing shows those: a warm job keeps working.)
             raise every_upstream(failures, failures[0], repo_id=repo_id, revision=commit)
         out.sort(key=lambda f: f.path)
+        self.signed(repo_id, commit, out)
         if complete:
             with self._lock:
                 self._complete[(repo_id, commit)] = (generation, out)
