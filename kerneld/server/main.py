@@ -196,7 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.check_config:
         from kerneld.pipeline.hardware import detect
+        from kerneld.server.sandbox import installed_sandbox
 
+        sandbox = installed_sandbox() if cfg.system else None
+        refusal = sandbox.refusal(cfg.store_path) if sandbox is not None else None
+        if refusal is not None:
+            print(f"kerneld: invalid configuration: [store] path: {refusal}", file=sys.stderr)
+            return EXIT_CONFIG
         print(dump_config(cfg), end="")
         logging.disable(logging.CRITICAL)
         hw = detect(args.hardware_root)
@@ -287,6 +293,14 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
         code = EXIT_CONFIG
     except (StoreError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+            from kerneld.server.sandbox import readonly_by_sandbox
+
+            cause = readonly_by_sandbox(Path(os.fsdecode(exc.filename or cfg.store_path)))
+        else:
+            cause = None
+        if cause is not None:
+            log.error("cannot start: %s; %s", exc, cause)
+        elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
             log.error(
                 "cannot start: %s; the store's file system is read-only (a disk error can "
                 "remount it so): check `dmesg`, repair it, then start kerneld again",
