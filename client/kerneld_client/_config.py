@@ -44,6 +44,7 @@ __all__ = [
     "ENV_ADMIN_SOCKET",
     "ENV_ALLOW_NONDETERMINISTIC",
     "ENV_BACKOFF",
+    "ENV_KUBERNETES",
     "ENV_RESTART_WAIT",
     "ENV_BYTECODE_CACHE",
     "ENV_COALESCE",
@@ -65,6 +66,7 @@ __all__ = [
     "FALLBACK_POLICIES",
     "KernelFallbackWarning",
     "backoff_s",
+    "in_container",
     "restart_wait_s",
     "coalescing",
     "env_path",
@@ -244,6 +246,22 @@ def fetch_timeout_s() -> float:
 def backoff_s() -> float:
     value = _seconds(ENV_BACKOFF, DEFAULT_BACKOFF_S)
     return DEFAULT_BACKOFF_S if value is None else value
+
+
+#: Set in every Kubernetes container (the API server's address), whatever the pod spec says.
+ENV_KUBERNETES = "KUBERNETES_SERVICE_HOST"
+
+
+def in_container() -> str | None:
+    """"kubernetes", "container" (Docker, Podman, nspawn) or None: where a group is not
+    joined with usermod (the pod spec or the run command adds it)."""
+    if os.environ.get(ENV_KUBERNETES):
+        return "kubernetes"
+    if os.environ.get("container") or any(
+        os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")
+    ):
+        return "container"
+    return None
 
 
 def restart_wait_s() -> float:

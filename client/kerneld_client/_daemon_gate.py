@@ -26,7 +26,7 @@ from pathlib import Path
 
 import kerneld_client
 from kerneld_client import _config
-from kerneld_client.errors import GROUP_HINT, DaemonUnavailable
+from kerneld_client.errors import DaemonUnavailable, group_hint
 
 __all__ = [
     "FORKED_HINT",
@@ -117,7 +117,7 @@ def probe(path: Path, timeout: float) -> None:
     except PermissionError as exc:
         raise DaemonUnavailable(
             f"no permission to connect to {path}",
-            hint=GROUP_HINT,
+            hint=group_hint(st.st_gid),
         ) from exc
     except OSError as exc:
         raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc

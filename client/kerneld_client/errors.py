@@ -55,6 +55,24 @@ GROUP_HINT = (
 )
 
 
+def group_hint(gid: int | None = None) -> str:
+    """GROUP_HINT, or inside a container (where usermod cannot help) how its spec adds the
+    group of the socket or store (`gid`, when known)."""
+    from kerneld_client import _config
+
+    where = _config.in_container()
+    if where is None:
+        return GROUP_HINT
+    group = f"gid {gid}" if gid is not None else "the kerneld socket's group (`stat -c %g` on it)"
+    how = (
+        f"add {gid if gid is not None else 'that gid'} to the pod's "
+        "`securityContext.supplementalGroups` (deploy/kubernetes/job-pod.yaml)"
+        if where == "kubernetes"
+        else f"run the container with `--group-add {gid if gid is not None else 'GID'}`"
+    )
+    return f"loading kernels needs membership in {group}, which this container lacks: {how}"
+
+
 class KernelError(Exception):
     """Base of every kerneld_client error; carries the kernel it is about."""
 

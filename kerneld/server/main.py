@@ -23,8 +23,10 @@ from kerneld.config import (
     Config,
     ConfigError,
     UpstreamConfig,
+    check_metrics_listen,
     dump_config,
     load_config,
+    parse_listen,
     parse_loopback,
 )
 
@@ -96,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         "allow; repeatable): a mirror-only daemon has no Hub to ask",
     )
     parser.add_argument("--metrics-socket", type=Path, help="serve metrics on this unix socket")
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve metrics on loopback")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve metrics on HOST:PORT (loopback, unless [metrics] allow_remote = true)",
+    )
     parser.add_argument(
         "--hub-api-listen",
         metavar="HOST:PORT",
@@ -166,7 +172,7 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
     if args.metrics_socket is not None:
         updates["metrics_socket"] = args.metrics_socket.absolute()
     if args.metrics_listen is not None:
-        updates["metrics_listen"] = parse_loopback(
+        updates["metrics_listen"] = parse_listen(
             args.metrics_listen, source=FLAGS, key="--metrics-listen"
         )
     if args.hub_api_listen is not None:
@@ -179,7 +185,9 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
         if args.drain_timeout < 0:
             raise ConfigError(FLAGS, "--drain-timeout", "must be >= 0")
         updates["drain_timeout_s"] = args.drain_timeout
-    return replace(cfg, **updates)  # type: ignore[arg-type]
+    out = replace(cfg, **updates)  # type: ignore[arg-type]
+    check_metrics_listen(out, FLAGS, "--metrics-listen")
+    return out
 
 
 def resolve_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
