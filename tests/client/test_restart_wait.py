@@ -49,8 +49,23 @@ def _env(daemon: DaemonProcess, tmp_path: Path, wait: str) -> dict[str, str]:
     )
 
 
-def _job_while_down(daemon: DaemonProcess, env: dict[str, str], tmp_path: Path) -> dict[str, str]:
-    """Start a job while the daemon is stopped, start the daemon once the job is asking."""
+def _warm_up(env: dict[str, str], tmp_path: Path) -> None:
+    """The kernel into the store and its ref into the published index."""
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(JOB), str(tmp_path / "warmup")],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+
+
+def _job_while_down(
+    daemon: DaemonProcess, env: dict[str, str], tmp_path: Path, *, down_for: float
+) -> tuple[dict[str, str], bool]:
+    """Start a job while the daemon is stopped; start the daemon after the job asked for it
+    (`down_for` seconds after its start, or when it exited). Returns what the job loaded, and
+    whether the job was still waiting when the daemon came back."""
     assert daemon.stop() == 0
     assert not daemon.user_socket.exists() and daemon.user_socket.parent.is_dir()
     started = tmp_path / "started"
@@ -67,6 +82,11 @@ def _job_while_down(daemon: DaemonProcess, env: dict[str, str], tmp_path: Path) 
         deadline = time.monotonic() + 60
         while not started.exists() and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
+        try:
+            job.wait(timeout=down_for)
+        except subprocess.TimeoutExpired:
+            pass
+        waiting = job.poll() is None
         daemon.start()
         out, err = job.communicate(timeout=120)
     finally:
@@ -76,33 +96,21 @@ def _job_while_down(daemon: DaemonProcess, env: dict[str, str], tmp_path: Path) 
     assert job.returncode == 0, err
     result: dict[str, str] = json.loads(out.strip().splitlines()[-1])
     result["stderr"] = err
-    return result
+    return result, waiting
 
 
 def test_a_job_waits_for_a_restarting_daemon(hub_daemon: DaemonProcess, tmp_path: Path) -> None:
     env = _env(hub_daemon, tmp_path, "60")
-    # the kernel into the store (and its ref into the published index) first
-    subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(JOB), str(tmp_path / "warmup")],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    out = _job_while_down(hub_daemon, env, tmp_path)
+    _warm_up(env, tmp_path)
+    out, waiting = _job_while_down(hub_daemon, env, tmp_path, down_for=3)
+    assert waiting, f"the job did not wait for the daemon:\n{out['stderr']}"
     assert out["source"] == "daemon", out["stderr"]
-    assert "not retried for a while" not in out["stderr"]
 
 
 def test_without_the_wait_the_daemon_is_skipped(hub_daemon: DaemonProcess, tmp_path: Path) -> None:
-    """KERNELD_RESTART_WAIT=0: the old behaviour, the stale index answer without the daemon."""
+    """KERNELD_RESTART_WAIT=0, as before the wait: the daemon counts as down at once, and the
+    index's answer is loaded without it."""
     env = _env(hub_daemon, tmp_path, "0")
-    subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(JOB), str(tmp_path / "warmup")],
-        env=env,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    out = _job_while_down(hub_daemon, env, tmp_path)
-    assert out["source"] == "index", out["stderr"]
+    _warm_up(env, tmp_path)
+    out, waiting = _job_while_down(hub_daemon, env, tmp_path, down_for=60)
+    assert not waiting and out["source"] == "index", out["stderr"]
