@@ -72,7 +72,7 @@ def test_every_alert_is_unit_tested_and_uses_exported_metrics() -> None:
     exported = set(metric_names())
     for name, expr in alerts.items():
         used = set(re.findall(r"\bkerneld_[a-z_]+", expr))
-        assert used <= exported, f"{name} uses metrics the daemon does not export: {used - exported}"
+        assert used <= exported, f"{name} uses metrics kerneld does not export: {used - exported}"
 
 
 def _free_port() -> int:

@@ -44,8 +44,6 @@ __all__ = [
     "ENV_ADMIN_SOCKET",
     "ENV_ALLOW_NONDETERMINISTIC",
     "ENV_BACKOFF",
-    "ENV_KUBERNETES",
-    "ENV_RESTART_WAIT",
     "ENV_BYTECODE_CACHE",
     "ENV_COALESCE",
     "ENV_DISABLE",
@@ -54,10 +52,12 @@ __all__ = [
     "ENV_FETCH_TIMEOUT",
     "ENV_HF_ENDPOINT",
     "ENV_HUB_CACHE",
+    "ENV_KUBERNETES",
     "ENV_LOCAL_KERNELS",
     "ENV_PLATFORM_JSON",
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
+    "ENV_RESTART_WAIT",
     "ENV_SOCKET",
     "ENV_STORE",
     "ENV_STORE_OWNER",
@@ -66,8 +66,6 @@ __all__ = [
     "FALLBACK_POLICIES",
     "KernelFallbackWarning",
     "backoff_s",
-    "in_container",
-    "restart_wait_s",
     "coalescing",
     "env_path",
     "env_value",
@@ -77,11 +75,13 @@ __all__ = [
     "hf_endpoint",
     "home_dir",
     "hooked",
+    "in_container",
     "is_off",
     "kernels_logger",
     "raw",
     "ref_max_age_s",
     "require",
+    "restart_wait_s",
     "set_hooked",
     "store_owner_uid",
     "timeout_s",
@@ -253,11 +253,11 @@ ENV_KUBERNETES = "KUBERNETES_SERVICE_HOST"
 
 
 def in_container() -> str | None:
-    """"kubernetes", "container" (Docker, Podman, nspawn) or None: where a group is not
+    """ "kubernetes", "container" (Docker, Podman, nspawn) or None: where a group is not
     joined with usermod (the pod spec or the run command adds it)."""
     if os.environ.get(ENV_KUBERNETES):
         return "kubernetes"
-    if os.environ.get("container") or any(
+    if os.environ.get("container") or any(  # noqa: SIM112  (systemd's name, lower case)
         os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")
     ):
         return "container"

@@ -284,7 +284,9 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     if c == kerneld_pb2.UNTRUSTED_PUBLISHER:
         return UntrustedPublisher(message, **ctx)
     if c == kerneld_pb2.NOT_READY:  # starting (opening its store) or draining
-        return _Restarting(DaemonUnavailable(f"kerneld at {socket_path} is not ready: {message}", **ctx))
+        return _Restarting(
+            DaemonUnavailable(f"kerneld at {socket_path} is not ready: {message}", **ctx)
+        )
     return KernelUnavailable(message, variant=detail.variant, **ctx)
 
 
@@ -471,9 +473,7 @@ def resolve(
         # Served from what is cached, but a better variant exists upstream: fetch that one; if
         # that is not possible (fetch policy, upstream down), the cached one still works.
         try:
-            return _through_restart(
-                socket_path, req, lambda: ask(True, _config.fetch_timeout_s())
-            )
+            return _through_restart(socket_path, req, lambda: ask(True, _config.fetch_timeout_s()))
         except KernelError:
             return first
     return first

@@ -56,21 +56,21 @@ GROUP_HINT = (
 
 
 def group_hint(gid: int | None = None) -> str:
-    """GROUP_HINT, or inside a container (where usermod cannot help) how its spec adds the
-    group of the socket or store (`gid`, when known)."""
+    """GROUP_HINT; in a Kubernetes pod (where usermod cannot help) how the pod spec adds the
+    socket's or store's group (`gid`, when known); in another container, `--group-add` too."""
     from kerneld_client import _config
 
     where = _config.in_container()
-    if where is None:
-        return GROUP_HINT
-    group = f"gid {gid}" if gid is not None else "the kerneld socket's group (`stat -c %g` on it)"
-    how = (
-        f"add {gid if gid is not None else 'that gid'} to the pod's "
-        "`securityContext.supplementalGroups` (deploy/kubernetes/job-pod.yaml)"
-        if where == "kubernetes"
-        else f"run the container with `--group-add {gid if gid is not None else 'GID'}`"
-    )
-    return f"loading kernels needs membership in {group}, which this container lacks: {how}"
+    number = str(gid) if gid is not None else "GID"
+    if where == "kubernetes":
+        return (
+            f"loading kernels needs membership in the kerneld socket's group (gid {number}; "
+            "kerneld-users on a host install), which this pod lacks: add it to the pod's "
+            f"`securityContext.supplementalGroups: [{number}]` (deploy/kubernetes/job-pod.yaml)"
+        )
+    if where == "container":
+        return f"{GROUP_HINT[:-1]}; in a container: run it with `--group-add {number}`)"
+    return GROUP_HINT
 
 
 class KernelError(Exception):

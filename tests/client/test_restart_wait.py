@@ -4,6 +4,7 @@ real daemon, stopped and started again while a job is waiting for it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -82,10 +83,8 @@ def _job_while_down(
         deadline = time.monotonic() + 60
         while not started.exists() and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             job.wait(timeout=down_for)
-        except subprocess.TimeoutExpired:
-            pass
         waiting = job.poll() is None
         daemon.start()
         out, err = job.communicate(timeout=120)

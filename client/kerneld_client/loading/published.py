@@ -22,12 +22,12 @@ from pathlib import Path
 from kerneld_client import _config, _path_trust, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
-    group_hint,
     KernelDenied,
     KernelUnavailable,
     NoCompatibleVariant,
     UntrustedPath,
     VariantReason,
+    group_hint,
 )
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import provenance_seen, store_root
