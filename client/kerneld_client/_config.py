@@ -131,8 +131,8 @@ DEFAULT_STORE_OWNER = "kerneld"
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_FETCH_TIMEOUT_S = 300.0
 DEFAULT_BACKOFF_S = 30.0
-#: `systemctl restart kerneld` measured 1-3 s from SIGTERM to a serving daemon; a job's own
-#: patience is KERNELD_FETCH_TIMEOUT (300 s).
+#: A `systemctl restart kerneld` (drain, exit, start, store open) fits in it with room to spare;
+#: a job's own patience is KERNELD_FETCH_TIMEOUT (300 s).
 DEFAULT_RESTART_WAIT_S = 10.0
 
 
