@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from kerneld.config import load_config
+from kerneld.config import ConfigError, load_config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
@@ -133,3 +134,30 @@ def test_the_init_container_prepares_the_host_dirs_as_root_with_only_chown_and_f
     for path in host_mounts.values():
         assert path in script
     assert f"chown {uid}:{uid}" in script and "chmod 0755" in script
+
+
+def test_the_namespace_admits_hostpath_pods_and_metrics_reach_the_cluster(tmp_path: Path) -> None:
+    """Pod Security admission refuses hostPath below "privileged": the namespace says so
+    (enforce, and warn/audit so no level below it reports the pods); the daemon's metrics
+    listen on the pod's IP, which the configuration allows only with allow_remote."""
+    docs = _docs("kerneld-daemonset.yaml")
+    labels = docs["Namespace"]["metadata"]["labels"]
+    for mode in ("enforce", "warn", "audit"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged", mode
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    assert _host_paths(pod)  # why: hostPath is what needs it
+    (daemon,) = pod["containers"]
+    toml = tmp_path / "kerneld.toml"
+    text = docs["ConfigMap"]["data"]["kerneld.toml"]
+    toml.write_text(text)
+    cfg = load_config(toml, env={})
+    assert cfg.metrics_allow_remote and cfg.metrics_listen.startswith("0.0.0.0:")
+    port = int(cfg.metrics_listen.rpartition(":")[2])
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in daemon["ports"]
+    # Without allow_remote the same listen address is refused, naming the key to set.
+    toml.write_text(text.replace("allow_remote = true", "allow_remote = false"))
+    with pytest.raises(ConfigError, match="allow_remote = true"):
+        load_config(toml, env={})
+    env = {e["name"]: e["value"] for e in daemon["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]
+    assert "nvidia.com/gpu" not in str(daemon.get("resources", {}))  # no GPU taken from jobs

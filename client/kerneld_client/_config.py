@@ -7,6 +7,9 @@ them between calls), and the once-per-kernel fallback warning.
     KERNELD_TIMEOUT         seconds for a daemon call that downloads nothing (default 1)
     KERNELD_FETCH_TIMEOUT   seconds for a daemon call that may download (default 300)
     KERNELD_BACKOFF         seconds to skip the daemon after it was found down (default 30)
+    KERNELD_RESTART_WAIT    seconds a call waits for a daemon that looks restarting (its socket
+                            gone or refusing, or it answers "not ready") before it counts as
+                            down (default 10; 0: never wait)
     KERNELD_REF_MAX_AGE     seconds after which a ref in the published index is re-checked
                             with the daemon (default: never; the daemon keeps refs fresh)
     KERNELD_HUB_CACHE       the `hub` fallback's download cache (default ~/.cache/kerneld/hub)
@@ -49,10 +52,12 @@ __all__ = [
     "ENV_FETCH_TIMEOUT",
     "ENV_HF_ENDPOINT",
     "ENV_HUB_CACHE",
+    "ENV_KUBERNETES",
     "ENV_LOCAL_KERNELS",
     "ENV_PLATFORM_JSON",
     "ENV_REF_MAX_AGE",
     "ENV_REQUIRE",
+    "ENV_RESTART_WAIT",
     "ENV_SOCKET",
     "ENV_STORE",
     "ENV_STORE_OWNER",
@@ -70,11 +75,13 @@ __all__ = [
     "hf_endpoint",
     "home_dir",
     "hooked",
+    "in_container",
     "is_off",
     "kernels_logger",
     "raw",
     "ref_max_age_s",
     "require",
+    "restart_wait_s",
     "set_hooked",
     "store_owner_uid",
     "timeout_s",
@@ -97,6 +104,7 @@ ENV_REQUIRE = "KERNELD_REQUIRE"
 ENV_TIMEOUT = "KERNELD_TIMEOUT"
 ENV_FETCH_TIMEOUT = "KERNELD_FETCH_TIMEOUT"
 ENV_BACKOFF = "KERNELD_BACKOFF"
+ENV_RESTART_WAIT = "KERNELD_RESTART_WAIT"
 ENV_REF_MAX_AGE = "KERNELD_REF_MAX_AGE"
 ENV_HUB_CACHE = "KERNELD_HUB_CACHE"
 ENV_VERIFY = "KERNELD_VERIFY"
@@ -123,6 +131,9 @@ DEFAULT_STORE_OWNER = "kerneld"
 DEFAULT_TIMEOUT_S = 1.0
 DEFAULT_FETCH_TIMEOUT_S = 300.0
 DEFAULT_BACKOFF_S = 30.0
+#: A `systemctl restart kerneld` (drain, exit, start, store open) fits in it with room to spare;
+#: a job's own patience is KERNELD_FETCH_TIMEOUT (300 s).
+DEFAULT_RESTART_WAIT_S = 10.0
 
 
 #: What a failed load may do (`loading.fallback.FallbackPolicy` is the enum of them; its
@@ -235,6 +246,27 @@ def fetch_timeout_s() -> float:
 def backoff_s() -> float:
     value = _seconds(ENV_BACKOFF, DEFAULT_BACKOFF_S)
     return DEFAULT_BACKOFF_S if value is None else value
+
+
+#: Set in every Kubernetes container (the API server's address), whatever the pod spec says.
+ENV_KUBERNETES = "KUBERNETES_SERVICE_HOST"
+
+
+def in_container() -> str | None:
+    """ "kubernetes", "container" (Docker, Podman, nspawn) or None: where a group is not
+    joined with usermod (the pod spec or the run command adds it)."""
+    if os.environ.get(ENV_KUBERNETES):
+        return "kubernetes"
+    if os.environ.get("container") or any(  # noqa: SIM112  (systemd's name, lower case)
+        os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")
+    ):
+        return "container"
+    return None
+
+
+def restart_wait_s() -> float:
+    value = _seconds(ENV_RESTART_WAIT, DEFAULT_RESTART_WAIT_S)
+    return DEFAULT_RESTART_WAIT_S if value is None else value
 
 
 def ref_max_age_s() -> float | None:

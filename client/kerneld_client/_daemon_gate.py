@@ -8,6 +8,11 @@ are not in such a child, and a lock one of them held at the fork stays held: und
 0.3-0.8% of such children hung for ever creating a channel, before any deadline applies. gRPC's
 own fork support (`GRPC_ENABLE_FORK_SUPPORT=1`) still hung and slowed every fork. Such a child
 never uses gRPC: the parent's kernels and the published index still serve it.
+
+A socket that is gone or refuses connections while its directory is there is what a restart
+looks like (`systemctl restart kerneld`: the old daemon removes its sockets, the new one binds
+them again within seconds): `await_socket` waits for it, bounded by KERNELD_RESTART_WAIT, so a
+restart does not send jobs to PyTorch for the back-off.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from pathlib import Path
 
 import kerneld_client
 from kerneld_client import _config
-from kerneld_client.errors import GROUP_HINT, DaemonUnavailable
+from kerneld_client.errors import DaemonUnavailable, group_hint
 
 __all__ = [
     "FORKED_HINT",
     "FORKED_REASON",
+    "SocketGone",
+    "await_socket",
     "daemon_down_reason",
     "forked_after_grpc",
     "mark_down",
@@ -41,6 +48,11 @@ FORKED_HINT = (
     "load the kernel in the parent before it forks (its children reuse it without asking), or "
     "start the workers with the 'spawn' or 'forkserver' method"
 )
+
+
+class SocketGone(DaemonUnavailable):
+    """Nothing listens on the socket: the daemon is stopped, or restarting."""
+
 
 _state_lock = threading.Lock()
 _down_until = 0.0
@@ -89,9 +101,7 @@ def probe(path: Path, timeout: float) -> None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise DaemonUnavailable(
-            f"no kerneld socket at {path}", hint="is kerneld running?"
-        ) from None
+        raise SocketGone(f"no kerneld socket at {path}", hint="is kerneld running?") from None
     except OSError as exc:
         raise DaemonUnavailable(f"cannot reach {path}: {exc}") from exc
     if not stat.S_ISSOCK(st.st_mode):
@@ -101,15 +111,33 @@ def probe(path: Path, timeout: float) -> None:
         sock.settimeout(timeout)
         sock.connect(str(path))
     except ConnectionRefusedError:
-        raise DaemonUnavailable(
+        raise SocketGone(
             f"nothing listens on {path} (stale socket)", hint="is kerneld running?"
         ) from None
     except PermissionError as exc:
         raise DaemonUnavailable(
             f"no permission to connect to {path}",
-            hint=GROUP_HINT,
+            hint=group_hint(st.st_gid),
         ) from exc
     except OSError as exc:
         raise DaemonUnavailable(f"cannot connect to {path}: {exc}") from exc
     finally:
         sock.close()
+
+
+def await_socket(path: Path, deadline: float, timeout: float) -> None:
+    """Probe `path` until something listens on it or monotonic `deadline` passes.
+
+    Waits only where a daemon has run (the socket's directory exists: kerneld's runtime
+    directory outlives restarts); raises the last probe's error when the wait is over.
+    """
+    pause = 0.02
+    while True:
+        try:
+            probe(path, timeout)
+            return
+        except SocketGone:
+            if time.monotonic() >= deadline or not path.parent.is_dir():
+                raise
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.25)

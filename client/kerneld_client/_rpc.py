@@ -227,6 +227,15 @@ class _FetchNeeded(Exception):
     """The daemon would have to download: ask again, allowed to fetch."""
 
 
+class _Restarting(Exception):
+    """The daemon refused a call the way a stopping or starting one does: ask again shortly."""
+
+    def __init__(self, error: DaemonUnavailable, *, down: bool = True) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.down = down  # whether running out of patience means "daemon down" (the back-off)
+
+
 def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: bool) -> Exception:
     """Map a grpc.RpcError (status + ErrorDetail trailer) onto a typed error."""
     import grpc
@@ -246,6 +255,8 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
             text = f"kerneld at {socket_path} {what or 'is unavailable'}: {message}"
+            if code == grpc.StatusCode.UNAVAILABLE:  # draining, or its socket just went away
+                return _Restarting(DaemonUnavailable(text, **ctx), down=not fetching)
             if not fetching:  # a slow download is no reason to stop asking the daemon
                 _daemon_gate.mark_down(text)
             return DaemonUnavailable(text, **ctx)
@@ -272,9 +283,10 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         return KernelDenied(message, **ctx)
     if c == kerneld_pb2.UNTRUSTED_PUBLISHER:
         return UntrustedPublisher(message, **ctx)
-    if c == kerneld_pb2.NOT_READY:
-        _daemon_gate.mark_down(f"kerneld at {socket_path} is not ready: {message}")
-        return DaemonUnavailable(message, **ctx)
+    if c == kerneld_pb2.NOT_READY:  # starting (opening its store) or draining
+        return _Restarting(
+            DaemonUnavailable(f"kerneld at {socket_path} is not ready: {message}", **ctx)
+        )
     return KernelUnavailable(message, variant=detail.variant, **ctx)
 
 
@@ -307,11 +319,40 @@ def _ready(socket_path: Path, req: KernelRequest) -> None:
         )
     try:
         _daemon_gate.probe(socket_path, _config.timeout_s())
+    except _daemon_gate.SocketGone:
+        _await_restart(socket_path, req, time.monotonic() + _config.restart_wait_s())
     except DaemonUnavailable as exc:
         _daemon_gate.mark_down(exc.message)
         raise DaemonUnavailable(
             exc.message, repo_id=req.repo_id, revision=req.ref, hint=exc.hint
         ) from None
+
+
+def _await_restart(socket_path: Path, req: KernelRequest, deadline: float) -> None:
+    """Wait (until `deadline`) for a restarting daemon's socket; past it, the daemon is down."""
+    try:
+        _daemon_gate.await_socket(socket_path, deadline, _config.timeout_s())
+    except DaemonUnavailable as exc:
+        _daemon_gate.mark_down(exc.message)
+        raise DaemonUnavailable(
+            exc.message, repo_id=req.repo_id, revision=req.ref, hint=exc.hint
+        ) from None
+
+
+def _through_restart(socket_path: Path, req: KernelRequest, fn: Callable[[], T]) -> T:
+    """`fn()`, asked again while the daemon answers like one that is restarting (bounded by
+    KERNELD_RESTART_WAIT); past that it counts as down (the back-off)."""
+    deadline = time.monotonic() + _config.restart_wait_s()
+    while True:
+        try:
+            return fn()
+        except _Restarting as exc:
+            if time.monotonic() >= deadline:
+                if exc.down:
+                    _daemon_gate.mark_down(exc.error.message)
+                raise exc.error from None
+        time.sleep(0.05)
+        _await_restart(socket_path, req, deadline)
 
 
 def _import_grpc() -> None:
@@ -413,7 +454,7 @@ def resolve(
 
     try:
         try:
-            first = ask(False, _config.timeout_s())
+            first = _through_restart(socket_path, req, lambda: ask(False, _config.timeout_s()))
         except NoCompatibleVariant as exc:
             if exc.reasons:
                 raise
@@ -427,12 +468,12 @@ def resolve(
                 repo_id=req.repo_id,
                 revision=req.ref,
             ) from None
-        return ask(True, _config.fetch_timeout_s())
+        return _through_restart(socket_path, req, lambda: ask(True, _config.fetch_timeout_s()))
     if allow_fetch and first.best is not None and first.best != first.variant:
         # Served from what is cached, but a better variant exists upstream: fetch that one; if
         # that is not possible (fetch policy, upstream down), the cached one still works.
         try:
-            return ask(True, _config.fetch_timeout_s())
+            return _through_restart(socket_path, req, lambda: ask(True, _config.fetch_timeout_s()))
         except KernelError:
             return first
     return first
@@ -462,9 +503,9 @@ def list_variants(
         return response.commit, _decisions(response.variants)
 
     try:
-        return ask(False, _config.timeout_s())
+        return _through_restart(socket_path, req, lambda: ask(False, _config.timeout_s()))
     except _FetchNeeded:
-        return ask(True, _config.fetch_timeout_s())
+        return _through_restart(socket_path, req, lambda: ask(True, _config.fetch_timeout_s()))
 
 
 # ------------------------------------------------------------------------------- reports

@@ -55,6 +55,24 @@ GROUP_HINT = (
 )
 
 
+def group_hint(gid: int | None = None) -> str:
+    """GROUP_HINT; in a Kubernetes pod (where usermod cannot help) how the pod spec adds the
+    socket's or store's group (`gid`, when known); in another container, `--group-add` too."""
+    from kerneld_client import _config
+
+    where = _config.in_container()
+    number = str(gid) if gid is not None else "GID"
+    if where == "kubernetes":
+        return (
+            f"loading kernels needs membership in the kerneld socket's group (gid {number}; "
+            "kerneld-users on a host install), which this pod lacks: add it to the pod's "
+            f"`securityContext.supplementalGroups: [{number}]` (deploy/kubernetes/job-pod.yaml)"
+        )
+    if where == "container":
+        return f"{GROUP_HINT[:-1]}; in a container: run it with `--group-add {number}`)"
+    return GROUP_HINT
+
+
 class KernelError(Exception):
     """Base of every kerneld_client error; carries the kernel it is about."""
 

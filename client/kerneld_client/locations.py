@@ -100,7 +100,10 @@ def default_socket() -> Path:
     system = SYSTEM_RUN_DIR / SOCKET_NAME
     if system.exists():
         return system
-    return user_run_dir() / SOCKET_NAME
+    user = user_run_dir() / SOCKET_NAME
+    if not user.exists() and SYSTEM_RUN_DIR.is_dir():
+        return system  # the system daemon restarting (its runtime directory outlives it)
+    return user
 
 
 def default_admin_socket() -> Path:

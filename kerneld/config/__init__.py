@@ -29,13 +29,15 @@ from kerneld.config.model import (
     UpstreamConfig,
     default_config,
 )
-from kerneld.config.parse import parse_config
+from kerneld.config.parse import check_metrics_listen, parse_config
 from kerneld.config.schema import FIELD_KEYS, KEYS, KNOWN_KEYS, Key, config_key
 from kerneld.config.values import (
     LOOPBACK_HOSTS,
     format_duration,
     format_size,
+    is_loopback,
     parse_duration,
+    parse_listen,
     parse_loopback,
     parse_mode,
     parse_prefetch_entry,
@@ -61,14 +63,17 @@ __all__ = [
     "SocketConfig",
     "UpstreamConfig",
     "apply_env",
+    "check_metrics_listen",
     "config_key",
     "default_config",
     "dump_config",
     "format_duration",
     "format_size",
+    "is_loopback",
     "load_config",
     "parse_config",
     "parse_duration",
+    "parse_listen",
     "parse_loopback",
     "parse_mode",
     "parse_prefetch_entry",

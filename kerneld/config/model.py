@@ -124,6 +124,8 @@ class Config:
     metrics_socket_group: str = ""
     """Who may scrape the metrics socket; empty: the daemon's own group."""
     metrics_listen: str = ""
+    """HOST:PORT of the metrics listener; a non-loopback one only with metrics_allow_remote."""
+    metrics_allow_remote: bool = False
     log_level: str = "info"
     drain_timeout_s: float = 20.0
     threads: int = 16

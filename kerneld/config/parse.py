@@ -11,6 +11,7 @@ from typing import Any
 from kerneld.config.errors import ConfigError
 from kerneld.config.model import Config, default_config
 from kerneld.config.schema import KNOWN_KEYS, SECTIONS
+from kerneld.config.values import is_loopback
 
 
 def parse_config(doc: Mapping[str, Any], *, source: str, system: bool) -> Config:
@@ -49,7 +50,20 @@ def _table(doc: Mapping[str, Any], section: str, source: str) -> Mapping[str, An
     return table
 
 
+def check_metrics_listen(cfg: Config, source: str, key: str = "metrics.listen") -> None:
+    """A metrics listener off loopback only when asked for: anyone who reaches it reads them."""
+    if cfg.metrics_listen and not cfg.metrics_allow_remote and not is_loopback(cfg.metrics_listen):
+        raise ConfigError(
+            source,
+            key,
+            f"{cfg.metrics_listen!r} is not a loopback address: metrics are served to other "
+            "hosts only with [metrics] allow_remote = true (no authentication: anyone who can "
+            "reach that address reads them; firewall it to the scraper)",
+        )
+
+
 def _check_across_keys(cfg: Config, source: str) -> None:
+    check_metrics_listen(cfg, source)
     if cfg.lease_ttl_s > cfg.lease_max_s:
         raise ConfigError(
             source,

@@ -34,6 +34,7 @@ from kerneld.config.values import (
     parse_duration,
     parse_group,
     parse_identity,
+    parse_listen,
     parse_loopback,
     parse_mode,
     parse_path,
@@ -92,6 +93,7 @@ MODE = Kind(parse_mode, format_mode)
 BOOL = Kind(parse_bool)
 GROUP = Kind(parse_group)
 LOOPBACK = Kind(parse_loopback)
+LISTEN = Kind(parse_listen)
 
 
 def integer(low: int, high: int) -> Kind:
@@ -256,7 +258,8 @@ KEYS: tuple[Key, ...] = (
     Key("prefetch", "on_start", "prefetch_on_start", BOOL),
     Key("mirror", "trusted_keys", "trusted_keys", Kind(_read_trusted_keys, dict)),
     Key("metrics", "socket", "metrics_socket", PATH, optional=True),
-    Key("metrics", "listen", "metrics_listen", LOOPBACK, optional=True),
+    Key("metrics", "listen", "metrics_listen", LISTEN, optional=True),
+    Key("metrics", "allow_remote", "metrics_allow_remote", BOOL),
     Key("metrics", "socket_mode", "metrics_socket_mode", MODE),
     Key("metrics", "socket_group", "metrics_socket_group", GROUP),
     Key("log", "level", "log_level", _LOG_LEVEL),

@@ -87,6 +87,30 @@ def parse_loopback(value: object, *, source: str, key: str) -> str:
     return text
 
 
+def parse_listen(value: object, *, source: str, key: str) -> str:
+    """`HOST:PORT` of any address (`0.0.0.0:9464`, `[::]:9464`, `10.0.0.5:9464`); whether a
+    non-loopback one is allowed is `[metrics] allow_remote`'s to say."""
+    text = value if isinstance(value, str) else ""
+    host, _, port = text.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if (
+        not bare
+        or not re.fullmatch(r"[0-9A-Za-z.:_-]+", bare)
+        or (":" in bare and not host.startswith("["))
+        or not re.fullmatch(r"[0-9]{1,5}", port)
+        or int(port) > 65535
+    ):
+        raise ConfigError(
+            source, key, f"expected HOST:PORT (e.g. 127.0.0.1:9464, [::1]:9464), got {value!r}"
+        )
+    return text
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether a `HOST:PORT` from `parse_listen` is a loopback address."""
+    return listen.rpartition(":")[0] in LOOPBACK_HOSTS
+
+
 def parse_bool(value: object, *, source: str, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(source, key, f"expected true or false, got {value!r}")

@@ -23,8 +23,10 @@ from kerneld.config import (
     Config,
     ConfigError,
     UpstreamConfig,
+    check_metrics_listen,
     dump_config,
     load_config,
+    parse_listen,
     parse_loopback,
 )
 
@@ -96,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         "allow; repeatable): a mirror-only daemon has no Hub to ask",
     )
     parser.add_argument("--metrics-socket", type=Path, help="serve metrics on this unix socket")
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT", help="serve metrics on loopback")
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve metrics on HOST:PORT (loopback, unless [metrics] allow_remote = true)",
+    )
     parser.add_argument(
         "--hub-api-listen",
         metavar="HOST:PORT",
@@ -166,7 +172,7 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
     if args.metrics_socket is not None:
         updates["metrics_socket"] = args.metrics_socket.absolute()
     if args.metrics_listen is not None:
-        updates["metrics_listen"] = parse_loopback(
+        updates["metrics_listen"] = parse_listen(
             args.metrics_listen, source=FLAGS, key="--metrics-listen"
         )
     if args.hub_api_listen is not None:
@@ -179,7 +185,9 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
         if args.drain_timeout < 0:
             raise ConfigError(FLAGS, "--drain-timeout", "must be >= 0")
         updates["drain_timeout_s"] = args.drain_timeout
-    return replace(cfg, **updates)  # type: ignore[arg-type]
+    out = replace(cfg, **updates)  # type: ignore[arg-type]
+    check_metrics_listen(out, FLAGS, "--metrics-listen")
+    return out
 
 
 def resolve_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Config:
@@ -196,7 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.check_config:
         from kerneld.pipeline.hardware import detect
+        from kerneld.server.sandbox import installed_sandbox
 
+        sandbox = installed_sandbox() if cfg.system else None
+        refusal = sandbox.refusal(cfg.store_path) if sandbox is not None else None
+        if refusal is not None:
+            print(f"kerneld: invalid configuration: [store] path: {refusal}", file=sys.stderr)
+            return EXIT_CONFIG
         print(dump_config(cfg), end="")
         logging.disable(logging.CRITICAL)
         hw = detect(args.hardware_root)
@@ -287,6 +301,14 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
         code = EXIT_CONFIG
     except (StoreError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EROFS:
+            from kerneld.server.sandbox import readonly_by_sandbox
+
+            cause = readonly_by_sandbox(Path(os.fsdecode(exc.filename or cfg.store_path)))
+        else:
+            cause = None
+        if cause is not None:
+            log.error("cannot start: %s; %s", exc, cause)
+        elif isinstance(exc, OSError) and exc.errno == errno.EROFS:
             log.error(
                 "cannot start: %s; the store's file system is read-only (a disk error can "
                 "remount it so): check `dmesg`, repair it, then start kerneld again",

@@ -1,4 +1,5 @@
-"""Prometheus metrics, served over HTTP on a unix socket or a loopback port (`[metrics]`).
+"""Prometheus metrics, served over HTTP on a unix socket or a loopback port (`[metrics]`; any
+address with `allow_remote`, for a scraper on another host: a Kubernetes pod's IP).
 
 Counters are bumped where the event happens; store sizes and lease counts are read at scrape
 time (a collector), so an idle daemon does no metrics work at all.
@@ -6,7 +7,9 @@ time (a collector), so an idle daemon does no metrics work at all.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 from kerneld.config import SocketConfig
 from kerneld.server.httphead import HttpLimits
 from kerneld.server.httplisteners import HttpListeners
+from kerneld.server.identity import Caller
 from kerneld.server.peers import identify_peer
 
 log = logging.getLogger("kerneld.metrics")
@@ -210,6 +214,19 @@ METRICS_LIMITS = HttpLimits(
 )
 
 
+#: The uid every remote scraper is counted as (`[metrics] allow_remote`): the kernel names no
+#: owner for another host's connection, and the per-uid limits must still bound them.
+REMOTE_SCRAPER_UID = 65534
+
+
+def _identify_scraper(sock: socket.socket, peer: Any) -> Caller | None:
+    """`identify_peer`, and a connection from another host as one shared remote scraper (only
+    bound off loopback when `[metrics] allow_remote` says so)."""
+    if isinstance(peer, tuple) and not ipaddress.ip_address(peer[0]).is_loopback:
+        return Caller(uid=REMOTE_SCRAPER_UID, gid=REMOTE_SCRAPER_UID)
+    return identify_peer(sock, peer)
+
+
 class _Handler(MetricsHandler):
     def address_string(self) -> str:
         return "unix"
@@ -241,7 +258,7 @@ class MetricsServer:
             socket=None
             if socket_path is None
             else SocketConfig(socket_path, socket_mode, socket_group),
-            identify=identify_peer,
+            identify=_identify_scraper,
             limits=METRICS_LIMITS,
         )
         self.where = self._listeners.where

@@ -21,6 +21,7 @@ RESTART_FIELDS: tuple[str, ...] = (
     "metrics_socket_mode",
     "metrics_socket_group",
     "metrics_listen",
+    "metrics_allow_remote",
     "hub_api_listen",
     "hub_api_socket",
     "threads",

@@ -46,6 +46,8 @@ def client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
     sock = tmp_path / "run" / "kerneld.sock"
     sock.parent.mkdir()
     monkeypatch.setenv("KERNELD_SOCKET", str(sock))
+    # A daemon that stays down, not one restarting (tests/client/test_restart_wait.py).
+    monkeypatch.setenv("KERNELD_RESTART_WAIT", "0")
     _reset()
     platform_facts()  # detected once per process (imports torch): not part of what is timed
     yield sock
@@ -218,7 +220,7 @@ def test_has_kernel_is_false_when_nothing_answers(client: Path) -> None:
 
 def test_daemon_down_path_never_imports_grpc(tmp_path: Path) -> None:
     """In a fresh process: the missing and the stale socket are both detected without grpc."""
-    env = client_env(tmp_path / "no-store", tmp_path)
+    env = client_env(tmp_path / "no-store", tmp_path, KERNELD_RESTART_WAIT="0")
     sock = Path(env["KERNELD_SOCKET"])
     out = run_client(
         f"""

@@ -453,3 +453,42 @@ def test_client_hint_names_the_kerneld_users_group(shared_home: Path) -> None:
     error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
     assert f"no permission to connect to {path}" in error
     assert "kerneld-users" in error and "kerneld group" not in error
+
+
+@needs_root
+def test_client_hint_in_a_pod_names_supplemental_groups(shared_home: Path) -> None:
+    """In a Kubernetes pod usermod cannot help: the hint names the pod spec's
+    supplementalGroups and the socket's own gid."""
+    with public_dir() as base:
+        path = base / "kerneld.sock"
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(path))
+        server.listen(1)
+        path.chmod(0o600)
+        gid = path.stat().st_gid
+        code = (
+            "import json, kerneld_client\n"
+            "try:\n"
+            "    kerneld_client.get_kernel('org/k', version=1, policy='error')\n"
+            "except kerneld_client.DaemonUnavailable as exc:\n"
+            "    print(json.dumps({'error': str(exc)}))\n"
+        )
+        try:
+            r = as_nobody(
+                sys.executable,
+                "-c",
+                code,
+                home=shared_home,
+                env={
+                    "KERNELD_SOCKET": str(path),
+                    "KERNELD_STORE": str(base / "no-store"),
+                    "KERNELD_PLATFORM_JSON": CPU_FACTS,
+                    "KUBERNETES_SERVICE_HOST": "10.96.0.1",  # what the kubelet sets in a pod
+                },
+            )
+        finally:
+            server.close()
+    assert r.rc == 0, r.stderr
+    error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
+    assert f"no permission to connect to {path}" in error
+    assert f"supplementalGroups: [{gid}]" in error and "usermod" not in error, error

@@ -15,18 +15,19 @@ here, importing the variant rules to do so.
 from __future__ import annotations
 
 import errno
+import os
 import time
 from pathlib import Path
 
 from kerneld_client import _config, _path_trust, published_index
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
-    GROUP_HINT,
     KernelDenied,
     KernelUnavailable,
     NoCompatibleVariant,
     UntrustedPath,
     VariantReason,
+    group_hint,
 )
 from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import provenance_seen, store_root
@@ -53,7 +54,7 @@ def read_commit(
             raise KernelUnavailable(
                 f"no permission to read the host's kernel store ({exc.filename})",
                 repo_id=request.repo_id,
-                hint=GROUP_HINT,
+                hint=group_hint(_store_gid(root.real_path)),
             ) from exc
         raise UntrustedPath(f"published index: {exc}", repo_id=request.repo_id) from exc
     except published_index.IndexFormatError:
@@ -70,6 +71,13 @@ def read_commit(
     resolved_at = doc.refs.get(request.ref)
     age_s = None if resolved_at is None else time.time() - resolved_at[1]
     return commit, doc.commits.get(commit), age_s
+
+
+def _store_gid(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_gid
+    except OSError:
+        return None
 
 
 def _publisher_trusted(root: _path_trust.StoreRoot, repo_id: str, ctx: LoadContext) -> bool:
