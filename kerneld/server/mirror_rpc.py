@@ -136,6 +136,7 @@ def import_work(core: Core, request: pb.MirrorImportRequest) -> Work:
                 trusted,
                 no_check_sigs=request.no_check_sigs,
                 progress=lambda p: emit(_event(p)),
+                record_verdicts=core.trust.record_imported,
             )
         log.info(
             "admin: mirror import done source=%s imported=%d refused=%d",
@@ -208,6 +209,7 @@ def upload_work(core: Core, messages: Iterator[pb.MirrorUpload]) -> Work:
                     trusted,
                     no_check_sigs=request.no_check_sigs,
                     progress=lambda p: emit(_event(p)),
+                    record_verdicts=core.trust.record_imported,
                 )
             except MirrorImportRefused as exc:  # in the caller's words: its name, not ours
                 message = str(exc).replace(str(path), source)
