@@ -187,6 +187,11 @@ def _stream_mirror(
                     {"repo_id": event.repo_id, "commit": event.commit, "reason": event.detail}
                 )
                 refused.add((event.repo_id, event.commit))
+            elif kind == "verdict":
+                if event.detail:
+                    doc.setdefault("publishers_vouched", {})[event.repo_id] = event.detail
+                else:
+                    doc.setdefault("without_verdicts", []).append(event.repo_id)
             elif kind == "finished":
                 doc["manifests"] = event.manifests
                 doc["blobs"] = event.blobs
@@ -194,6 +199,9 @@ def _stream_mirror(
                 doc["detail"] = event.detail
     done = [k for k in kernels if (k["repo_id"], k["commit"]) not in refused]
     doc["imported" if verb == "imported" else "kernels"] = done
+    if verb == "imported":
+        doc.setdefault("publishers_vouched", {})
+        doc.setdefault("without_verdicts", [])
     doc["ok"] = not doc["refused"]
     return doc
 

@@ -224,6 +224,14 @@ class MirrorView(_LiveView):
             self._line(
                 f"{self.verb} {where} [{ev.detail}]" if ev.detail else f"{self.verb} {where}"
             )
+        elif kind == "verdict":
+            self._line(
+                f"publisher of {ev.repo_id}: trusted at the exporting site ({ev.detail}); "
+                "recorded for this host's [trust]"
+                if ev.detail
+                else f"publisher of {ev.repo_id}: the bundle carries no verdict; this host's "
+                "[trust] decides (e.g. [trust] allow)"
+            )
         elif kind == "signature-ok":
             pass  # one line per manifest is enough; the report names the keys
         elif kind == "refused":

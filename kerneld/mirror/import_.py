@@ -533,6 +533,10 @@ def import_mirror(
             record_verdicts(report.publishers_vouched)
         else:
             record_in_store(store, report.publishers_vouched)
+        for repo, by in sorted(report.publishers_vouched.items()):
+            emit(progress, MirrorProgress("verdict", repo_id=repo, detail=by))
+        for repo in report.without_verdicts:
+            emit(progress, MirrorProgress("verdict", repo_id=repo))
     except BundleError as exc:
         emit(progress, MirrorProgress("refused", detail=str(exc)))
         raise MirrorImportRefused(str(exc)) from None

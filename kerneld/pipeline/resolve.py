@@ -397,6 +397,15 @@ class Resolver:
         if names is not None:
             return names
         published = self.store.variants(repo_id, commit)
+        if not self.upstreams:  # import-only: what imports published is all there is
+            if not published:
+                raise UpstreamUnavailable(
+                    "no variant of this commit is in the store, and this host is import-only "
+                    "(no upstream): bring it with `kerneldctl mirror import`",
+                    repo_id=repo_id,
+                    revision=commit,
+                )
+            return published
         if not allow_network:
             if not published:
                 raise FetchNotAllowed(

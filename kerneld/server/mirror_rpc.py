@@ -29,6 +29,7 @@ _KINDS = {
     "signature-ok": pb.MirrorEvent.SIGNATURE_OK,
     "refused": pb.MirrorEvent.REFUSED,
     "finished": pb.MirrorEvent.FINISHED,
+    "verdict": pb.MirrorEvent.VERDICT,
 }
 
 

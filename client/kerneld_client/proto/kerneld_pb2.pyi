@@ -1984,6 +1984,11 @@ class MirrorEvent(_message.Message):
         """
         DATA: MirrorEvent._Kind.ValueType  # 7
         DELETE: MirrorEvent._Kind.ValueType  # 8
+        VERDICT: MirrorEvent._Kind.ValueType  # 9
+        """Import only, once per imported repo: the exporting site's signed publisher verdict.
+        `detail` says how it trusted the publisher ("hub", "allow", "any"), recorded for this
+        host's [trust]; empty: the bundle carries no verdict (an older kerneld's, or unsigned).
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: MirrorEvent.Kind.ValueType  # 0
@@ -1998,6 +2003,11 @@ class MirrorEvent(_message.Message):
     """
     DATA: MirrorEvent.Kind.ValueType  # 7
     DELETE: MirrorEvent.Kind.ValueType  # 8
+    VERDICT: MirrorEvent.Kind.ValueType  # 9
+    """Import only, once per imported repo: the exporting site's signed publisher verdict.
+    `detail` says how it trusted the publisher ("hub", "allow", "any"), recorded for this
+    host's [trust]; empty: the bundle carries no verdict (an older kerneld's, or unsigned).
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     REPO_ID_FIELD_NUMBER: _builtins.int
