@@ -104,4 +104,6 @@ def imported_repos(doc: Mapping[str, Any] | None) -> dict[str, float]:
 
 def repos_entry(repos: Mapping[str, float]) -> dict[str, Any]:
     """publishers.json's `repos`: the imported verdicts."""
-    return {r: {"trusted": True, "imported_at": at, "by": "import"} for r, at in sorted(repos.items())}
+    return {
+        r: {"trusted": True, "imported_at": at, "by": "import"} for r, at in sorted(repos.items())
+    }

@@ -197,7 +197,11 @@ class PublisherTrust:
             for repo in vouched:
                 self._imported[repo_key(repo)] = now
         for repo, by in sorted(vouched.items()):
-            log.info("publisher trusted repo=%s (a signed mirror import: %s at the exporting site)", repo, by)
+            log.info(
+                "publisher trusted repo=%s (a signed mirror import: %s at the exporting site)",
+                repo,
+                by,
+            )
         self.publish()
 
     def remembered(self, org: str) -> bool | None:
@@ -227,9 +231,7 @@ class PublisherTrust:
         if self._overridden(repo_id, trust_remote_code):
             return
         org = org_of(repo_id)
-        hint = allow_hint(
-            HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE, org
-        )
+        hint = allow_hint(HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE, org)
         if self._vouched_by_import(repo_id):
             return
         if cfg.trust_publishers == "allow-list":

@@ -202,8 +202,7 @@ class RefRefresher(BackgroundThread):
         if outage is not None:
             since, failures = outage
             log.info(
-                "ref re-checks answered again after %.0fs (%d failed re-checks during the "
-                "outage)",
+                "ref re-checks answered again after %.0fs (%d failed re-checks during the outage)",
                 self.clock() - since,
                 failures,
             )
