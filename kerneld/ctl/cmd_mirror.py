@@ -284,7 +284,7 @@ STDIN = "-"
 def _stdin_chunks() -> Iterator[bytes]:
     import sys
 
-    from kerneld.mirror.tarball import CHUNK
+    from kerneld.mirror.destination import CHUNK
 
     while chunk := sys.stdin.buffer.read(CHUNK):
         yield chunk
