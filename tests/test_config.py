@@ -381,11 +381,16 @@ def test_invalid_env_value() -> None:
 
 
 def _uncommented(text: str) -> str:
-    """The example with every optional `# key = value` / `# [[table]]` line switched on."""
+    """The example with every optional `# key = value` / `# [[table]]` line switched on (but
+    `upstream = []`, the import-only alternative to the `[[upstream]]` tables)."""
     pattern = re.compile(r"^# ?((?:\[\[?[a-z]+\]\]?)|(?:[a-z_]+ = .*))$")
     return "\n".join(
-        m.group(1) if (m := pattern.match(line)) else line for line in text.splitlines()
+        m.group(1) if (m := pattern.match(line)) and m.group(1) != IMPORT_ONLY else line
+        for line in text.splitlines()
     )
+
+
+IMPORT_ONLY = "upstream = []"
 
 
 def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
@@ -410,6 +415,10 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
         else:
             present = set(doc.get(section, {})) if section else set(doc)
         assert keys <= present, f"[{section}] undocumented keys: {sorted(keys - present)}"
+    # The import-only line, switched on with the Hub's table deleted (docs/operations.md).
+    tables = re.sub(r"(?ms)^\[\[upstream\]\]$.*?^$", "", text)
+    airgap = load_config(write(tmp_path, tables.replace(f"# {IMPORT_ONLY}", IMPORT_ONLY)), env={})
+    assert airgap.import_only and f"# {IMPORT_ONLY}\n" in text
 
 
 def test_required_signatures_need_trusted_keys(tmp_path: Path) -> None:
