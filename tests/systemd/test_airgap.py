@@ -177,13 +177,15 @@ def test_documented_air_gapped_site_under_systemd(
         assert "upstream hub" not in out, out
         assert "publisher of kerneld-examples/activation: trusted at the exporting site" in out
 
-        [cold] = job(b, "alice")  # no [trust] allow edit: the bundle's verdict vouches
-        assert (cold.repo_id, cold.source) == (KERNEL, "daemon"), cold
+        # No [trust] allow edit: the bundle's verdict vouches. The import published the index,
+        # so the first job already loads warm; one that re-checks its ref asks the daemon.
         [warm] = job(b, "alice")
-        assert (warm.source, warm.variant) == ("index", cold.variant), warm
+        assert (warm.repo_id, warm.source) == (KERNEL, "index"), warm
         time.sleep(3 * REF_TTL_S)  # past ref_ttl: nothing is re-checked, nothing warns
+        [asked] = job(b, "alice", {"KERNELD_REF_MAX_AGE": "1"})
+        assert (asked.source, asked.variant) == ("daemon", warm.variant), asked
         [later] = job(b, "alice")
-        assert (later.source, later.variant) == ("index", cold.variant), later
+        assert (later.source, later.variant) == ("index", warm.variant), later
         status = ok(b.run(["kerneldctl", "status"]), "status").out
         assert IMPORT_ONLY_LINE in status and "UNREACHABLE" not in status, status
 
