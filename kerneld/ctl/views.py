@@ -14,6 +14,13 @@ from kerneld.ctl.common import Ctx, human_bytes
 from kerneld.pipeline.fetch_progress import FetchProgress
 
 
+def pb_untrusted() -> int:
+    """ErrorCode UNTRUSTED_PUBLISHER (the proto module is imported only when needed)."""
+    from kerneld_client.proto import kerneld_pb2
+
+    return int(kerneld_pb2.UNTRUSTED_PUBLISHER)
+
+
 def progress_from_proto(event: Any) -> FetchProgress:
     """A `kerneld.v1.PrefetchEvent` of the daemon's stream as the event a local prefetch emits."""
     from kerneld.ctl.rpc import detail_message
@@ -22,6 +29,8 @@ def progress_from_proto(event: Any) -> FetchProgress:
     error = ""
     if event.HasField("error") and (event.error.message or event.error.code):
         error = detail_message(event.error)
+        if event.error.code == pb_untrusted() and event.error.hint:
+            error += f" ({event.error.hint})"  # how to allow it: the admin's own fix
     return FetchProgress(
         name.lower().replace("_", "-"),
         event.repo_id,

@@ -211,3 +211,7 @@ def test_verdicts_are_signed_the_importing_sites_rules_win_and_old_bundles_still
         assert status == grpc.StatusCode.PERMISSION_DENIED
         assert detail.code == pb.UNTRUSTED_PUBLISHER
         assert 'allow = ["kerneld-test/*"]' in detail.hint, detail
+    # An admin's prefetch of it is refused too, and says how to allow it.
+    prefetch = sites.ctl(old, "prefetch", f"{ACT}:1")
+    assert prefetch.rc != 0 and 'allow = ["kerneld-test/*"]' in prefetch.stdout, prefetch
+    assert "systemctl reload kerneld" in prefetch.stdout, prefetch
