@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import TIMEOUT, failure, http_get_unix, metric, resolve_req
 from tests.daemon.test_trust import _job
 from tests.fixtures_daemon import ACT, C1
-from tests.support.ctl import Result, run_ctl
+from tests.support.ctl import KERNELDCTL, Result, ctl_env, run_ctl
 from tests.support.daemon import DaemonProcess, daemon_dir, grant_traversal
 from tests.support.hubserver import HubServer
 
@@ -89,7 +90,9 @@ def sites(
     keys = tmp_path / "keys"
     key = generate_key("site-1", keys)
     # The export host trusts the suite's publishers (tests/support/daemon.py's [trust] allow).
-    exporter = make_daemon("exporter", mirror_dirs=[kernel_mirror])
+    no_gpu = tmp_path / "no-gpu-host"  # /proc and /sys of a host without a GPU
+    no_gpu.mkdir()
+    exporter = make_daemon("exporter", mirror_dirs=[kernel_mirror], hardware_root=no_gpu)
     with HubServer(tmp_path / "hub-root") as hub:
         yield Sites(exporter, key, keys, tmp_path / "home", hub, make_daemon)
 
@@ -124,6 +127,9 @@ def test_an_import_only_host_serves_a_signed_import_with_no_trust_edit_and_no_ne
     sites: Sites, tmp_path: Path
 ) -> None:
     bundle = sites.export(tmp_path / "usb" / "kernels.tar")
+    # What `auto` means on a host without a GPU, said once.
+    assert sites.ctl(sites.exporter, "prefetch", f"{ACT}:1").rc == 0
+    assert sites.exporter.logs().count("no GPU detected; prefetching CPU variants") == 1
     host = sites.import_host("airgap")
 
     status = sites.ctl(host, "status", "--json")
@@ -137,6 +143,22 @@ def test_an_import_only_host_serves_a_signed_import_with_no_trust_edit_and_no_ne
     assert report["publishers_vouched"] == {ACT: "allow"} and report["without_verdicts"] == []
     published = json.loads((host.store_root / "index" / "v1" / "publishers.json").read_text())
     assert set(published["repos"]) == {ACT}
+
+    # A mistyped path is one line; `--from -` reads the bundle from stdin (a second import of
+    # the same bundle changes nothing).
+    typo = sites.ctl(host, "mirror", "import", "--from", str(bundle) + "x")
+    assert typo.rc == 1 and len(typo.stderr.strip().splitlines()) == 1, typo
+    assert "does not exist" in typo.stderr and "Traceback" not in typo.stderr, typo
+    env = ctl_env(sites.home, {"KERNELD_ADMIN_SOCKET": str(host.admin_socket)})
+    piped = subprocess.run(
+        [KERNELDCTL, "mirror", "import", "--from", "-", "--json"],
+        stdin=bundle.open("rb"),
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["publishers_vouched"] == {ACT: "allow"}
 
     with host.kernels() as kernels:  # cold: the daemon answers, with no [trust] allow edit
         assert kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT).kernel.path
