@@ -426,7 +426,7 @@ PUBLISHERS_FILE = "publishers.json"
 class Publishers:
     """The daemon's `[trust]` policy and the Hub's answers (kerneld/server/publisher_trust.py)."""
 
-    __slots__ = ("allow", "honor_trust_remote_code", "policy", "trusted_orgs", "trusted_repos")
+    __slots__ = ("allow", "honor_trust_remote_code", "policy", "trusted_orgs")
 
     def __init__(
         self,
@@ -434,24 +434,18 @@ class Publishers:
         allow: tuple[str, ...],
         honor_trust_remote_code: bool,
         trusted_orgs: frozenset[str],
-        trusted_repos: frozenset[str] = frozenset(),
     ) -> None:
         self.policy = policy
         self.allow = allow
         self.honor_trust_remote_code = honor_trust_remote_code
         self.trusted_orgs = trusted_orgs
-        self.trusted_repos = trusted_repos
-        """Repos a signed mirror import vouched for (the exporting site's verdicts), in
-        `repo_key` form; counted like the Hub's answers (policy "hub" only)."""
 
     def trusts(self, repo: str, *, trust_remote_code: bool) -> bool:
         """May this process run `repo`'s code without asking the daemon? (False: ask it.)"""
         if self.policy == "any" or (trust_remote_code and self.honor_trust_remote_code):
             return True
-        if self.policy == "hub" and (
-            repo_key(repo.split("/", 1)[0]) in self.trusted_orgs
-            or repo_key(repo) in self.trusted_repos
-        ):
+        names = (repo_key(repo.split("/", 1)[0]), repo_key(repo))  # org/name: a mirror import's
+        if self.policy == "hub" and any(n in self.trusted_orgs for n in names):
             return True
         return any(repo_matches(repo, p) for p in self.allow)
 
@@ -464,19 +458,10 @@ def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | 
         return None
     try:
         doc = json.loads(data)
-    except ValueError as exc:
-        raise IndexFormatError(f"malformed {PUBLISHERS_FILE}: {exc!r}") from exc
-    return publishers_from_doc(doc)
-
-
-def publishers_from_doc(doc: Any) -> Publishers:
-    """The trust policy of a parsed publishers.json (IndexFormatError if it is not ours)."""
-    try:
         if doc.get("format") != PUBLISHERS_FORMAT or doc.get("version") != VERSION:
             raise IndexFormatError(f"{PUBLISHERS_FILE} is not version {VERSION} of our format")
         allow = doc.get("allow") or []
-        orgs = doc.get("orgs") or {}
-        repos = doc.get("repos") or {}
+        orgs = {**(doc.get("orgs") or {}), **(doc.get("repos") or {})}  # repos: mirror imports
         return Publishers(
             policy=_str(doc["policy"], "policy"),
             allow=tuple(_str(p, "allow pattern") for p in allow),
@@ -484,11 +469,6 @@ def publishers_from_doc(doc: Any) -> Publishers:
             trusted_orgs=frozenset(
                 repo_key(o) for o, v in orgs.items() if v.get("trusted") is True
             ),
-            trusted_repos=frozenset(
-                repo_key(r) for r, v in repos.items() if v.get("trusted") is True
-            ),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        if isinstance(exc, IndexFormatError):
-            raise
         raise IndexFormatError(f"malformed {PUBLISHERS_FILE}: {exc!r}") from exc

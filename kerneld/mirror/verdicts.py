@@ -25,12 +25,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from kerneld.store import ProvenanceRecord
-from kerneld_client.published_index import (
-    PUBLISHERS_FILE,
-    IndexFormatError,
-    publishers_from_doc,
-    repo_matches,
-)
+from kerneld_client.published_index import PUBLISHERS_FILE, PUBLISHERS_FORMAT, repo_matches
 from kerneld_client.vocabulary import repo_key
 
 PUBLISHER_BY = ("hub", "allow", "any")
@@ -46,17 +41,17 @@ class VerdictSource(Protocol):
 
 def publisher_verdict(doc: Mapping[str, Any] | None, repo: str) -> dict[str, Any]:
     """This site's verdict on `repo`'s publisher, from its published publishers.json."""
-    if not doc:
+    if not doc or doc.get("format") != PUBLISHERS_FORMAT:
         return {"trusted": False, "by": ""}
-    try:
-        pubs = publishers_from_doc(doc)
-    except IndexFormatError:
-        return {"trusted": False, "by": ""}
-    if pubs.policy == "any":
+    policy, allow = doc.get("policy"), doc.get("allow")
+    orgs, repos = doc.get("orgs"), imported_repos(doc)
+    if policy == "any":
         return {"trusted": True, "by": "any"}
-    if any(repo_matches(repo, p) for p in pubs.allow):
+    if isinstance(allow, list) and any(repo_matches(repo, str(p)) for p in allow):
         return {"trusted": True, "by": "allow"}
-    if pubs.trusts(repo, trust_remote_code=False):
+    org = repo_key(repo.split("/", 1)[0])
+    vouched = isinstance(orgs, Mapping) and (orgs.get(org) or {}).get("trusted") is True
+    if policy == "hub" and (vouched or repo_key(repo) in repos):
         return {"trusted": True, "by": "hub"}
     return {"trusted": False, "by": ""}
 
