@@ -250,7 +250,6 @@ INVALID = [
     ("[sockets]\nadmin_group = true", "sockets.admin_group"),
     ("[sockets]\nport = 1", "sockets.port"),
     ("upstream = 'hub'", "upstream"),
-    ("upstream = []", "upstream"),
     ("[[upstream]]\nkind = 'ftp'", "upstream[0].kind"),
     ("[[upstream]]\nkind = 'mirror-dir'", "upstream[0].path"),
     ("[[upstream]]\nkind = 'mirror-http'\nurl = 'ftp://x'", "upstream[0].url"),
@@ -382,11 +381,16 @@ def test_invalid_env_value() -> None:
 
 
 def _uncommented(text: str) -> str:
-    """The example with every optional `# key = value` / `# [[table]]` line switched on."""
+    """The example with every optional `# key = value` / `# [[table]]` line switched on (but
+    `upstream = []`, the import-only alternative to the `[[upstream]]` tables)."""
     pattern = re.compile(r"^# ?((?:\[\[?[a-z]+\]\]?)|(?:[a-z_]+ = .*))$")
     return "\n".join(
-        m.group(1) if (m := pattern.match(line)) else line for line in text.splitlines()
+        m.group(1) if (m := pattern.match(line)) and m.group(1) != IMPORT_ONLY else line
+        for line in text.splitlines()
     )
+
+
+IMPORT_ONLY = "upstream = []"
 
 
 def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
@@ -411,6 +415,10 @@ def test_example_config_loads_and_documents_every_key(tmp_path: Path) -> None:
         else:
             present = set(doc.get(section, {})) if section else set(doc)
         assert keys <= present, f"[{section}] undocumented keys: {sorted(keys - present)}"
+    # The import-only line, switched on with the Hub's table deleted (docs/operations.md).
+    tables = re.sub(r"(?ms)^\[\[upstream\]\]$.*?^$", "", text)
+    airgap = load_config(write(tmp_path, tables.replace(f"# {IMPORT_ONLY}", IMPORT_ONLY)), env={})
+    assert airgap.import_only and f"# {IMPORT_ONLY}\n" in text
 
 
 def test_required_signatures_need_trusted_keys(tmp_path: Path) -> None:
@@ -441,3 +449,26 @@ def test_the_hub_api_is_off_by_default_and_only_ever_on_loopback(tmp_path: Path)
     assert flagged.hub_api_listen == "[::1]:9000"
     with pytest.raises(ConfigError, match="--hub-api-listen"):
         apply_flags(cfg, build_parser().parse_args(["--hub-api-listen", "10.0.0.1:80"]))
+
+
+def test_an_import_only_host_is_one_setting_and_deleting_the_hub_entry_brings_the_default(
+    tmp_path: Path,
+) -> None:
+    """`upstream = []` (or `--no-hub` alone) is an import-only host, not an error; a file with
+    no `upstream` key at all keeps the default (the Hub), as docs/operations.md says."""
+    from kerneld.server.main import apply_flags, build_parser
+
+    cfg = load_config(write(tmp_path, 'upstream = []\n[log]\nlevel = "info"\n'), env={})
+    assert cfg.upstreams == () and cfg.import_only
+    assert load_config(write(tmp_path, dump_config(cfg)), env={}).import_only  # round trip
+    without = load_config(write(tmp_path, '[log]\nlevel = "info"\n'), env={})
+    assert [u.kind for u in without.upstreams] == ["hub"] and not without.import_only
+    no_hub = apply_flags(without, build_parser().parse_args(["--no-hub"]))
+    assert no_hub.upstreams == () and no_hub.import_only
+    mirrored = apply_flags(
+        without, build_parser().parse_args(["--no-hub", "--upstream-mirror-dir", "/m"])
+    )
+    assert [u.kind for u in mirrored.upstreams] == ["mirror-dir"] and not mirrored.import_only
+    with pytest.raises(ConfigError, match="upstream = \\[\\]") as info:
+        load_config(write(tmp_path, 'upstream = "none"\n'), env={})
+    assert info.value.key == "upstream"

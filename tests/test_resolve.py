@@ -351,9 +351,10 @@ def test_http_mirror_through_nginx(store, hub, hub_server, synthetic_hub, tmp_pa
     assert _tree_files(res.hit.path) == _expected(synthetic_hub, "v1")
 
 
-def test_fetcher_needs_an_upstream(store) -> None:
-    with pytest.raises(ValueError, match="at least one upstream"):
-        Fetcher(store, [])
+def test_a_fetcher_without_upstreams_is_import_only(store) -> None:
+    """`upstream = []`: a miss is an outage that names the way kernels arrive, not a crash."""
+    with pytest.raises(UpstreamUnavailable, match="import-only"):
+        Fetcher(store, []).fetch_variant(REPO, "a" * 40, "torch-cpu")
 
 
 def test_no_fetch_on_an_unlisted_commit_is_fetch_not_allowed(store, hub, hub_server, synthetic_hub):

@@ -444,7 +444,8 @@ class Publishers:
         """May this process run `repo`'s code without asking the daemon? (False: ask it.)"""
         if self.policy == "any" or (trust_remote_code and self.honor_trust_remote_code):
             return True
-        if self.policy == "hub" and repo_key(repo.split("/", 1)[0]) in self.trusted_orgs:
+        names = (repo_key(repo.split("/", 1)[0]), repo_key(repo))  # org/name: a mirror import's
+        if self.policy == "hub" and any(n in self.trusted_orgs for n in names):
             return True
         return any(repo_matches(repo, p) for p in self.allow)
 
@@ -460,7 +461,7 @@ def read_publishers(store_root: Path, *, owner_uid: int | None) -> Publishers | 
         if doc.get("format") != PUBLISHERS_FORMAT or doc.get("version") != VERSION:
             raise IndexFormatError(f"{PUBLISHERS_FILE} is not version {VERSION} of our format")
         allow = doc.get("allow") or []
-        orgs = doc.get("orgs") or {}
+        orgs = {**(doc.get("orgs") or {}), **(doc.get("repos") or {})}  # repos: mirror imports
         return Publishers(
             policy=_str(doc["policy"], "policy"),
             allow=tuple(_str(p, "allow pattern") for p in allow),

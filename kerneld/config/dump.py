@@ -67,7 +67,10 @@ def dump_config(cfg: Config) -> str:
             written = key.kind.write(value)
             if key.table_keys:
                 assert isinstance(written, list)
-                arrays.append((key.name, written))
+                if written:
+                    arrays.append((key.name, written))
+                else:  # `upstream = []`: top-level, so before the first [section]
+                    lines.append(f"{key.name} = []")
             else:
                 lines.append(f"{key.name} = {toml_literal(written)}")
     for name, tables in arrays:

@@ -164,6 +164,12 @@ class Config:
     """A Sigstore trusted_root.json (a private Sigstore instance, or an air-gapped site's copy);
     unset: Sigstore's public-good instance (refreshed over TUF, else the copy sigstore ships)."""
 
+    @property
+    def import_only(self) -> bool:
+        """No upstream (`upstream = []`, or `--no-hub` alone): kernels arrive only by
+        `kerneldctl mirror import`; the daemon never opens a network connection."""
+        return not self.upstreams
+
     def publisher_allowed(self, repo_id: str) -> bool:
         """Is `repo_id` trusted by `[trust] allow` alone?"""
         return any(repo_matches(repo_id, pat) for pat in self.trust_allow)

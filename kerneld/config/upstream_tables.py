@@ -22,9 +22,16 @@ LOCATION_KEYS = {"hub": "endpoint", "mirror-dir": "path", "mirror-http": "url"}
 
 
 def read_upstreams(value: object, *, source: str, key: str) -> tuple[UpstreamConfig, ...]:
-    """The `[[upstream]]` tables, in order (the order they are asked in)."""
-    if not isinstance(value, list) or not value:
-        raise ConfigError(source, key, "must be a non-empty array of tables ([[upstream]])")
+    """The `[[upstream]]` tables, in order (the order they are asked in). `upstream = []`: no
+    upstream at all, an import-only host (kernels arrive only by `kerneldctl mirror import`);
+    a file with no `upstream` key keeps the default, the Hub."""
+    if not isinstance(value, list):
+        raise ConfigError(
+            source,
+            key,
+            "must be an array of tables ([[upstream]]), or `upstream = []` (at the top of the "
+            "file, before any [section]) for an import-only host",
+        )
     ups = tuple(
         _read_upstream(up, i, source=source, key=f"{key}[{i}]") for i, up in enumerate(value)
     )

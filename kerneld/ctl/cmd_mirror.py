@@ -187,6 +187,11 @@ def _stream_mirror(
                     {"repo_id": event.repo_id, "commit": event.commit, "reason": event.detail}
                 )
                 refused.add((event.repo_id, event.commit))
+            elif kind == "verdict":
+                if event.detail:
+                    doc.setdefault("publishers_vouched", {})[event.repo_id] = event.detail
+                else:
+                    doc.setdefault("without_verdicts", []).append(event.repo_id)
             elif kind == "finished":
                 doc["manifests"] = event.manifests
                 doc["blobs"] = event.blobs
@@ -194,6 +199,9 @@ def _stream_mirror(
                 doc["detail"] = event.detail
     done = [k for k in kernels if (k["repo_id"], k["commit"]) not in refused]
     doc["imported" if verb == "imported" else "kernels"] = done
+    if verb == "imported":
+        doc.setdefault("publishers_vouched", {})
+        doc.setdefault("without_verdicts", [])
     doc["ok"] = not doc["refused"]
     return doc
 
@@ -228,7 +236,8 @@ class _Upload:
 
         self.source = source
         self.error: Exception | None = None
-        self._chunks = stream_bundle(source)  # read once the daemon answers (its errors first)
+        # read once the daemon answers (its errors first)
+        self._chunks = _stdin_chunks() if str(source) == STDIN else stream_bundle(source)
         self._no_check_sigs = bool(ctx.args.no_check_sigs)
 
     def _guarded(self, read: Callable[[], bytes]) -> bytes:
@@ -268,10 +277,41 @@ class _Upload:
             self._guarded(reraise)
 
 
+STDIN = "-"
+"""`--from -`: the bundle (a .tar, compressed or not) on standard input (`kubectl exec -i`)."""
+
+
+def _stdin_chunks() -> Iterator[bytes]:
+    import sys
+
+    from kerneld.mirror.destination import CHUNK
+
+    while chunk := sys.stdin.buffer.read(CHUNK):
+        yield chunk
+
+
+def _spooled_stdin() -> Any:
+    """Standard input in a temporary file (an import without the daemon reads the tar twice)."""
+    import shutil
+    import sys
+    import tempfile
+
+    spool = tempfile.NamedTemporaryFile(prefix="kerneldctl-import-", suffix=".tar")  # noqa: SIM115
+    shutil.copyfileobj(sys.stdin.buffer, spool, 1 << 20)
+    spool.flush()
+    return spool
+
+
 def cmd_mirror_import(ctx: Ctx) -> int:
     from kerneld.ctl.views import MirrorView
 
-    source = os.path.abspath(ctx.args.source)
+    from_stdin = ctx.args.source == STDIN
+    source = STDIN if from_stdin else os.path.abspath(ctx.args.source)
+    if not from_stdin and not os.path.lexists(source):
+        raise CtlError(
+            f"{source} does not exist: --from takes a bundle (.tar, compressed or not), a "
+            "mirror directory, or - for standard input"
+        )
     if offline(ctx):
         from kerneld.mirror.import_ import MirrorImportRefused, import_mirror
         from kerneld.mirror.keys import KeyFileError
@@ -283,17 +323,23 @@ def cmd_mirror_import(ctx: Ctx) -> int:
             open_store(ctx, writable=True, create=True) as store,
             MirrorView(ctx, "imported") as view,
         ):
+            spool = _spooled_stdin() if from_stdin else None
             try:
                 report = import_mirror(
                     store,
-                    source,
+                    spool.name if spool is not None else source,
                     trusted,
                     no_check_sigs=bool(ctx.args.no_check_sigs),
                     progress=lambda ev: view.handle(ev.kind, ev),
                 )
             except (MirrorImportRefused, KeyFileError) as exc:
-                raise CtlError(f"refused {source}: {exc}") from None
+                message = str(exc) if spool is None else str(exc).replace(spool.name, "stdin")
+                raise CtlError(f"refused {source}: {message}") from None
+            finally:
+                if spool is not None:
+                    spool.close()
         doc = report.to_dict()
+        doc["source"] = source
     else:
         if ctx.args.trust:
             raise CtlError(
@@ -363,7 +409,13 @@ def register(commands: Commands) -> None:
         formatter_class=FORMATTER,
     )
     p.set_defaults(handler=cmd_mirror_import)
-    p.add_argument("--from", dest="source", required=True, metavar="DIR|FILE.tar")
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="DIR|FILE.tar|-",
+        help="the bundle: a mirror directory, a .tar (compressed or not), or - (stdin)",
+    )
     p.add_argument(
         "--no-check-sigs", action="store_true", help="skip signature checks (content still hashed)"
     )

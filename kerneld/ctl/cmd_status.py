@@ -89,6 +89,8 @@ def cmd_status(ctx: Ctx) -> int:
         )
     if doc.get("quarantine_entries") is not None:
         ctx.say(_quarantine_line(doc))
+    if doc.get("import_only"):
+        ctx.say(IMPORT_ONLY_LINE)
     for up in doc.get("upstreams") or []:
         state = up["state"]
         if state == "unreachable":
@@ -99,6 +101,9 @@ def cmd_status(ctx: Ctx) -> int:
     if not doc.get("admin", True):
         ctx.say(f"pins, denies, leases and refs: {doc['admin_detail']}")
     return EXIT_OK
+
+
+IMPORT_ONLY_LINE = "import-only: no upstream; kernels arrive by kerneldctl mirror import"
 
 
 def _quarantine_line(doc: dict[str, Any]) -> str:

@@ -14,6 +14,13 @@ from kerneld.ctl.common import Ctx, human_bytes
 from kerneld.pipeline.fetch_progress import FetchProgress
 
 
+def pb_untrusted() -> int:
+    """ErrorCode UNTRUSTED_PUBLISHER (the proto module is imported only when needed)."""
+    from kerneld_client.proto import kerneld_pb2
+
+    return int(kerneld_pb2.UNTRUSTED_PUBLISHER)
+
+
 def progress_from_proto(event: Any) -> FetchProgress:
     """A `kerneld.v1.PrefetchEvent` of the daemon's stream as the event a local prefetch emits."""
     from kerneld.ctl.rpc import detail_message
@@ -22,6 +29,8 @@ def progress_from_proto(event: Any) -> FetchProgress:
     error = ""
     if event.HasField("error") and (event.error.message or event.error.code):
         error = detail_message(event.error)
+        if event.error.code == pb_untrusted() and event.error.hint:
+            error += f" ({event.error.hint})"  # how to allow it: the admin's own fix
     return FetchProgress(
         name.lower().replace("_", "-"),
         event.repo_id,
@@ -223,6 +232,14 @@ class MirrorView(_LiveView):
         elif kind == "manifest":
             self._line(
                 f"{self.verb} {where} [{ev.detail}]" if ev.detail else f"{self.verb} {where}"
+            )
+        elif kind == "verdict":
+            self._line(
+                f"publisher of {ev.repo_id}: trusted at the exporting site ({ev.detail}); "
+                "recorded for this host's [trust]"
+                if ev.detail
+                else f"publisher of {ev.repo_id}: the bundle carries no verdict; this host's "
+                "[trust] decides (e.g. [trust] allow)"
             )
         elif kind == "signature-ok":
             pass  # one line per manifest is enough; the report names the keys

@@ -73,6 +73,9 @@ class Manifest:
     variants: dict[str, list[RemoteFile]] = field(default_factory=dict)
     executables: dict[str, frozenset[str]] = field(default_factory=dict)
     """variant -> paths of executable files (most variants have none)."""
+    verdicts: dict[str, Any] | None = None
+    """The exporting site's publisher and provenance verdicts (`kerneld.mirror.verdicts`);
+    None in a manifest of an older kerneld."""
 
     def is_executable(self, variant: str, path: str) -> bool:
         return path in self.executables.get(variant, frozenset())
@@ -97,6 +100,8 @@ class Manifest:
                 for name, files in sorted(self.variants.items())
             },
         }
+        if self.verdicts is not None:
+            doc["verdicts"] = self.verdicts
         return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
     @classmethod
@@ -122,7 +127,16 @@ class Manifest:
             execs = frozenset(e["path"] for e in files if _executable(e, name))
             if execs:
                 executables[name] = execs
-        return cls(repo_id=repo_id, commit=commit, variants=variants, executables=executables)
+        verdicts = doc.get("verdicts")
+        if verdicts is not None and not isinstance(verdicts, dict):
+            raise MirrorFormatError("manifest 'verdicts' must be an object")
+        return cls(
+            repo_id=repo_id,
+            commit=commit,
+            variants=variants,
+            executables=executables,
+            verdicts=verdicts,
+        )
 
 
 def _executable(entry: dict[str, Any], variant: str) -> bool:

@@ -31,7 +31,7 @@ import re
 import tarfile
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ from kerneld.mirror.documents import (
 )
 from kerneld.mirror.keys import SignatureError, sig_path, trusted_key_set, verify_signature
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
+from kerneld.mirror.verdicts import imported_repos, repos_entry, trusted_by_exporter
 from kerneld.store import (
     BlobMissingError,
     DeniedError,
@@ -67,6 +68,8 @@ from kerneld.store import (
 )
 from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
 from kerneld.upstream.base import check_repo_id
+from kerneld_client.published_index import PUBLISHERS_FILE, PUBLISHERS_FORMAT
+from kerneld_client.vocabulary import repo_key
 
 log = logging.getLogger("kerneld.mirror.import")
 
@@ -93,6 +96,14 @@ class ImportReport:
     refs_kept: list[str] = field(default_factory=list)
     signatures: dict[str, str] = field(default_factory=dict)
     signatures_checked: bool = True
+    publishers_vouched: dict[str, str] = field(default_factory=dict)
+    """repo -> how the exporting site trusted its publisher ("hub", "allow", "any"): the
+    signed verdicts of what was imported, recorded for this host's `[trust]`."""
+    without_verdicts: list[str] = field(default_factory=list)
+    """Imported repos whose manifests carry no publisher verdict (an older kerneld's bundle,
+    or an unsigned import): they need this host's `[trust] allow` (or the Hub)."""
+    exported_provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """"repo@commit [variant]" -> the exporting site's provenance record (informational)."""
 
     @property
     def ok(self) -> bool:
@@ -111,6 +122,9 @@ class ImportReport:
             "refs_kept": self.refs_kept,
             "signatures_checked": self.signatures_checked,
             "signed_by": sorted(set(self.signatures.values())),
+            "publishers_vouched": self.publishers_vouched,
+            "without_verdicts": self.without_verdicts,
+            "exported_provenance": self.exported_provenance,
         }
 
 
@@ -362,6 +376,46 @@ def _import_kernel(
             return
         published.append({"variant": variant, "tree_digest": tree.digest, "path": str(tree.path)})
     report.imported.append({"repo_id": repo, "commit": commit, "variants": published})
+    _take_verdicts(manifest, report)
+
+
+def _take_verdicts(manifest: Manifest, report: ImportReport) -> None:
+    """Keep the signed verdicts of an imported kernel (unsigned ones vouch for nothing)."""
+    repo = manifest.repo_id
+    by = trusted_by_exporter(manifest.verdicts) if report.signatures_checked else None
+    if by is not None:
+        report.publishers_vouched[repo] = by
+    elif repo not in report.without_verdicts and repo not in report.publishers_vouched:
+        report.without_verdicts.append(repo)
+    provenance = (manifest.verdicts or {}).get("provenance")
+    if report.signatures_checked and isinstance(provenance, dict):
+        for variant, record in sorted(provenance.items()):
+            if isinstance(record, dict) and variant in manifest.variants:
+                report.exported_provenance[f"{repo}@{manifest.commit} [{variant}]"] = record
+
+
+def record_in_store(store: Store, vouched: Mapping[str, str]) -> None:
+    """Record an import's publisher verdicts in the store's publishers.json (an import with
+    no daemon: the daemon reads them back at start)."""
+    if not vouched:
+        return
+    doc = dict(store.read_document(PUBLISHERS_FILE) or {})
+    if doc.get("format") != PUBLISHERS_FORMAT:
+        # No daemon has published its policy here yet: the default policy, which the daemon
+        # rewrites at start (keeping these verdicts).
+        doc = {
+            "format": PUBLISHERS_FORMAT,
+            "version": 1,
+            "policy": "hub",
+            "allow": [],
+            "honor_trust_remote_code": True,
+            "orgs": {},
+        }
+    repos = imported_repos(doc)
+    now = time.time()
+    repos.update({repo_key(r): now for r in vouched})
+    doc["repos"] = repos_entry(repos)
+    store.publish_document(PUBLISHERS_FILE, doc)
 
 
 def _apply_refs(store: Store, parsed: dict[str, _Refs], report: ImportReport) -> None:
@@ -454,6 +508,7 @@ def import_mirror(
     no_check_sigs: bool = False,
     progress: ProgressFn | None = None,
     use_tar_filter: bool = HAS_DATA_FILTER,
+    record_verdicts: Callable[[Mapping[str, str]], None] | None = None,
 ) -> ImportReport:
     """Import the mirror directory or tar file `source` into `store`.
 
@@ -462,6 +517,8 @@ def import_mirror(
     imported); per-kernel refusals are in the report (`report.ok` is False).
     `use_tar_filter`: also apply tarfile's data filter where this Python has it (our own
     member checks always run; False tests the path of Pythons without it).
+    `record_verdicts`: takes the signed publisher verdicts of what was imported (the daemon's
+    publisher trust); default: written to the store's publishers.json (no daemon).
     """
     report = ImportReport(source=os.fspath(source), signatures_checked=not no_check_sigs)
     trusted = {} if no_check_sigs else _trusted(trusted_keys)
@@ -472,6 +529,14 @@ def import_mirror(
     try:
         with open_bundle(source, gate=gate, use_filter=use_tar_filter) as bundle:
             _import(store, bundle, trusted, no_check_sigs, report, progress)
+        if record_verdicts is not None:
+            record_verdicts(report.publishers_vouched)
+        else:
+            record_in_store(store, report.publishers_vouched)
+        for repo, by in sorted(report.publishers_vouched.items()):
+            emit(progress, MirrorProgress("verdict", repo_id=repo, detail=by))
+        for repo in report.without_verdicts:
+            emit(progress, MirrorProgress("verdict", repo_id=repo))
     except BundleError as exc:
         emit(progress, MirrorProgress("refused", detail=str(exc)))
         raise MirrorImportRefused(str(exc)) from None

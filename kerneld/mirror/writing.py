@@ -36,6 +36,7 @@ from kerneld.mirror.keys import (
 )
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.mirror.selection import SelectedKernel
+from kerneld.mirror.verdicts import export_verdicts
 from kerneld.store import FILE_MODE_EXEC, Catalog
 from kerneld.store.manifest import ManifestEntry
 from kerneld.upstream.base import RemoteFile
@@ -70,7 +71,7 @@ class ExportReport:
         }
 
 
-def _manifest_for(kernel: SelectedKernel) -> Manifest:
+def _manifest_for(kernel: SelectedKernel, verdicts: dict[str, Any] | None = None) -> Manifest:
     variants: dict[str, list[RemoteFile]] = {}
     execs: dict[str, frozenset[str]] = {}
     for name, files in kernel.variants.items():
@@ -85,7 +86,7 @@ def _manifest_for(kernel: SelectedKernel) -> Manifest:
         ex = frozenset(f.entry.path for f in files if f.entry.mode == FILE_MODE_EXEC)
         if ex:
             execs[name] = ex
-    return Manifest(kernel.repo_id, kernel.commit, variants, execs)
+    return Manifest(kernel.repo_id, kernel.commit, variants, execs, verdicts)
 
 
 def _merge_manifest(target: Target, new: Manifest) -> Manifest:
@@ -100,7 +101,11 @@ def _merge_manifest(target: Target, new: Manifest) -> Manifest:
     variants = {**old.variants, **new.variants}
     execs = {k: v for k, v in old.executables.items() if k not in new.variants}
     execs.update(new.executables)
-    return Manifest(new.repo_id, new.commit, variants, execs)
+    verdicts = new.verdicts
+    if verdicts is not None and old.verdicts is not None:  # variants exported before keep theirs
+        provenance = {**(old.verdicts.get("provenance") or {}), **verdicts["provenance"]}
+        verdicts = {**verdicts, "provenance": provenance}
+    return Manifest(new.repo_id, new.commit, variants, execs, verdicts or old.verdicts)
 
 
 def write_signed(target: Target, rel: str, data: bytes, keys: Sequence[SigningKey]) -> bool:
@@ -184,7 +189,13 @@ def write_export(
     report.bytes_written = done
 
     for (repo, commit), kernel in sorted(kernels.items()):
-        manifest = _merge_manifest(target, _manifest_for(kernel))
+        trees = {}
+        for variant in kernel.variants:
+            tree = store.published_tree(repo, commit, variant)
+            if tree is not None:
+                trees[variant] = tree.digest
+        verdicts = export_verdicts(store, repo, trees)
+        manifest = _merge_manifest(target, _manifest_for(kernel, verdicts))
         rel = manifest_path(repo, commit)
         if write_signed(target, rel, manifest.to_json(), keys):
             report.manifests_written += 1

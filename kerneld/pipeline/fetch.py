@@ -80,8 +80,6 @@ class Fetcher:
         attempts_per_file: int = 3,
         parallel_files: int = PARALLEL_FILES,
     ) -> None:
-        if not upstreams:
-            raise ValueError("at least one upstream is required")
         self.store = store
         self.upstreams = list(upstreams)
         self.attempts_per_file = attempts_per_file
@@ -102,6 +100,13 @@ class Fetcher:
         self, repo_id: str, commit: str, variant: str, progress: FetchProgressFn | None
     ) -> FetchResult:
         failures: list[UpstreamError | IntegrityError] = []
+        if not self.upstreams:  # import-only (`upstream = []`): nothing to ask, no connection
+            raise UpstreamUnavailable(
+                f"variant {variant} is not in the store, and this host is import-only (no "
+                "upstream): bring it with `kerneldctl mirror import`",
+                repo_id=repo_id,
+                revision=commit,
+            )
         for upstream in self.upstreams:
             start = time.monotonic()
             try:

@@ -307,6 +307,7 @@ class Prefetcher:
         self.fetch = fetch
         self.admit = admit
         self.hardware = hardware
+        self._said_no_gpu = False
         self.client_platforms = client_platforms
 
     def reconfigure(self, *, configured_torch: Iterable[tuple[int, int]]) -> None:
@@ -519,9 +520,13 @@ class Prefetcher:
                     *self.configured_torch,
                     *(f.torch_version for f in clients if f.torch_version is not None),
                 }
+                hardware = self.hardware()
+                if not hardware.gpus and not self._said_no_gpu:
+                    self._said_no_gpu = True  # once per daemon: what `auto` means here
+                    log.info("no GPU detected; prefetching CPU variants")
                 for name, why in plan_variants(
                     names,
-                    hardware=self.hardware(),
+                    hardware=hardware,
                     torch_versions=wanted,
                     client_platforms=clients,
                     platforms=platforms,

@@ -101,6 +101,7 @@ class SigstoreCheck:
         identities: Sequence[ProvenanceIdentity] = (),
         kernels_defaults: bool = True,
         trusted_root: Path | None = None,
+        offline: bool = False,
     ) -> None:
         if policy not in PROVENANCE_POLICIES:
             raise ValueError(
@@ -109,6 +110,9 @@ class SigstoreCheck:
         self.policy = policy
         self.identities = (*(KERNELS_DEFAULT_IDENTITIES if kernels_defaults else ()), *identities)
         self.trusted_root = trusted_root
+        self.offline = offline
+        """Never refresh the public-good trust root over the network (an import-only host:
+        the copy shipped with sigstore, or `trusted_root`)."""
         self._verifier: Verifier | None = None
         self._lock = threading.Lock()
 
@@ -127,6 +131,8 @@ class SigstoreCheck:
                 if self.trusted_root is not None:
                     root = TrustedRoot.from_file(str(self.trusted_root))
                     self._verifier = Verifier(trusted_root=root)
+                elif self.offline:
+                    self._verifier = Verifier.production(offline=True)
                 else:
                     try:
                         self._verifier = Verifier.production()
@@ -214,4 +220,5 @@ def provenance_check(cfg: Config) -> SigstoreCheck | None:
         identities=cfg.provenance_identities,
         kernels_defaults=cfg.provenance_kernels_defaults,
         trusted_root=cfg.provenance_trusted_root,
+        offline=cfg.import_only,
     )

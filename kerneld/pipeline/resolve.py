@@ -173,6 +173,8 @@ class Resolver:
         """(repo, ref) -> when every upstream last failed to answer for it; cleared by the next
         answer. Only these refs are served *stale*: a ref merely past its TTL is being
         re-checked in the background (`kerneld.server.refresh`), which is not a failure."""
+        self._outage_since: float | None = None
+        """When the first stale ref of the current outage was served (None: no outage)."""
         self._variants_flight: SingleFlight[tuple[str, str, bool], list[str]] = SingleFlight()
         self._unlisted: dict[tuple[str, str], tuple[float, UpstreamError]] = {}
         """(repo, commit) -> when and how every upstream last failed to list its variants."""
@@ -221,6 +223,17 @@ class Resolver:
         """Would `variant_names` answer without asking an upstream?"""
         return self.store.upstream_variants(repo_id, commit) is not None
 
+    def _recovered(self, upstream: str) -> None:
+        """An upstream answered: end the outage, with one line if one was logged."""
+        since, self._outage_since = self._outage_since, None
+        if since is not None:
+            log.info(
+                "upstreams answer again (upstream=%s) after %.0fs; refs are fresh again as "
+                "they are re-checked",
+                upstream,
+                self.clock() - since,
+            )
+
     def failing(self, repo_id: str, ref: str) -> bool:
         """Did every upstream fail the last time `ref` was asked for (served stale since)?"""
         return (repo_id, ref) in self._failing
@@ -241,6 +254,9 @@ class Resolver:
         if is_commit(ref):
             return ref, False
         row = self.store.get_ref(spec.repo_id, ref)
+        if row is not None and not self.upstreams:
+            # Import-only: the last `mirror import` is the authority; nothing to re-ask.
+            return row.commit, False
         fresh = row is not None and not refresh and self.clock() - row.fetched_at < self.ref_ttl_s
         if row is not None and (fresh or not allow_network):
             return row.commit, not fresh and self.failing(spec.repo_id, ref)
@@ -253,6 +269,13 @@ class Resolver:
             cls = RepoNotFound if negative.reason.startswith("repo:") else RevisionNotFound
             raise cls(
                 f"{negative.reason.split(':', 1)[-1]} (cached)",
+                repo_id=spec.repo_id,
+                revision=ref,
+            )
+        if not self.upstreams:
+            raise UpstreamUnavailable(
+                "not in the store, and this host is import-only (no upstream): bring it with "
+                "`kerneldctl mirror import`",
                 repo_id=spec.repo_id,
                 revision=ref,
             )
@@ -289,6 +312,7 @@ class Resolver:
                 failures.append(exc)
                 continue
             self._failing.pop((spec.repo_id, ref), None)
+            self._recovered(upstream.name)
             if record:
                 self.store.set_ref(
                     spec.repo_id, ref, commit, fetched_at=self.clock(), versions=versions
@@ -299,8 +323,15 @@ class Resolver:
         unavailable = [f for f in failures if not isinstance(f, RevisionNotFound | RepoNotFound)]
         if row is not None and unavailable:
             self._failing[(spec.repo_id, ref)] = self.clock()
-            log.warning(
-                "serving stale ref repo=%s ref=%s commit=%s age=%.0fs reason=%s",
+            # Once per outage (and once on recovery): every ref served stale every 30 s for as
+            # long as the upstreams are down would bury the journal.
+            first = self._outage_since is None
+            if first:
+                self._outage_since = self.clock()
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "serving stale ref repo=%s ref=%s commit=%s age=%.0fs reason=%s; other refs "
+                "served stale during this outage are logged at debug level only",
                 spec.repo_id,
                 ref,
                 row.commit,
@@ -366,6 +397,15 @@ class Resolver:
         if names is not None:
             return names
         published = self.store.variants(repo_id, commit)
+        if not self.upstreams:  # import-only: what imports published is all there is
+            if not published:
+                raise UpstreamUnavailable(
+                    "no variant of this commit is in the store, and this host is import-only "
+                    "(no upstream): bring it with `kerneldctl mirror import`",
+                    repo_id=repo_id,
+                    revision=commit,
+                )
+            return published
         if not allow_network:
             if not published:
                 raise FetchNotAllowed(

@@ -80,6 +80,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         store_cap_bytes=cfg.cap_bytes or 0,
         hub_api=core.hub_api,
         listener_problems=core.listener_problems,
+        import_only=cfg.import_only,
     )
     if core.ready:
         usage = core.store.usage()

@@ -87,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Hub endpoint for the hub upstream(s) (adds a hub upstream if none is configured)",
     )
     parser.add_argument(
-        "--no-hub", action="store_true", help="drop hub upstreams (air-gapped: mirrors only)"
+        "--no-hub",
+        action="store_true",
+        help="drop hub upstreams (air-gapped: mirrors only; alone, an import-only daemon that "
+        "never opens a network connection, like `upstream = []`)",
     )
     parser.add_argument(
         "--trust",
@@ -160,9 +163,7 @@ def apply_flags(cfg: Config, args: argparse.Namespace) -> Config:
         UpstreamConfig(f"cli-mirror-{i}", "mirror-dir", str(path.absolute()))
         for i, path in enumerate(args.upstream_mirror_dir)
     ]
-    chain = mirrors + chain
-    if not chain:
-        raise ConfigError(FLAGS, "--no-hub", "no upstream left; add --upstream-mirror-dir")
+    chain = mirrors + chain  # empty: import-only (`upstream = []`), not an error
     updates["upstreams"] = tuple(chain)
     if args.trust:
         bad = [p for p in args.trust if "/" not in p]

@@ -29,6 +29,7 @@ _KINDS = {
     "signature-ok": pb.MirrorEvent.SIGNATURE_OK,
     "refused": pb.MirrorEvent.REFUSED,
     "finished": pb.MirrorEvent.FINISHED,
+    "verdict": pb.MirrorEvent.VERDICT,
 }
 
 
@@ -136,6 +137,7 @@ def import_work(core: Core, request: pb.MirrorImportRequest) -> Work:
                 trusted,
                 no_check_sigs=request.no_check_sigs,
                 progress=lambda p: emit(_event(p)),
+                record_verdicts=core.trust.record_imported,
             )
         log.info(
             "admin: mirror import done source=%s imported=%d refused=%d",
@@ -208,6 +210,7 @@ def upload_work(core: Core, messages: Iterator[pb.MirrorUpload]) -> Work:
                     trusted,
                     no_check_sigs=request.no_check_sigs,
                     progress=lambda p: emit(_event(p)),
+                    record_verdicts=core.trust.record_imported,
                 )
             except MirrorImportRefused as exc:  # in the caller's words: its name, not ours
                 message = str(exc).replace(str(path), source)

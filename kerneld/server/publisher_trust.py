@@ -24,7 +24,14 @@ publishers.json, format version 1::
      "policy": "hub" | "allow-list" | "any",
      "allow": ["org/*", "org/name"],            # [trust] allow
      "honor_trust_remote_code": true,
-     "orgs": {"org": {"trusted": true, "checked_at": 1767225600.0}}}   # the Hub's "yes"es
+     "orgs": {"org": {"trusted": true, "checked_at": 1767225600.0}},   # the Hub's "yes"es
+     "repos": {"org/name": {"trusted": true, "imported_at": 1767225600.0, "by": "import"}}}
+
+`repos` are the verdicts signed mirror imports carried (kerneld/mirror/verdicts.py): the
+exporting site trusted these repos' publisher. Under policy "hub" they count like the Hub's
+answers, for their repo only, and never expire or get re-asked: the next import is their
+authority (an import-only host has no Hub to ask). `[trust] allow`, policy "allow-list"/"any"
+and denies decide as before.
 
 A reader trusts a repo if the policy is "any", a pattern of `allow` matches it, or `orgs` says
 its organisation is trusted; anything else (no file, an unknown format) is a question for the
@@ -43,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneld.config import Config
+from kerneld.mirror.verdicts import imported_repos, repos_entry
 from kerneld.pipeline.resolve import ResolveError
 from kerneld.upstream.errors import OrgNotFound, UpstreamError, UpstreamUnavailable
 from kerneld_client.vocabulary import repo_key
@@ -70,6 +78,14 @@ HINT_UNTRUSTED = (
     "code, or ask an admin to add it to [trust] allow in kerneld.toml"
 )
 HINT_NO_OVERRIDE = "ask an admin to add it to [trust] allow in kerneld.toml"
+
+
+def allow_hint(hint: str, org: str) -> str:
+    """`hint` with the exact line an admin adds (a refused prefetch is the admin's own)."""
+    return (
+        f'{hint} (`allow = ["{org}/*"]` under [trust] in /etc/kerneld/kerneld.toml, then '
+        "`systemctl reload kerneld`)"
+    )
 
 
 class NoHubUpstream(UpstreamError):
@@ -142,6 +158,8 @@ class PublisherTrust:
             sorted(_read_verdicts(saved).items(), key=lambda kv: kv[1].checked_at)[-MAX_TRUSTED:]
         )
         """Trusted organisations (published), oldest answer first."""
+        self._imported: dict[str, float] = imported_repos(saved)
+        """Repos signed mirror imports vouched for (repo_key form) -> when."""
         self._refused: OrderedDict[str, Verdict] = OrderedDict()
         """The Hub's "no"s (LRU, not published)."""
         self._failed: OrderedDict[str, tuple[float, str]] = OrderedDict()
@@ -155,6 +173,8 @@ class PublisherTrust:
         cfg = self.config
         if self._overridden(repo_id, trust_remote_code):
             return True
+        if self._vouched_by_import(repo_id):
+            return True
         with self._lock:
             verdict = self._verdicts.get(org_of(repo_id))
         return (
@@ -162,6 +182,27 @@ class PublisherTrust:
             and verdict is not None
             and self._clock() < verdict.checked_at + cfg.trust_ttl_s
         )
+
+    def _vouched_by_import(self, repo_id: str) -> bool:
+        with self._lock:
+            return self.config.trust_publishers == "hub" and repo_key(repo_id) in self._imported
+
+    def record_imported(self, vouched: Mapping[str, str]) -> None:
+        """A signed mirror import's verdicts: the exporting site trusted these repos'
+        publishers (repo -> how: "hub", "allow", "any"). Kept and published until replaced."""
+        if not vouched:
+            return
+        now = self._clock()
+        with self._lock:
+            for repo in vouched:
+                self._imported[repo_key(repo)] = now
+        for repo, by in sorted(vouched.items()):
+            log.info(
+                "publisher trusted repo=%s (a signed mirror import: %s at the exporting site)",
+                repo,
+                by,
+            )
+        self.publish()
 
     def remembered(self, org: str) -> bool | None:
         """The verdict for a whole organisation without asking anyone: True or False while an
@@ -190,7 +231,9 @@ class PublisherTrust:
         if self._overridden(repo_id, trust_remote_code):
             return
         org = org_of(repo_id)
-        hint = HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE
+        hint = allow_hint(HINT_UNTRUSTED if cfg.trust_honor_remote_code else HINT_NO_OVERRIDE, org)
+        if self._vouched_by_import(repo_id):
+            return
         if cfg.trust_publishers == "allow-list":
             raise UntrustedPublisher(
                 f"not from a trusted publisher: {org} is not a trusted kernel publisher on this "
@@ -315,6 +358,9 @@ class PublisherTrust:
                 continue
             try:
                 self._ask(org)
+            except NoHubUpstream:  # mirrors only: nobody to ask; the last answer stands
+                next_at = now + cfg.trust_ttl_s
+                break
             except UpstreamError as exc:  # its last answer stands meanwhile
                 self._remember_failure(org, (now, str(exc)))
                 log.warning("trust re-check failed org=%s: %s; asked again later", org, exc)
@@ -330,6 +376,7 @@ class PublisherTrust:
                 org: {"trusted": True, "checked_at": v.checked_at}
                 for org, v in sorted(self._verdicts.items())
             }
+            imported = dict(self._imported)
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -337,6 +384,7 @@ class PublisherTrust:
             "allow": list(cfg.trust_allow),
             "honor_trust_remote_code": cfg.trust_honor_remote_code,
             "orgs": orgs if cfg.trust_publishers == "hub" else {},
+            "repos": repos_entry(imported) if cfg.trust_publishers == "hub" else {},
         }
 
     def publish(self) -> None:

@@ -11,7 +11,11 @@ points now, and
   ref, which republishes the index: a job that starts after that loads the new build warm;
 - failed (every upstream down): keeps the old commit, which is then *stale* (served, counted
   in `kerneld_stale_serves_total`, flagged in Resolve answers) and asked again after
-  `RETRY_S`.
+  `RETRY_S`. An outage is one warning line (its first failed re-check) and one info line when
+  a re-check succeeds again, not a line per ref per `RETRY_S`.
+
+An import-only daemon (no upstream: `upstream = []`) re-checks nothing: the last
+`kerneldctl mirror import` is the authority for its refs, until the next one.
 
 So a job started more than `ref_ttl` + one upstream round trip + the fetch after a push loads
 the new commit (docs/configuration.md, `[resolve] ref_ttl`).
@@ -70,6 +74,8 @@ class RefRefresher(BackgroundThread):
         the next is due."""
         self.clock = clock
         self._retry_at: dict[tuple[str, str], float] = {}
+        self._outage: tuple[float, int] | None = None
+        """(when the first re-check of this outage failed, failures since); None: no outage."""
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -105,6 +111,8 @@ class RefRefresher(BackgroundThread):
         """(refs past their TTL whose commit the store serves, when the next one will be)."""
         ttl = self.resolver.ref_ttl_s
         due: list[RefRow] = []
+        if not self.resolver.upstreams:
+            return due, now + IDLE_S  # import-only: imported refs stand until the next import
         # A ref recorded after this pass is due a TTL after it was: looking again within a TTL
         # finds it in time (nothing needs to wake the refresher when a ref is set).
         next_at = now + min(IDLE_S, ttl)
@@ -132,6 +140,7 @@ class RefRefresher(BackgroundThread):
         if commit == row.commit:
             self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
             self._retry_at.pop(key, None)
+            self._answered()
             self.count("unchanged")
             return "unchanged"
         wanted = self._variants_for(row, commit)
@@ -141,6 +150,7 @@ class RefRefresher(BackgroundThread):
             return self._failed(key, row, "failed", f"fetching {commit} failed: {error}")
         self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
         self._retry_at.pop(key, None)
+        self._answered()
         self.count("moved")
         log.info(
             "ref moved repo=%s ref=%s from=%s to=%s variants=%s; jobs load the new commit now",
@@ -165,14 +175,34 @@ class RefRefresher(BackgroundThread):
         retry = min(RETRY_S, self.resolver.ref_ttl_s)
         self._retry_at[key] = self.clock() + retry
         self.count(outcome)
-        log.warning(
+        first = True
+        if outcome == "failed":  # an outage: one warning for all its refs and retries
+            first = self._outage is None
+            since, failures = self._outage or (self.clock(), 0)
+            self._outage = (since, failures + 1)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
             "ref re-check %s repo=%s ref=%s commit=%s: %s; jobs keep this commit, asked again "
-            "in %.0fs",
+            "in %.0fs%s",
             outcome,
             row.repo,
             row.ref,
             row.commit,
             why,
             retry,
+            "; further failed re-checks of this outage are logged at debug level only"
+            if outcome == "failed"
+            else "",
         )
         return outcome
+
+    def _answered(self) -> None:
+        """A re-check got an answer: an outage, if one was logged, is over (one line)."""
+        outage, self._outage = self._outage, None
+        if outage is not None:
+            since, failures = outage
+            log.info(
+                "ref re-checks answered again after %.0fs (%d failed re-checks during the outage)",
+                self.clock() - since,
+                failures,
+            )

@@ -22,7 +22,7 @@ from .lookup import LookupHit
 from .manifest import TreeFile
 from .publishing import TreeInfo
 from .space import Usage
-from .types import LeaseRow, NegativeRow, RefRow, TreeRow, VariantRow
+from .types import LeaseRow, NegativeRow, ProvenanceRecord, RefRow, TreeRow, VariantRow
 from .verify import Problem, Quarantined, VerifyReport
 
 
@@ -155,6 +155,10 @@ class Catalog(BlobProvider, Protocol):
     read_only: bool
 
     def refs_of(self, repo: str) -> list[RefRow]: ...
+
+    def read_document(self, name: str) -> dict[str, Any] | None: ...
+
+    def provenance_of(self, digest: str) -> ProvenanceRecord | None: ...
 
     def resolve_revision(self, repo: str, revision: str) -> str | None: ...
 

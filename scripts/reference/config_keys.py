@@ -226,8 +226,11 @@ def render_keys(found: dict[tuple[str, str], list[str]]) -> list[str]:
         out += ["", f"### {title if section else 'Top level'}", ""]
         if section == "upstream":
             out += [
-                "An array of tables; the upstreams are asked in this order. Default: one "
-                '`{name = "hub", kind = "hub"}`. Changed by: '
+                "An array of tables; the upstreams are asked in this order. Default (a file "
+                'with no `upstream` key): one `{name = "hub", kind = "hub"}`. `upstream = []` '
+                "(at the top level, before any `[section]`): no upstream, an import-only host "
+                "that never opens a network connection and gets its kernels by `kerneldctl "
+                "mirror import` (`kerneld --no-hub` alone does the same). Changed by: "
                 + (", ".join(found.get(("upstream", ""), [])) or "nothing else")
                 + ".",
                 "",

@@ -120,3 +120,23 @@ def test_a_moved_version_branch_reaches_new_jobs_within_the_ttl(
     with d.admin() as admin:
         refs = admin.GetAdminStatus(pb.GetStatusRequest(), timeout=TIMEOUT).refs
     assert any(r.repo_id == REPO and r.ref == "v1" and r.stale for r in refs)
+
+    # The outage goes on: re-checks keep failing every TTL, but the log has one warning for
+    # it (issue 51: not a line per ref per retry) ...
+    _wait(
+        lambda: (
+            metric(http_get_unix(metrics_sock), "kerneld_ref_rechecks_total", outcome="failed") >= 3
+        ),
+        d,
+        timeout=3 * TTL + 20,
+    )
+    warnings = [x for x in d.logs().splitlines() if " WARNING " in x]
+    assert len([x for x in warnings if "ref re-check failed" in x]) == 1, warnings
+    assert len([x for x in warnings if "serving stale ref" in x]) == 1, warnings
+    # ... and one line when the upstream answers again (v1 then moves to the third build).
+    server.clear_faults()
+    third = repo.rev_parse("refs/heads/v1")
+    _wait(lambda: _index_commit(d) == third, d, timeout=TTL + 20)
+    logs = d.logs()
+    assert logs.count("ref re-checks answered again") == 1, logs[-3000:]
+    assert logs.count("upstreams answer again") == 1, logs[-3000:]

@@ -252,13 +252,13 @@ class Loaded:
     path: str
 
 
-def job(c: Container, user: str) -> list[Loaded]:
+def job(c: Container, user: str, env: dict[str, str] | None = None) -> list[Loaded]:
     """Run alice's job as `user`; what it loaded (its op was checked against PyTorch)."""
     python = str(REPO_ROOT / ".venv" / "bin" / "python")
     ran = c.run(
         [python, "-c", JOB.format(kernel=KERNEL)],
         user=user,
-        env={"KERNELD_REQUIRE": "1"},  # a fallback to PyTorch is an error here
+        env={"KERNELD_REQUIRE": "1", **(env or {})},  # a fallback to PyTorch is an error here
         timeout=120,
     )
     doc = json.loads(ok(ran, f"{user}'s job").out.strip().splitlines()[-1])

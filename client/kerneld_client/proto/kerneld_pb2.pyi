@@ -756,6 +756,7 @@ class DaemonStatus(_message.Message):
     HOST_PLATFORMS_FIELD_NUMBER: _builtins.int
     HUB_API_FIELD_NUMBER: _builtins.int
     LISTENER_PROBLEMS_FIELD_NUMBER: _builtins.int
+    IMPORT_ONLY_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     ready: _builtins.bool
     """False while the store is being opened and scanned, or while draining on SIGTERM."""
@@ -767,6 +768,11 @@ class DaemonStatus(_message.Message):
     blobs: _builtins.int
     store_bytes: _builtins.int
     store_cap_bytes: _builtins.int
+    import_only: _builtins.bool
+    """True when the daemon has no upstream (`upstream = []` in kerneld.toml, or `kerneld --no-hub`
+    with no mirror): it never opens a network connection, and kernels arrive only by
+    `kerneldctl mirror import`, whose refs stand until the next import.
+    """
     @_builtins.property
     def started_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -805,10 +811,11 @@ class DaemonStatus(_message.Message):
         host_platforms: _abc.Iterable[Global___PlatformFacts] | None = ...,
         hub_api: _abc.Iterable[_builtins.str] | None = ...,
         listener_problems: _abc.Iterable[_builtins.str] | None = ...,
+        import_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["started_at", b"started_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "hub_api", b"hub_api", "index_format", b"index_format", "index_path", b"index_path", "listener_problems", b"listener_problems", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blobs", b"blobs", "host_platforms", b"host_platforms", "hub_api", b"hub_api", "import_only", b"import_only", "index_format", b"index_format", "index_path", b"index_path", "listener_problems", b"listener_problems", "ready", b"ready", "started_at", b"started_at", "store_bytes", b"store_bytes", "store_cap_bytes", b"store_cap_bytes", "store_root", b"store_root", "trees", b"trees", "upstreams", b"upstreams", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1977,6 +1984,11 @@ class MirrorEvent(_message.Message):
         """
         DATA: MirrorEvent._Kind.ValueType  # 7
         DELETE: MirrorEvent._Kind.ValueType  # 8
+        VERDICT: MirrorEvent._Kind.ValueType  # 9
+        """Import only, once per imported repo: the exporting site's signed publisher verdict.
+        `detail` says how it trusted the publisher ("hub", "allow", "any"), recorded for this
+        host's [trust]; empty: the bundle carries no verdict (an older kerneld's, or unsigned).
+        """
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: MirrorEvent.Kind.ValueType  # 0
@@ -1991,6 +2003,11 @@ class MirrorEvent(_message.Message):
     """
     DATA: MirrorEvent.Kind.ValueType  # 7
     DELETE: MirrorEvent.Kind.ValueType  # 8
+    VERDICT: MirrorEvent.Kind.ValueType  # 9
+    """Import only, once per imported repo: the exporting site's signed publisher verdict.
+    `detail` says how it trusted the publisher ("hub", "allow", "any"), recorded for this
+    host's [trust]; empty: the bundle carries no verdict (an older kerneld's, or unsigned).
+    """
 
     KIND_FIELD_NUMBER: _builtins.int
     REPO_ID_FIELD_NUMBER: _builtins.int
