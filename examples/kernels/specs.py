@@ -94,7 +94,10 @@ KERNELS: tuple[KernelSpec, ...] = (
         summary="Attention with flash-attn's interface (flash_attn_func, "
         "flash_attn_varlen_func) and Transformers' flash_attn_forward form, on CPU",
         sources=("csrc/attention.cpp",),
-        ops={1: ("varlen_attention", "masked_attention"), 2: ("varlen_attention", "masked_attention")},
+        ops={
+            1: ("varlen_attention", "masked_attention"),
+            2: ("varlen_attention", "masked_attention"),
+        },
     ),
     KernelSpec(
         name="relu2-next",

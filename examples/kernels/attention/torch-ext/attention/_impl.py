@@ -1,7 +1,7 @@
 """The attention functions, shared by the package's API and its hub layer."""
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -12,11 +12,11 @@ from ._ops import ops
 supports_flash_attn = True
 
 
-def _scale(q: torch.Tensor, softmax_scale: Optional[float]) -> float:
+def _scale(q: torch.Tensor, softmax_scale: float | None) -> float:
     return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
 
 
-def _unsupported(dropout_p: float, alibi_slopes: Optional[torch.Tensor]) -> None:
+def _unsupported(dropout_p: float, alibi_slopes: torch.Tensor | None) -> None:
     if dropout_p:
         raise NotImplementedError("the attention example runs inference only (dropout_p must be 0)")
     if alibi_slopes is not None:
@@ -78,14 +78,14 @@ def flash_attn_varlen_func(
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: Optional[int] = None,
-    max_seqlen_k: Optional[int] = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
     dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
+    softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple = (-1, -1),
     softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
+    alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ) -> torch.Tensor:
@@ -104,11 +104,11 @@ def flash_attn_func(
     k: torch.Tensor,
     v: torch.Tensor,
     dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
+    softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple = (-1, -1),
     softcap: float = 0.0,
-    alibi_slopes: Optional[torch.Tensor] = None,
+    alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
 ) -> torch.Tensor:
@@ -154,12 +154,12 @@ def flash_attn_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
+    attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
-    scaling: Optional[float] = None,
-    is_causal: Optional[bool] = None,
-    sliding_window: Optional[int] = None,
-    softcap: Optional[float] = None,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple:
     """Transformers' attention-function form (as its `sdpa_attention_forward`): query

@@ -1,8 +1,6 @@
 """Hub layer of the attention kernel: flash-attn's function as a stateless layer (a function
 kernel, as the kernels-community attention kernels also export layers)."""
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -20,7 +18,7 @@ class FlashAttention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        softmax_scale: Optional[float] = None,
+        softmax_scale: float | None = None,
         causal: bool = False,
     ) -> torch.Tensor:
         return _impl.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
