@@ -12,6 +12,7 @@ it was asked for by name), as they do with `kernels` alone: docs/transformers.md
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from tests.support.shared import shared_dir
 
 ATTENTION = f"{ORG}/attention"
 UNTRUSTED = "someone-else/attention"
+#: What Transformers 5.25 asks for `"flash_attention_2"` without flash-attn installed (branch v4).
+FLASH_ATTN2 = "kernels-community/flash-attn2"
 TOLERANCE = 1e-4
 CHILD = "tests.integrations._tf_attention_child"
 
@@ -44,12 +47,18 @@ def tf_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def attention_hub(
     example_hub: HubRoot, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HubServer]:
-    """The example attention repo (trusted org) and a copy of it under an untrusted org."""
+    """The example attention repo (trusted org), a copy of it under an untrusted org, and one as
+    the stand-in of `kernels-community/flash-attn2` with its v1 build as branch `v4`."""
     root = tmp_path_factory.mktemp("attention-hub")
     source = example_hub.root / "kernels" / ATTENTION
-    for repo in (ATTENTION, UNTRUSTED):
+    for repo in (ATTENTION, UNTRUSTED, FLASH_ATTN2):
         shutil.copytree(source, root / "kernels" / repo, symlinks=True)
-    with HubServer(root, trusted_orgs={ORG: True}) as server:
+    subprocess.run(
+        ["git", "-C", str(root / "kernels" / FLASH_ATTN2), "branch", "v4", "v1"],
+        check=True,
+        capture_output=True,
+    )
+    with HubServer(root, trusted_orgs={ORG: True, "kernels-community": True}) as server:
         yield server
 
 
@@ -143,3 +152,21 @@ def test_attention_kernel_failures_fail_the_load(
     else:
         assert lacking.get("error", ["", "", False])[2] is True, lacking
     print(policy, "daemon stopped, kernel not in the store:", lacking.get("error", "loaded"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_flash_attention_2_without_flash_attn_falls_back_to_the_hub_kernel(
+    tf_python: Path,
+    attention_hub: HubServer,
+    make_daemon: Callable[..., DaemonProcess],
+    tmp_path: Path,
+) -> None:
+    """`attn_implementation="flash_attention_2"` with flash-attn not installed: Transformers 5.25
+    asks for `kernels-community/flash-attn2` v4 instead (on CPU too), and kerneld serves it."""
+    daemon = make_daemon(hub_endpoint=attention_hub.url)
+    env = {**hook_env(tmp_path, attention_hub, daemon), "PYTHONPATH": str(ROOT)}
+    args = {"model": str(tmp_path / "model"), "impls": ["flash_attention_2"]}
+    out = _run(tf_python, args, env)
+    _assert_served(out["results"]["flash_attention_2"], daemon.store_root.resolve())
+    assert out["kerneld_repos"] == [FLASH_ATTN2]
