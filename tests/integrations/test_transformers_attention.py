@@ -21,6 +21,8 @@ import pytest
 
 from examples.kernels.hub import HubRoot
 from examples.kernels.specs import ORG
+from tests.client.support import client_env
+from tests.hubapi.support import hub_api_daemon
 from tests.hubapi.venvs import CLIENT_REQUIREMENT, make_venv
 from tests.integrations.support import ROOT, hook_env
 from tests.integrations.test_transformers_releases import run_models
@@ -170,3 +172,36 @@ def test_flash_attention_2_without_flash_attn_falls_back_to_the_hub_kernel(
     out = _run(tf_python, args, env)
     _assert_served(out["results"]["flash_attention_2"], daemon.store_root.resolve())
     assert out["kerneld_repos"] == [FLASH_ATTN2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_attention_kernel_through_the_endpoint_without_the_hook(
+    tf_python: Path,
+    attention_hub: HubServer,
+    make_daemon: Callable[..., DaemonProcess],
+    tmp_path: Path,
+) -> None:
+    """The same model with the hook off and `HF_ENDPOINT` the daemon's Hub API: `kernels`
+    0.19.1 keeps its own copy in the job's HF cache (made from the store), the logits and
+    generate() equal SDPA's, and a warm start sends the upstream Hub nothing."""
+    attention_hub.reset()
+    _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=attention_hub.url)
+    env = {
+        **client_env(
+            None,
+            tmp_path,
+            HF_ENDPOINT=endpoint,
+            HF_HOME=str(tmp_path / "hf-home"),
+            KERNELD_HOOK_KERNELS="0",
+        ),
+        "PYTHONPATH": str(ROOT),
+    }
+    args = {"model": str(tmp_path / "model"), "impls": [ATTENTION]}
+    for name in ("cold", "warm"):
+        attention_hub.reset_counts()
+        out = _run(tf_python, args, env)
+        assert out["hooked"] is False and out["kerneld_sources"] == []
+        _assert_served(out["results"][ATTENTION], tmp_path / "hf-home")
+        if name == "warm":
+            assert attention_hub.total() == 0, dict(attention_hub.counts)
