@@ -57,6 +57,23 @@ def _hub_type(exc: KernelError) -> type[BaseException] | None:
     return hub_errors.RepositoryNotFoundError  # type: ignore[no-any-return]
 
 
+def _rebuild(kind: type[KernelError], args: tuple[Any, ...], state: dict[str, Any]) -> KernelError:
+    """Unpickle a combined error: kerneld's type again, combined again where it can be."""
+    exc = kind.__new__(kind)
+    exc.args = args
+    exc.__dict__.update(state)
+    return as_kernels_raises(exc)
+
+
+def _reduce_ex(self: KernelError, protocol: int) -> tuple[Any, ...]:
+    """Pickle a combined error as kerneld's type (the combined class is made at run time, so
+    pickle cannot name it; huggingface_hub's own `__reduce_ex__` would name it): an error
+    raised in a worker process reaches its parent."""
+    del protocol
+    kerneld_type = next(t for t in type(self).__mro__[1:] if issubclass(t, KernelError))
+    return (_rebuild, (kerneld_type, self.args, dict(self.__dict__)))
+
+
 def as_kernels_raises(exc: KernelError) -> KernelError:
     """`exc`, also an instance of huggingface_hub's type for it where huggingface_hub is
     installed (otherwise `exc` unchanged)."""
@@ -66,7 +83,11 @@ def as_kernels_raises(exc: KernelError) -> KernelError:
     key = (type(exc), hub_type)
     both = _BOTH.get(key)
     if both is None:
-        attrs: dict[str, Any] = {"__module__": type(exc).__module__, "__doc__": type(exc).__doc__}
+        attrs: dict[str, Any] = {
+            "__module__": type(exc).__module__,
+            "__doc__": type(exc).__doc__,
+            "__reduce_ex__": _reduce_ex,
+        }
         both = _BOTH[key] = type(type(exc).__name__, (type(exc), hub_type), attrs)
     raised = both.__new__(both)
     raised.__dict__.update(exc.__dict__)

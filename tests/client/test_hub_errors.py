@@ -134,3 +134,13 @@ print(json.dumps(res))
     assert out["fnf"][0] == "KernelNotFound" and f"{ORG}/absent" in out["fnf"][1], out
     assert out["hub"] == ["KernelNotFound", True]
     assert out["rev"] == ["RevisionNotFound", True]
+
+
+def test_a_combined_error_pickles(hooked: None) -> None:
+    """An error raised in a worker process (multiprocessing, a DataLoader) reaches its parent."""
+    import pickle
+
+    raised = as_kernels_raises(RevisionNotFound("no such branch", repo_id="org/k", revision="x"))
+    back = pickle.loads(pickle.dumps(raised))
+    assert type(back) is type(raised) and isinstance(back, RevisionNotFoundError)
+    assert (str(back), back.repo_id, back.revision) == (str(raised), "org/k", "x")
