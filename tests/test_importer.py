@@ -150,6 +150,41 @@ def test_the_same_build_from_another_folder_is_the_imported_module(tmp_path: Pat
         import_variant(other)
 
 
+def _as_hf_snapshot(folder: Path, blobs: Path) -> Path:
+    """Turn `folder` into a Hugging Face cache snapshot's layout: every file a link into
+    `blobs` (named by content, as the cache names them)."""
+    import hashlib
+
+    blobs.mkdir(parents=True, exist_ok=True)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        blob = blobs / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        path.unlink()
+        path.symlink_to(blob)
+    return folder
+
+
+def test_the_same_build_in_a_linked_cache_snapshot_is_the_imported_module(tmp_path: Path) -> None:
+    """Issue 53: a build imported from the store, then the same build from the Hugging Face
+    cache (`LocalFuncRepository` over the snapshot; its files are links into the blobs) is
+    the module already running, not another build refused as a duplicate. A linked copy whose
+    content differs from the digest is still refused."""
+    first = import_variant(_with_digest(_variant(tmp_path / "store", "_linked", value=5)))
+    snapshot = _as_hf_snapshot(
+        _with_digest(_variant(tmp_path / "snap", "_linked", value=5)), tmp_path / "blobs"
+    )
+    assert import_variant(snapshot, own_folder=True) is first
+    changed = _with_digest(_variant(tmp_path / "snap2", "_linked", value=5))
+    (changed / "_ops.py").write_text("def value():\n    return 6\n")
+    _as_hf_snapshot(changed, tmp_path / "blobs2")
+    with pytest.raises(KernelLoadError, match="already imported"):
+        import_variant(changed, own_folder=True)
+    # A folder not the caller's own (a store tree) never has its links followed.
+    with pytest.raises(KernelLoadError, match="refusing"):
+        import_variant(snapshot)
+
+
 def test_broken_kernel_leaves_no_module_behind(tmp_path: Path) -> None:
     folder = _variant(tmp_path, "_broken")
     (folder / "_ops.py").write_text("raise RuntimeError('boom')\n")

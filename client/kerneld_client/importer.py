@@ -359,9 +359,12 @@ def _imported_from(module: ModuleType) -> Path | None:
     return Path(origin).parent if isinstance(origin, str) else None
 
 
-def _same_build(existing: ModuleType, folder: Path) -> bool:
+def _same_build(existing: ModuleType, folder: Path, *, links: bool = False) -> bool:
     """Is `folder` the build `existing` was imported from: byte-identical metadata.json with a
-    digest of every file, and `folder`'s files match that digest? (No code from `folder` runs.)"""
+    digest of every file, and `folder`'s files match that digest? (No code from `folder` runs.)
+    `links`: a folder of the caller's whose files may be links (a Hugging Face cache snapshot's
+    point into its blobs): their targets are hashed, else such a copy of an imported build would
+    be refused as another build with the same id (issue 53)."""
     from kerneld_client import tree_verify
     from kerneld_client.errors import CorruptTree
 
@@ -377,7 +380,7 @@ def _same_build(existing: ModuleType, folder: Path) -> bool:
         return False
     try:
         # Bytecode a standard import wrote there is no part of the build (none of it runs).
-        tree_verify.verify_tree(folder, None, skip_bytecode=True)
+        tree_verify.verify_tree(folder, None, skip_bytecode=True, follow_links=links)
     except CorruptTree:
         return False
     return True
@@ -515,7 +518,7 @@ def import_variant(
             if getattr(existing, TREE_ATTR, None) == str(folder) or _file_inside(existing, folder):
                 # Same folder, possibly imported by another loader (the `kernels` package).
                 return existing
-            if _same_build(existing, folder):
+            if _same_build(existing, folder, links=own_folder):
                 # The same build from another folder (a Hub cache copy, then the store's):
                 # the module already running is it, and nothing is registered twice.
                 return existing

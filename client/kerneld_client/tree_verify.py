@@ -89,9 +89,13 @@ def _files(folder: str, *, skip_bytecode: bool = False) -> list[tuple[str, str]]
     return out
 
 
-def _hash(path: str, extra: str | None) -> tuple[_Hashed, bytes | None]:
-    """Hash one regular file (never through a symlink); the bytes too if it is small JSON."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+def _hash(
+    path: str, extra: str | None, *, follow_links: bool = False
+) -> tuple[_Hashed, bytes | None]:
+    """Hash one regular file (through a symlink only with `follow_links`); the bytes too if it
+    is small JSON."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -159,13 +163,16 @@ def verify_tree(
     revision: str = "",
     variant: str = "",
     skip_bytecode: bool = False,
+    follow_links: bool = False,
 ) -> TreeCheck:
     """Re-hash `folder`; CorruptTree unless it matches `digest` (``sha256:<hex>``, the store's
     tree digest; None for a folder that has none) and metadata.json's digest, if any.
 
     `skip_bytecode` leaves `__pycache__` directories out: for a folder none of whose code will
     run, where the question is whether its sources are a build's (a standard import, such as
-    the `kernels` package's, writes bytecode next to a Hub cache snapshot's sources)."""
+    the `kernels` package's, writes bytecode next to a Hub cache snapshot's sources).
+    `follow_links` hashes what a file link points at: a Hugging Face cache snapshot's files are
+    links into its blobs (a store tree never has links, and is checked without following)."""
     started = time.perf_counter()
     ctx = {"repo_id": repo_id, "revision": revision, "variant": variant}
     hint = (
@@ -185,10 +192,10 @@ def verify_tree(
         meta_path = os.path.join(root, METADATA_FILE)
         meta_raw: bytes | None = None
         if any(full == meta_path for _rel, full in files):
-            _meta_hashed, meta_raw = _hash(meta_path, None)
+            _meta_hashed, meta_raw = _hash(meta_path, None, follow_links=follow_links)
         claim = metadata_digest(meta_raw)
         extra = claim[0] if claim is not None and claim[0] != "sha256" else None
-        hashed = {rel: _hash(full, extra)[0] for rel, full in files}
+        hashed = {rel: _hash(full, extra, follow_links=follow_links)[0] for rel, full in files}
     except OSError as exc:
         raise corrupt(f"cannot read it: {exc}") from exc
     nbytes = sum(h.size for h in hashed.values())

@@ -90,6 +90,16 @@ KERNELS: tuple[KernelSpec, ...] = (
         ops={1: ("apply_rotary",), 2: ("apply_rotary",)},
     ),
     KernelSpec(
+        name="attention",
+        summary="Attention with flash-attn's interface (flash_attn_func, "
+        "flash_attn_varlen_func) and Transformers' flash_attn_forward form, on CPU",
+        sources=("csrc/attention.cpp",),
+        ops={
+            1: ("varlen_attention", "masked_attention"),
+            2: ("varlen_attention", "masked_attention"),
+        },
+    ),
+    KernelSpec(
         name="relu2-next",
         summary="relu2 built as kernels 0.19 builds: its arch variant under the new name "
         "format, and v2 as a zip build (build-layout: zip)",

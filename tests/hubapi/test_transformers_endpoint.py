@@ -67,9 +67,10 @@ def test_the_newest_transformers_loads_kernels_through_the_endpoint(
     example_hub_server: HubServer,
     tmp_path: Path,
 ) -> None:
-    """Transformers 5.25 requires `kernels>=0.19.1,<0.20`, which the hook does not patch: the
-    endpoint is its route. A throw-away venv with exactly what the registry gives for
-    `transformers==5.25.0`, cold then warm with the Hub silent."""
+    """Transformers 5.25 requires `kernels>=0.19.1,<0.20`: the hook serves it too, and the
+    endpoint is its route where nothing of kerneld's may be installed. A throw-away venv with
+    exactly what the registry gives for `transformers==5.25.0`, cold then warm with the Hub
+    silent."""
     python = release_venvs[f"transformers=={TRANSFORMERS_RELEASE}"]
     _, endpoint = hub_api_daemon(make_daemon, hub_endpoint=example_hub_server.url)
     for name in ("cold", "warm"):

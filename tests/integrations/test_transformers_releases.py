@@ -84,10 +84,15 @@ def tf_hub_lacking(
 
 
 def run_models(
-    python: Path, args: dict[str, Any], env: dict[str, str], timeout: float = 300
+    python: Path,
+    args: dict[str, Any],
+    env: dict[str, str],
+    timeout: float = 300,
+    *,
+    child: str = "tests.integrations._tf_models_child",
 ) -> dict[str, Any]:
     proc = subprocess.run(
-        [str(python), "-m", "tests.integrations._tf_models_child", json.dumps(args)],
+        [str(python), "-m", child, json.dumps(args)],
         cwd=ROOT,
         env=env,
         capture_output=True,

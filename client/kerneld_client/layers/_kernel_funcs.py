@@ -154,12 +154,13 @@ def kernel_function_class(func: Callable[..., Any]) -> type[nn.Module]:
     return type(getattr(func, "__name__", "Func"), (nn.Module,), namespace)
 
 
-def use_kernelized_func(*funcs: Any) -> Callable[[type[_T]], type[_T]]:
+def use_kernelized_func(*args: Any) -> Callable[[type[_T]], type[_T]]:
     """Give every instance of the decorated module class its own wrapper of each function
     (marked with `use_kernel_forward_from_hub`), which `kernelize` finds and swaps, and route
-    the functions' calls made during the instance's forward to its wrappers."""
+    the functions' calls made during the instance's forward to its wrappers. The parameter is
+    `*args`, as `kernels` names it (its signature, introspected, is the same)."""
     keys: list[tuple[Any, str]] = []
-    for fn in funcs:
+    for fn in args:
         if not hasattr(fn, LAYER_NAME_ATTR):
             name = getattr(fn, "__name__", repr(fn))
             raise ValueError(

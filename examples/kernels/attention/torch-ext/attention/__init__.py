@@ -1,0 +1,39 @@
+"""Attention example kernel: flash-attn's interface on CPU, a stand-in for the Hub's attention
+kernels (kernels-community/flash-attn2 and the like).
+
+- `flash_attn_func(q, k, v, ...)`: q (batch, seqlen_q, heads, head_size), k and v (batch,
+  seqlen_k, kv_heads, head_size), as flash-attn 2's;
+- `flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)`: packed sequences;
+- `flash_attn_forward(module, query, key, value, attention_mask, ...)` and
+  `supports_flash_attn`: the form Transformers registers as an attention function when a hub
+  kernel has no `flash_attn_varlen_func` (its arguments and result are SDPA's).
+
+Causal masks are aligned to the bottom right, as in flash-attn >= 2.1. Inference only: no
+dropout, no backward. `_ops.py` and `_version.py` are written by examples/kernels/build.py.
+"""
+
+from . import layers
+from ._impl import (
+    flash_attn_forward,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    masked_attention,
+    supports_flash_attn,
+    varlen_attention,
+)
+from ._ops import add_op_namespace_prefix, ops
+from ._version import KERNEL_VERSION, __version__
+
+__all__ = [
+    "KERNEL_VERSION",
+    "__version__",
+    "add_op_namespace_prefix",
+    "flash_attn_forward",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "layers",
+    "masked_attention",
+    "ops",
+    "supports_flash_attn",
+    "varlen_attention",
+]
