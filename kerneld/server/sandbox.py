@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneld.config.environment import Environment
+
 __all__ = [
     "DROP_IN",
     "UNIT",
@@ -173,7 +175,7 @@ def readonly_by_sandbox(path: Path, mountinfo: str | None = None) -> str | None:
     point, mount_opts, fs_opts = found
     if "ro" not in mount_opts or "ro" in fs_opts:
         return None
-    under_systemd = "INVOCATION_ID" in os.environ
+    under_systemd = Environment.read().invocation_id is not None
     who = "kerneld.service's sandbox (ProtectSystem=strict)" if under_systemd else "a bind mount"
     return (
         f"the file system of {path} is writable, but {who} mounts {point} read-only for the "

@@ -6,11 +6,11 @@ also on the mirror import, for every spelling of the repo id and however a commi
 (issue 52).
 
 A real daemon (as its unprivileged user) over the Hub test server (case-insensitive, as the
-Hub) serves one trusted organisation's signed and unsigned kernel, an untrusted
-organisation's kernel and two kernels to deny; callers are
-real processes, the endpoint's of real users (`nobody`) where the policy is about who asks.
-The hook's `kernels` talks to the same Hub test server, so a refusal that fell through to
-`kernels`' own download would be served: the verdict must come from kerneld.
+Hub) serves one trusted organisation's signed and unsigned kernel, an untrusted organisation's
+kernel and two kernels to deny; callers are real processes, the endpoint's of real users
+(`nobody`) where the policy is about who asks. The hook's `kernels` talks to the same Hub test
+server, so a refusal that fell through to `kernels`' own download would be served: the verdict
+must come from kerneld.
 """
 
 from __future__ import annotations
