@@ -2,8 +2,7 @@
 that can reach a kernel: the RPC path (`kerneld_client.get_kernel`, cold), the warm path (the
 published index), the hook (`kernels.get_kernel` with KERNELD_HOOK_KERNELS=1), the Hub API
 endpoint (what unmodified `kernels` asks with HF_ENDPOINT) and `kerneldctl prefetch`; a deny
-also on the mirror import, for every spelling of the repo id and however a commit is named
-(issue 52).
+also on the mirror import, for every spelling of a repo id and every name of a commit (52).
 
 A real daemon (as its unprivileged user) over the Hub test server (case-insensitive, as the
 Hub) serves one trusted organisation's signed and unsigned kernel, an untrusted organisation's
