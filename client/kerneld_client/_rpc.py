@@ -223,6 +223,16 @@ def _detail(exc: Any) -> kerneld_pb2.ErrorDetail | None:
     return None
 
 
+def _socket_gone(socket_path: Path) -> bool:
+    try:
+        _daemon_gate.probe(socket_path, _config.timeout_s())
+    except _daemon_gate.SocketGone:
+        return True
+    except DaemonUnavailable:
+        return False
+    return False
+
+
 class _FetchNeeded(Exception):
     """The daemon would have to download: ask again, allowed to fetch."""
 
@@ -255,7 +265,9 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
             text = f"kerneld at {socket_path} {what or 'is unavailable'}: {message}"
-            if code == grpc.StatusCode.UNAVAILABLE:  # draining, or its socket just went away
+            if code == grpc.StatusCode.UNAVAILABLE and _socket_gone(socket_path):
+                # Its socket went away or nothing listens on it: a restart (a daemon that is
+                # up but refuses this connection, at its cap, answers at once instead).
                 return _Restarting(DaemonUnavailable(text, **ctx), down=not fetching)
             if not fetching:  # a slow download is no reason to stop asking the daemon
                 _daemon_gate.mark_down(text)

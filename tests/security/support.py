@@ -149,3 +149,45 @@ def fill(path: Path) -> int:
             except OSError:
                 pass
     return written
+
+
+@contextmanager
+def group_member(user: str, group: str) -> Iterator[None]:
+    """`user` in `group` in the user database while any test of any xdist worker needs it: the
+    membership is machine-wide, so a count under a file lock (not each test's own add and
+    remove) decides when it is added and taken away again."""
+    import fcntl
+
+    lock = Path(tempfile.gettempdir()) / f"kerneld-tests-member-{user}-{group}.lock"
+
+    def change(delta: int) -> None:
+        with open(lock, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            count = int(f.read().strip() or 0)
+            if delta > 0 and count == 0:
+                subprocess.run(["gpasswd", "-a", user, group], check=True, capture_output=True)
+            if delta < 0 and count == 1:
+                subprocess.run(["gpasswd", "-d", user, group], check=True, capture_output=True)
+            f.seek(0)
+            f.truncate()
+            f.write(str(max(0, count + delta)))
+
+    change(+1)
+    try:
+        yield
+    finally:
+        change(-1)
+
+
+@contextmanager
+def nobody_kept_out(*, admit: bool = False) -> Iterator[None]:
+    """The attack tests use `nobody` as the outsider (in no kerneld group); the one test that
+    admits `nobody` to a group for a moment (`admit=True`) waits until no such test runs, and
+    they wait for it (a shared / exclusive file lock across xdist workers)."""
+    import fcntl
+
+    lock = Path(tempfile.gettempdir()) / "kerneld-tests-nobody-outsider.lock"
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if admit else fcntl.LOCK_SH)
+        yield

@@ -18,7 +18,6 @@ import http.client
 import pwd
 import selectors
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,13 @@ from tests.daemon.rpc import http_get_unix, metric
 from tests.fixtures_hub import REPO, VARIANT
 from tests.hubapi.support import endpoint_of
 from tests.security.confine import UnitLimits, confine, unit_limits
-from tests.security.support import NOBODY, as_user, needs_root
+from tests.security.support import (
+    NOBODY,
+    as_user,
+    group_member,
+    needs_root,
+    nobody_kept_out,
+)
 from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.hubserver import HubServer
 
@@ -53,11 +58,8 @@ FILE = f"/kernels/{REPO}/resolve/v1/build/{VARIANT}/metadata.json"
 
 @pytest.fixture
 def member() -> Iterator[pwd.struct_passwd]:
-    subprocess.run(["gpasswd", "-a", TESTER.pw_name, GROUP], check=True, capture_output=True)
-    try:
+    with nobody_kept_out(), group_member(TESTER.pw_name, GROUP):
         yield TESTER
-    finally:
-        subprocess.run(["gpasswd", "-d", TESTER.pw_name, GROUP], check=True, capture_output=True)
 
 
 @pytest.fixture

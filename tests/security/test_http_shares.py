@@ -15,7 +15,6 @@ import grp
 import http.client
 import pwd
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +26,13 @@ import pytest
 from tests.fixtures_hub import REPO, VARIANT
 from tests.hubapi.support import endpoint_of
 from tests.security.confine import UnitLimits, confine, unit_limits
-from tests.security.support import NOBODY, as_user, needs_root
+from tests.security.support import (
+    NOBODY,
+    as_user,
+    group_member,
+    needs_root,
+    nobody_kept_out,
+)
 from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.hubserver import HubServer
 
@@ -70,11 +75,8 @@ def unix_get(path: Path, target: str, timeout: float = 10.0) -> Any:
 
 @pytest.fixture
 def member() -> Iterator[pwd.struct_passwd]:
-    subprocess.run(["gpasswd", "-a", TESTER.pw_name, GROUP], check=True, capture_output=True)
-    try:
+    with nobody_kept_out(), group_member(TESTER.pw_name, GROUP):
         yield TESTER
-    finally:
-        subprocess.run(["gpasswd", "-d", TESTER.pw_name, GROUP], check=True, capture_output=True)
 
 
 @pytest.fixture

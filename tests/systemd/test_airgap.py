@@ -38,7 +38,6 @@ from kerneld.ctl.cmd_status import IMPORT_ONLY_LINE
 from tests.support.daemon import REPO_ROOT
 from tests.systemd.container import Container, ContainerUnavailable, unavailable_reason
 from tests.systemd.test_install import (
-    BASE_PYTHON,
     KERNEL,
     OPERATIONS,
     USERS,
@@ -48,6 +47,7 @@ from tests.systemd.test_install import (
     ok,
     wheelhouse,
 )
+from tests.systemd.wheelhouse import BASE_PYTHON
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow, pytest.mark.timeout(900)]
 
