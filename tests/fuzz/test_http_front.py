@@ -95,6 +95,7 @@ def harness() -> Iterator[FrontHarness]:
 @example(data=b"GET / HTTP/1.1\r\nX: " + b"\r" * 65000 + b"\r\n\r\n")
 @example(data=b"GET /kernels/o/n/resolve/main/build/x HTTP/1.1\r\nRange: bytes=-0\r\n\r\n")
 @example(data=b"GET /api/kernels/%ff/n HTTP/1.1\r\n\r\n")
+@example(data=b"GET /api/kernels/o/n/refs HTTP/1.0\r\nContent-Length: 5\r\n\r\n")  # body never sent
 def test_every_request_gets_one_answer_and_the_front_keeps_serving(
     harness: FrontHarness, data: bytes
 ) -> None:
