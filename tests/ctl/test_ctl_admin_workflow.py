@@ -419,46 +419,9 @@ def test_an_ordinary_user_without_a_system_install_means_their_own(shared_home: 
     assert f"no admin socket at {shared_home / 'run' / 'kerneld' / 'admin.sock'}" in r.stderr
 
 
-@needs_root
-def test_client_hint_names_the_kerneld_users_group(shared_home: Path) -> None:
-    """A socket this user may not connect to: the client names the group that grants it."""
-    with public_dir() as base:
-        path = base / "kerneld.sock"
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(path))
-        server.listen(1)
-        path.chmod(0o600)
-        code = (
-            "import json, kerneld_client\n"
-            "try:\n"
-            "    kerneld_client.get_kernel('org/k', version=1, policy='error')\n"
-            "except kerneld_client.DaemonUnavailable as exc:\n"
-            "    print(json.dumps({'error': str(exc)}))\n"
-        )
-        try:
-            r = as_nobody(
-                sys.executable,
-                "-c",
-                code,
-                home=shared_home,
-                env={
-                    "KERNELD_SOCKET": str(path),
-                    "KERNELD_STORE": str(base / "no-store"),
-                    "KERNELD_PLATFORM_JSON": CPU_FACTS,
-                },
-            )
-        finally:
-            server.close()
-    assert r.rc == 0, r.stderr
-    error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
-    assert f"no permission to connect to {path}" in error
-    assert "kerneld-users" in error and "kerneld group" not in error
-
-
-@needs_root
-def test_client_hint_in_a_pod_names_supplemental_groups(shared_home: Path) -> None:
-    """In a Kubernetes pod usermod cannot help: the hint names the pod spec's
-    supplementalGroups and the socket's own gid."""
+def _refused_socket_error(shared_home: Path, **env: str) -> tuple[Path, int, str]:
+    """(socket, its gid, the client's error) for `nobody` loading through a socket it may not
+    connect to (0600, root's), with `env` added to the job's environment."""
     with public_dir() as base:
         path = base / "kerneld.sock"
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -483,12 +446,28 @@ def test_client_hint_in_a_pod_names_supplemental_groups(shared_home: Path) -> No
                     "KERNELD_SOCKET": str(path),
                     "KERNELD_STORE": str(base / "no-store"),
                     "KERNELD_PLATFORM_JSON": CPU_FACTS,
-                    "KUBERNETES_SERVICE_HOST": "10.96.0.1",  # what the kubelet sets in a pod
+                    **env,
                 },
             )
         finally:
             server.close()
     assert r.rc == 0, r.stderr
-    error = json.loads(r.stdout.strip().splitlines()[-1])["error"]
+    return path, gid, json.loads(r.stdout.strip().splitlines()[-1])["error"]
+
+
+@needs_root
+def test_client_hint_names_the_kerneld_users_group(shared_home: Path) -> None:
+    """A socket this user may not connect to: the client names the group that grants it."""
+    path, _, error = _refused_socket_error(shared_home)
+    assert f"no permission to connect to {path}" in error
+    assert "kerneld-users" in error and "kerneld group" not in error
+
+
+@needs_root
+def test_client_hint_in_a_pod_names_supplemental_groups(shared_home: Path) -> None:
+    """In a Kubernetes pod usermod cannot help: the hint names the pod spec's
+    supplementalGroups and the socket's own gid."""
+    # KUBERNETES_SERVICE_HOST: what the kubelet sets in a pod.
+    path, gid, error = _refused_socket_error(shared_home, KUBERNETES_SERVICE_HOST="10.96.0.1")
     assert f"no permission to connect to {path}" in error
     assert f"supplementalGroups: [{gid}]" in error and "usermod" not in error, error

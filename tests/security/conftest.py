@@ -4,6 +4,7 @@ directory every user can traverse (pytest's tmp dirs are 0700)."""
 from __future__ import annotations
 
 import hashlib
+import pwd
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,13 @@ import pytest
 
 from examples.kernels.built import BuiltExamples
 from kerneld.store import Store, TreeFile
-from tests.security.support import public_dir
+from tests.security.support import (
+    MEMBERS_GROUP,
+    TESTER_NAME,
+    group_member,
+    nobody_kept_out,
+    public_dir,
+)
 
 COMMIT = "7" * 40
 
@@ -49,3 +56,11 @@ def example_copy(example_store: Path, tmp_path: Path) -> Path:
 def public() -> Iterator[Path]:
     with public_dir() as base:
         yield base
+
+
+@pytest.fixture
+def member() -> Iterator[pwd.struct_passwd]:
+    """`kerneld-tester` in kerneld-users for the test, with `nobody` kept an outsider meanwhile
+    (both are machine-wide: tests of other xdist workers see them)."""
+    with nobody_kept_out(), group_member(TESTER_NAME, MEMBERS_GROUP):
+        yield pwd.getpwnam(TESTER_NAME)

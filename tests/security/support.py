@@ -191,3 +191,9 @@ def nobody_kept_out(*, admit: bool = False) -> Iterator[None]:
     with open(lock, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX if admit else fcntl.LOCK_SH)
         yield
+
+
+#: The HTTP attack tests' member: an ordinary login account, in `MEMBERS_GROUP` only while a test
+#: needs it (the `member` fixture).
+TESTER_NAME = "kerneld-tester"
+MEMBERS_GROUP = "kerneld-users"

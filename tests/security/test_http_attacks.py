@@ -29,19 +29,13 @@ from tests.daemon.rpc import http_get_unix, metric
 from tests.fixtures_hub import REPO, VARIANT
 from tests.hubapi.support import endpoint_of
 from tests.security.confine import UnitLimits, confine, unit_limits
-from tests.security.support import (
-    NOBODY,
-    as_user,
-    group_member,
-    needs_root,
-    nobody_kept_out,
-)
+from tests.security.support import MEMBERS_GROUP, NOBODY, TESTER_NAME, as_user, needs_root
 from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.hubserver import HubServer
 
 pytestmark = needs_root
-TESTER = pwd.getpwnam("kerneld-tester")
-GROUP = "kerneld-users"
+TESTER = pwd.getpwnam(TESTER_NAME)
+GROUP = MEMBERS_GROUP
 #: A member's load (info + a file over two fresh connections) during an attack may take this
 #: many times its slowest load at rest, measured before the attack (issue 55: a bound the
 #: machine's load moves with the baseline, not absolute seconds) ...
@@ -54,12 +48,6 @@ REST_LOADS = 5
 PER_UID = 256
 INFO = f"/api/kernels/{REPO}/revision/v1"
 FILE = f"/kernels/{REPO}/resolve/v1/build/{VARIANT}/metadata.json"
-
-
-@pytest.fixture
-def member() -> Iterator[pwd.struct_passwd]:
-    with nobody_kept_out(), group_member(TESTER.pw_name, GROUP):
-        yield TESTER
 
 
 @pytest.fixture

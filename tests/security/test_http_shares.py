@@ -26,19 +26,13 @@ import pytest
 from tests.fixtures_hub import REPO, VARIANT
 from tests.hubapi.support import endpoint_of
 from tests.security.confine import UnitLimits, confine, unit_limits
-from tests.security.support import (
-    NOBODY,
-    as_user,
-    group_member,
-    needs_root,
-    nobody_kept_out,
-)
+from tests.security.support import MEMBERS_GROUP, NOBODY, TESTER_NAME, as_user, needs_root
 from tests.support.daemon import DaemonProcess, daemon_dir
 from tests.support.hubserver import HubServer
 
 pytestmark = needs_root
-TESTER = pwd.getpwnam("kerneld-tester")
-GROUP = "kerneld-users"
+TESTER = pwd.getpwnam(TESTER_NAME)
+GROUP = MEMBERS_GROUP
 #: Two members' uids (no account needed: over the unix socket the kernel names the peer).
 ATTACKERS = (61001, 61002)
 INFO = f"/api/kernels/{REPO}/revision/v1"
@@ -71,12 +65,6 @@ def unix_get(path: Path, target: str, timeout: float = 10.0) -> Any:
         return repr(exc)
     finally:
         conn.close()
-
-
-@pytest.fixture
-def member() -> Iterator[pwd.struct_passwd]:
-    with nobody_kept_out(), group_member(TESTER.pw_name, GROUP):
-        yield TESTER
 
 
 @pytest.fixture
