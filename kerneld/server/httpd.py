@@ -141,6 +141,7 @@ class HttpFront:
         self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
         self._stop = threading.Event()
         self._quiescing = threading.Event()
+        self._quiesced = threading.Event()  # the poller has closed its listeners
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-http")
         self.server_version = getattr(handler, "server_version", "kerneld")
@@ -192,6 +193,10 @@ class HttpFront:
         """Stop; requests accepted before get up to `grace` seconds to be answered."""
         self.quiesce()
         deadline = time.monotonic() + grace
+        # Until the poller has closed its listeners it may still accept: a connection accepted
+        # after `busy()` was last asked would be closed unanswered (a reset for the client).
+        if self._thread is not None:
+            self._quiesced.wait(max(0.0, grace) + 1.0)
         while self._thread is not None and self.busy() and time.monotonic() < deadline:
             time.sleep(0.02)
         self._stop.set()
@@ -236,7 +241,8 @@ class HttpFront:
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
                     elif isinstance(data, _Listener):
-                        self._accept(data)
+                        if not self._quiescing.is_set():  # the backlog is the next daemon's
+                            self._accept(data)
                     else:
                         self._readable(data)
                 except Exception:  # one connection's surprise must not stop the listener
@@ -248,6 +254,7 @@ class HttpFront:
                 self._expire(time.monotonic())
                 if self._quiescing.is_set():
                     self._close_listeners_and_idle()
+                    self._quiesced.set()
             except Exception:
                 log.exception("%s: the poller's bookkeeping failed", self.name)
 
@@ -263,6 +270,8 @@ class HttpFront:
 
     def _accept(self, listener: _Listener) -> None:
         for _ in range(64):  # then let the others have a turn
+            if self._quiescing.is_set():
+                return
             try:
                 sock, peer = listener.sock.accept()
             except (BlockingIOError, InterruptedError):
