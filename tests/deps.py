@@ -27,6 +27,7 @@ from examples.kernels.built import BuiltExamples
 from tests.conformance.suite import RELEASES as SUITE_RELEASES
 from tests.conformance.suite import fetch_suite, suite_venvs
 from tests.hubapi.venvs import (
+    DIFFUSERS_HOOK,
     KERNELS_RELEASES,
     TF_HOOK_RELEASES,
     TRANSFORMERS_RELEASE,
@@ -60,6 +61,12 @@ def tf_hook_venvs() -> dict[str, Path]:
         release: make_venv(venv_root(), requirements, name=name)
         for release, (requirements, name) in TF_HOOK_RELEASES.items()
     }
+
+
+def diffusers_venv() -> Path:
+    """tests/integrations/test_diffusers.py: Diffusers with `kernels` and kerneld-client."""
+    requirements, name = DIFFUSERS_HOOK
+    return make_venv(venv_root(), requirements, name=name)
 
 
 def clean_release_venvs() -> dict[str, Path]:
@@ -104,7 +111,7 @@ def images() -> dict[str, str] | None:
 
 def all_venvs() -> list[object]:
     """Every release venv of the suite, the groups side by side (pip waits on the network)."""
-    groups = (release_venvs, hook_venvs, tf_hook_venvs, clean_release_venvs)
+    groups = (release_venvs, hook_venvs, tf_hook_venvs, diffusers_venv, clean_release_venvs)
     with ThreadPoolExecutor(max_workers=len(groups)) as pool:
         return [f.result() for f in [pool.submit(g) for g in groups]]
 

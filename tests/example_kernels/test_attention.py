@@ -107,3 +107,30 @@ def test_bad_input_is_a_clear_error(attention: ModuleType) -> None:
     q, k, v = _qkv(1, 3, 3, 2, 2, torch.float32)
     with pytest.raises(NotImplementedError, match="dropout_p"):
         attention.flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="num_splits, qv"):
+        attention.flash_attn_func(q, k, v, qv=q, num_splits=2)
+    with pytest.raises(NotImplementedError, match="inference only"):
+        attention.flash_attn_interface._flash_attn_forward(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_forms_diffusers_hub_backends_call(attention: ModuleType, causal: bool) -> None:
+    """Diffusers 0.42's `_flash_3_hub` (flash-attn 3's keywords, at their defaults) and
+    `sage_hub` (`sageattn`, NHD and HND layouts) give SDPA's result; `flash_hub` and
+    `flash_varlen_hub` find flash-attn's `flash_attn_interface` entry points."""
+    q, k, v = _qkv(2, 5, 5, 4, 4, torch.float32)
+    want = _sdpa(q, k, v, causal=causal, scale=0.3)
+    fa3 = attention.flash_attn_func(
+        q=q, k=k, v=v, softmax_scale=0.3, causal=causal, qv=None, q_descale=None,
+        k_descale=None, v_descale=None, window_size=(-1, -1), softcap=0.0, num_splits=1,
+        pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False,
+    )  # fmt: skip
+    assert torch.allclose(fa3, want, atol=1e-5)
+    nhd = attention.sageattn(q=q, k=k, v=v, tensor_layout="NHD", is_causal=causal, sm_scale=0.3)
+    assert torch.allclose(nhd, want, atol=1e-5)
+    hnd = attention.sageattn(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, sm_scale=0.3)
+    assert torch.allclose(hnd.transpose(1, 2), want, atol=1e-5)
+    names = ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward")
+    assert all(callable(getattr(attention.flash_attn_interface, n)) for n in names)
+    with pytest.raises(ValueError, match="tensor_layout"):
+        attention.sageattn(q, k, v, tensor_layout="BSHD")

@@ -57,6 +57,14 @@ TF_HOOK_RELEASES = {
     "5.25.0": (["transformers==5.25.0", CLIENT_REQUIREMENT], "tf-hook"),
 }
 
+#: Diffusers' hub attention backends through the hook (issue 53). Diffusers does not require
+#: `kernels`: a user installs it beside, here the newest release the hook serves.
+DIFFUSERS_RELEASE = "0.42.1"
+DIFFUSERS_HOOK = (
+    [f"diffusers=={DIFFUSERS_RELEASE}", f"kernels=={HOOK_RELEASES[-1]}", CLIENT_REQUIREMENT],
+    "diffusers-hook",
+)
+
 
 def _requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower().replace("_", "-")

@@ -55,9 +55,9 @@ def _hook_now() -> None:
 
 
 class _Loader:
-    """The real loader of `kernels`, plus the hook once its module has run."""
+    """The real loader of the watched module, plus its finder's callback once the module ran."""
 
-    def __init__(self, inner: Any, finder: KernelsFinder) -> None:
+    def __init__(self, inner: Any, finder: AfterImport) -> None:
         self._inner = inner
         self._finder = finder
 
@@ -68,20 +68,26 @@ class _Loader:
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)  # a failed import keeps the finder for a retry
         self._finder.remove()
-        _hook_now()
+        self._finder.then()
 
     def __getattr__(self, name: str) -> Any:
         # get_resource_reader, get_source, is_package...: the real loader's
         return getattr(self._inner, name)
 
 
-class KernelsFinder:
-    """A meta-path finder that only ever answers for `kernels`, with a wrapped loader."""
+class AfterImport:
+    """A meta-path finder that only ever answers for `target`, with a loader that calls `then()`
+    right after the module has run (before the importer sees it), then leaves the import path."""
+
+    target = ""
+
+    def then(self) -> None:
+        """Called once `target` is imported (the subclass's hook)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != TARGET:
+        if fullname != self.target:
             return None
         try:
             for finder in sys.meta_path:
@@ -97,7 +103,7 @@ class KernelsFinder:
             spec.loader = _Loader(spec.loader, self)  # type: ignore[assignment]
             return spec
         except Exception as exc:
-            _warn(f"kerneld: the kernels hook could not wrap `import kernels` ({exc!r})")
+            _warn(f"kerneld: could not wrap `import {self.target}` ({exc!r})")
             self.remove()
             return None
 
@@ -105,13 +111,27 @@ class KernelsFinder:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
 
+    def insert(self) -> None:
+        """Watch for `target` (once: a second finder of the same class is not added)."""
+        if not any(type(f) is type(self) for f in sys.meta_path):
+            sys.meta_path.insert(0, self)
+
+
+class KernelsFinder(AfterImport):
+    """Waits for `import kernels`, then installs the hook."""
+
+    target = TARGET
+
+    def then(self) -> None:
+        _hook_now()
+
 
 def activate() -> None:
     """Hook `kernels` now if it is already imported, else when it is."""
     try:
         if TARGET in sys.modules:
             _hook_now()
-        elif not any(isinstance(f, KernelsFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, KernelsFinder())
+        else:
+            KernelsFinder().insert()
     except Exception as exc:
         _warn(f"kerneld: {ENV} is set, but the kernels hook could not start ({exc!r})")

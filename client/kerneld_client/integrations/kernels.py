@@ -157,7 +157,19 @@ def install() -> bool:
         _state = _State(kernels, version, originals)
         _config.set_hooked(_loggers(parts))
         _config.log.debug("kernels %s: its %d public names are kerneld's", version, len(bound))
+        _attach_diffusers()
         return True
+
+
+def _attach_diffusers() -> None:
+    """Diffusers' hub attention backends ask the Hub about the publisher before `get_kernel`:
+    with `get_kernel` kerneld's, that question is kerneld's too (integrations/diffusers.py)."""
+    try:
+        from kerneld_client.integrations import diffusers
+
+        diffusers.attach()
+    except Exception as exc:  # the kernels hook stands; Diffusers keeps its own Hub check
+        _config.log.warning("kerneld could not attach to diffusers (%r)", exc)
 
 
 def uninstall() -> None:
@@ -167,6 +179,9 @@ def uninstall() -> None:
         state = _state
         if state is None:
             return
+        from kerneld_client.integrations import diffusers
+
+        diffusers.detach()
         for name, original in state.originals.items():
             setattr(state.module, name, original)
         _state = None

@@ -99,6 +99,20 @@ def flash_attn_varlen_func(
     )
 
 
+def _fa3_defaults(**extras: Any) -> None:
+    """flash-attn 3's extra keywords (Diffusers' `_flash_3_hub` passes them all): accepted at
+    the values that mean "plain attention" only."""
+    plain = {"qv": None, "q_descale": None, "k_descale": None, "v_descale": None}
+    plain.update(attention_chunk=0, num_splits=1, pack_gqa=None, sm_margin=0)
+    odd = sorted(
+        name
+        for name, value in extras.items()
+        if (value is not None if plain[name] is None else value != plain[name])
+    )
+    if odd:
+        raise NotImplementedError(f"the attention example has no {', '.join(odd)}")
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -111,8 +125,28 @@ def flash_attn_func(
     alibi_slopes: torch.Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    attention_chunk: int = 0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
 ) -> torch.Tensor:
-    """flash-attn 2's `flash_attn_func`: q (batch, seqlen_q, heads, head_size)."""
+    """flash-attn 2's `flash_attn_func`: q (batch, seqlen_q, heads, head_size). It also takes
+    flash-attn 3's keywords (at their defaults), so one build stands in for both."""
+    _fa3_defaults(
+        qv=qv,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+        num_splits=num_splits,
+        pack_gqa=pack_gqa,
+        sm_margin=sm_margin,
+    )
     batch, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
     cu_q = torch.arange(0, (batch + 1) * sq, sq, dtype=torch.int64)
@@ -183,3 +217,26 @@ def flash_attn_forward(
         softcap=softcap or 0.0,
     )
     return out, None
+
+
+def sageattn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """SageAttention's `sageattn` (exact, not quantized): `tensor_layout` "HND" is (batch,
+    heads, seq, head_size), "NHD" (batch, seq, heads, head_size), as flash-attn's."""
+    del kwargs  # SageAttention's tuning knobs (pv_accum_dtype...): nothing to tune here
+    if return_lse:
+        raise NotImplementedError("the attention example returns no log-sum-exp")
+    if tensor_layout not in ("HND", "NHD"):
+        raise ValueError(f"tensor_layout must be 'HND' or 'NHD', not {tensor_layout!r}")
+    if tensor_layout == "HND":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    out = flash_attn_func(q, k, v, softmax_scale=sm_scale, causal=is_causal)
+    return out.transpose(1, 2) if tensor_layout == "HND" else out
