@@ -128,7 +128,9 @@ def test_the_forms_diffusers_hub_backends_call(attention: ModuleType, causal: bo
     assert torch.allclose(fa3, want, atol=1e-5)
     nhd = attention.sageattn(q=q, k=k, v=v, tensor_layout="NHD", is_causal=causal, sm_scale=0.3)
     assert torch.allclose(nhd, want, atol=1e-5)
-    hnd = attention.sageattn(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, sm_scale=0.3)
+    hnd = attention.sageattn(
+        *(x.transpose(1, 2) for x in (q, k, v)), is_causal=causal, sm_scale=0.3
+    )
     assert torch.allclose(hnd.transpose(1, 2), want, atol=1e-5)
     names = ("_flash_attn_forward", "_flash_attn_backward", "_flash_attn_varlen_forward")
     assert all(callable(getattr(attention.flash_attn_interface, n)) for n in names)
