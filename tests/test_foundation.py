@@ -46,6 +46,7 @@ def _modules_after(code: str, env: dict[str, str] | None = None) -> set[str]:
         "import kerneld_client.integrations",
         "import kerneld_client.integrations.kernels",
         "import kerneld_client.integrations._autohook",
+        "import kerneld_client.integrations.diffusers",
     ],
 )
 def test_client_import_graph_is_light(statement: str) -> None:
