@@ -4,7 +4,7 @@ Diffusers, `kernels` 0.19.1 and kerneld-client's start-up hook.
 Diffusers asks the Hub whether a backend's publisher is trusted before `get_kernel`; under the
 hook that question is kerneld's (client/kerneld_client/integrations/diffusers.py). The example
 attention kernel (examples/kernels/attention: flash-attn 2 and 3's and SageAttention's
-interfaces on CPU) stands in for the three repos the five backends load, under their names and
+interfaces on CPU) stands in for the four repos the six backends load, under their names and
 version branches. A warm process sends the Hub nothing and works with the Hub gone; an untrusted
 publisher is refused, with DIFFUSERS_TRUST_REMOTE_KERNELS=true too, unless the site's
 `[trust] allow` lists it."""
@@ -34,6 +34,7 @@ BACKENDS = {
     "_flash_3_hub": ("kernels-community/flash-attn3", 1),
     "_flash_3_varlen_hub": ("kernels-community/flash-attn3", 1),
     "sage_hub": ("SageAttention/sage-attention", 3),
+    "flash_4_hub": ("kernels-community/flash-attn4", 0),
 }
 SAGE = "SageAttention/sage-attention"
 TOLERANCE = 1e-5
@@ -85,7 +86,7 @@ def test_hub_backends_warm_make_no_hub_request_and_run_with_the_hub_down(
     make_daemon: Callable[..., DaemonProcess],
     tmp_path: Path,
 ) -> None:
-    """All five backends equal the native one, from the store: cold (the daemon downloads), warm
+    """All six backends equal the native one, from the store: cold (the daemon downloads), warm
     (no Hub request, Diffusers' publisher question included), with the Hub gone. The flash
     repos' publisher is trusted by the Hub's verdict, SageAttention's only by this site's
     `[trust] allow` (the Hub says no): a site's allow-list overrules the Hub, as documented."""
