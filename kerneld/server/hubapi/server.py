@@ -24,7 +24,6 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -32,6 +31,7 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from kerneld.config import SocketConfig
 from kerneld.server.activation import Inherited
 from kerneld.server.core import Core
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httplisteners import HttpListeners
 from kerneld.server.hubapi.view import HubFile, HubView, git_blob_id
 from kerneld.server.identity import Caller
@@ -117,66 +117,54 @@ def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str,
     return sorted(entries, key=lambda e: str(e["path"]))
 
 
-class HubApiHandler(BaseHTTPRequestHandler):
-    """One request; `view` is set on a subclass per server, `caller` by the listener."""
+class HubApiEndpoint:
+    """The endpoint's handler for the HTTP front (`kerneld.server.httpexchange.HttpHandler`):
+    each request is answered by its own `HubApiHandler`. Methods the Hub API does not know get
+    the front's 501; PUT, DELETE, PATCH and OPTIONS the Hub's 405."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = "kerneld"
-    view: HubView
-    #: Set by the listener at accept, before a byte of the connection was read (httpd.py).
-    caller: Caller
-    # (metrics route label, counted yet) of the request being answered; outside a request
-    # (the base class's own error replies) nothing is counted
-    _counted: tuple[str, bool] = ("", True)
+    methods = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("hub api %s %s", self.address_string(), format % args)
+    def __init__(self, view: HubView) -> None:
+        self.view = view
 
-    def address_string(self) -> str:
-        return (
-            "unix" if isinstance(self.client_address, str | bytes) else str(self.client_address[0])
-        )
+    def __call__(self, exchange: Exchange) -> None:
+        HubApiHandler(self.view, exchange).dispatch()
+
+
+class HubApiHandler:
+    """One request."""
+
+    def __init__(self, view: HubView, exchange: Exchange) -> None:
+        self.view = view
+        self.exchange = exchange
+        #: Identified and admitted at accept, before a byte of the connection was read.
+        self.caller = exchange.caller
+        # (metrics route label, counted yet) of the request being answered
+        self._counted: tuple[str, bool] = ("", True)
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _refuse(self) -> None:
-        self._dispatch("OTHER")
-
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
-
-    def _dispatch(self, method: str) -> None:
-        split = urlsplit(self.path)
+    def dispatch(self) -> None:
+        ex = self.exchange
+        method = ex.method if ex.method in ("GET", "HEAD", "POST") else "OTHER"
+        split = urlsplit(ex.target)
         parts = split.path.split("/")
         route = _route_name(parts)
         self._counted = (route, False)
         status = 500
         try:
-            caller = self.caller  # identified and admitted at accept
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 <= length <= 1 << 20:
-                self.close_connection = True
-                raise HubError(413, "request body too large")
-            body = self.rfile.read(length) if length else b""
-            status = self._route(method, parts, parse_qs(split.query), body, caller)
+            status = self._route(method, parts, parse_qs(split.query), ex.body, self.caller)
         except HubError as err:
             status = err.status
             self._send_error(err)
         except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+            ex.close = True
         except Exception as exc:  # every failure becomes an answer in the Hub's shape
             answer = _hub_error(exc, parts)
             status = answer.status
             self._send_error(answer)
         self._count(status)  # a request that got no answer (the peer went away)
+        log.debug("hub api %s %s %s: %d", ex.peer, ex.method, ex.target, status)
 
     def _count(self, status: int) -> None:
         """Count the request once, before its answer goes out: a client that reads the metrics
@@ -362,7 +350,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
             headers["X-Linked-Etag"] = f'"{file.sha256}"'
             headers["X-Linked-Size"] = str(file.size)
         start, end, status = 0, file.size, 200
-        rng = self.headers.get("Range")
+        rng = self.exchange.header("Range")
         if rng is not None:
             parsed = parse_range(rng, file.size)
             if parsed is None:
@@ -388,20 +376,17 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 chunk = fh.read(min(COPY_CHUNK, remaining))
                 if not chunk:
                     break  # the store verified the size: only a failing disk gets here
-                self.wfile.write(chunk)
+                self.exchange.write(chunk)
                 remaining -= len(chunk)
             if remaining:
-                self.close_connection = True
+                self.exchange.close = True
         return status
 
     # -- answers --------------------------------------------------------------------------------
 
     def _send_head(self, status: int, headers: Mapping[str, str]) -> None:
         self._count(status)
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
+        self.exchange.start(status, headers)
 
     def _send_json(self, payload: Any, headers: Mapping[str, str] | None = None) -> int:
         data = json.dumps(payload, separators=(",", ":")).encode()
@@ -413,8 +398,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 **(headers or {}),
             },
         )
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        self.exchange.write(data)  # (nothing for a HEAD)
         return 200
 
     def _send_error(self, err: HubError) -> None:
@@ -431,10 +415,9 @@ class HubApiHandler(BaseHTTPRequestHandler):
             headers.setdefault("Retry-After", "5")
         try:
             self._send_head(err.status, headers)
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            self.exchange.write(data)
         except OSError:
-            self.close_connection = True
+            self.exchange.close = True
 
 
 def _route_name(parts: list[str]) -> str:
@@ -508,7 +491,7 @@ class HubApiServer:
         `refused`: passed ones held but answered with a 503 saying why
         (`kerneld.server.exposure`)."""
         user = core.config.user_socket
-        handler = type("KerneldHubApiHandler", (HubApiHandler,), {"view": HubView(core)})
+        handler = HubApiEndpoint(HubView(core))
 
         def admit_member(caller: Caller) -> tuple[bool, str]:
             verdict = admit(caller, user.path)
