@@ -3,7 +3,7 @@
 
 A real `HttpFront` on a loopback port (peers named by the kernel, as deployed) runs a handler
 that applies the endpoint's own request parsing to what it gets: the path split and routed to
-its metrics label (`_route_name`), every part percent-decoded as the routes do, the repo id
+its metrics label (`route_label`), every part percent-decoded as the routes do, the repo id
 checked when the route names one, and the `Range` header against a 1,000-byte file
 (`parse_range`). The invariants, for any bytes sent as a request:
 
@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 from kerneld.server.httpd import HttpFront
 from kerneld.server.httpexchange import Exchange
 from kerneld.server.httphead import HeadError, HttpLimits, check_head
-from kerneld.server.hubapi.server import _route_name, parse_range
+from kerneld.server.hubapi.server import parse_range, route_label
 from kerneld.server.peers import identify_peer
 from kerneld.upstream.base import check_repo_id
 
@@ -44,7 +44,7 @@ class RoutingHandler:
     def __call__(self, exchange: Exchange) -> None:
         split = urlsplit(exchange.target)
         parts = split.path.split("/")
-        route = _route_name(parts)
+        route = route_label(split.path)
         assert route in ROUTES, route
         for part in parts:
             unquote(part)
