@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from bench.http_front import Handler
+from bench.http_front import FrontHandler
 
 
 def serve() -> None:
@@ -45,7 +45,7 @@ def serve() -> None:
     sock.bind(("127.0.0.1", 0))
     front = HttpFront(
         "bench",
-        Handler,
+        FrontHandler(),
         identify=identify_peer,
         admit=lambda c: (c.uid != nobody, f"uid {c.uid} is not a member"),
     )

@@ -7,7 +7,8 @@ request with fixed bodies (a repo info of 1.1 KiB of JSON, a 64 KiB file), so th
 HTTP layer differs:
 
 - `old`: `http.server.ThreadingHTTPServer`, a thread per connection (the front before issue 42);
-- `front`: `kerneld.server.httpd.HttpFront` with the same `BaseHTTPRequestHandler` (this branch);
+- `front`: `kerneld.server.httpd.HttpFront` (h11 parsing, since issue 54) with `FrontHandler`, the
+  same answers through the front's own `Exchange`;
 - `uvicorn` (h11 parser; `h11_max_incomplete_event_size=8192`, `limit_concurrency=512`) with a
   minimal ASGI app; `waitress` (`max_request_header_size=8192`, 32 threads) with a minimal WSGI
   app. (`pip install waitress` first: it is not a kerneld dependency.)
@@ -58,6 +59,16 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class FrontHandler:
+    """`Handler`'s answers for the front (`kerneld.server.httpexchange.HttpHandler`)."""
+
+    methods = frozenset({"GET"})
+
+    def __call__(self, exchange: Any) -> None:
+        body = FILE if exchange.target == "/file" else INFO
+        exchange.respond(200, {"Content-Length": str(len(body))}, body)
+
+
 class OldServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512  # the old endpoint's BACKLOG
@@ -91,7 +102,7 @@ def serve(kind: str) -> None:
         from kerneld.server.httpd import HttpFront
         from kerneld.server.peers import identify_peer
 
-        front = HttpFront("bench", Handler, identify=identify_peer)
+        front = HttpFront("bench", FrontHandler(), identify=identify_peer)
         front.add(sock, "bench", tcp=True)
         front.start()
         print(port, flush=True)

@@ -8,19 +8,21 @@ checked (`admit`); a refused one gets a short fixed answer and is closed without
 request parsed. An admitted connection then costs a file descriptor, not a thread: one poller
 thread reads request heads (at most `head_bytes`, within `head_deadline_s`, bare CR refused)
 and waits out idle keep-alive connections; only a complete head goes to one of `workers`
-threads, which runs the `BaseHTTPRequestHandler` subclass for that one request, once the
+threads, which runs the handler for that one request (`kerneld.server.httpexchange`), once the
 poller has also read its body whole (at most `body_bytes`, within `body_deadline_s`: a head
 announcing a body never sent holds no worker). Connections and workers are shared fairly
 among uids (`kerneld.server.httpshare`: no two uids can take them all; a uid holding nothing
 always gets in), and refusals are answered at most `refusals_per_s` a second per uid. (Why not
-a server library: bench/RESULTS.md, "HTTP front".)
+a server library: bench/RESULTS.md, "HTTP front".) The bytes of a head are checked here
+(`check_head`: size, header count, CRLF only, no NUL or line folding) before h11, a maintained
+sans-IO HTTP/1.1 parser, parses it and the body: one h11 connection per socket, fed exactly one
+request at a time, so every pipelined head is checked too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import logging
 import queue
 import selectors
@@ -30,17 +32,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import h11
+
+from kerneld.server.httpexchange import Exchange, HttpHandler
 from kerneld.server.httphead import (
-    BodyReader,
     HeadError,
     HttpLimits,
-    SocketWriter,
-    body_length,
     check_head,
     fixed_answer,
+    read_body,
+    read_head,
 )
 from kerneld.server.httpshare import FairShare, RefusalBudget
 from kerneld.server.identity import Caller
@@ -70,7 +73,9 @@ class _Conn:
         "in_head",
         "listener",
         "need",
+        "parser",
         "peer",
+        "request",
         "sock",
     )
 
@@ -78,12 +83,14 @@ class _Conn:
         self.sock = sock
         self.peer = peer
         self.caller = caller
-        self.buf = b""
+        self.buf = b""  # bytes read and not yet given to the parser
         self.deadline = 0.0
         self.in_head = True  # the first request's head is due within the head deadline
         self.draining = False
         self.listener = listener
-        self.need = 0  # while a body is read: the bytes of head and body together
+        self.parser = h11.Connection(h11.SERVER)
+        self.request: h11.Request | None = None  # parsed; its body is being read
+        self.need = 0  # while a body is read: its announced length
 
 
 class _Listener:
@@ -104,7 +111,7 @@ class HttpFront:
     def __init__(
         self,
         name: str,
-        handler: type[BaseHTTPRequestHandler],
+        handler: HttpHandler,
         *,
         identify: Identify,
         admit: Admit | None = None,
@@ -120,7 +127,7 @@ class HttpFront:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._returned: queue.SimpleQueue[tuple[_Conn, bool, bytes]] = queue.SimpleQueue()
+        self._returned: queue.SimpleQueue[tuple[_Conn, bool]] = queue.SimpleQueue()
         self._conns: set[_Conn] = set()
         lim = self.limits
         self._slots = FairShare(
@@ -137,14 +144,14 @@ class HttpFront:
         )
         self._refusals = RefusalBudget(lim.refusals_per_s)
         self._draining = 0
-        self._parked: dict[int, deque[tuple[_Conn, bytes, bytes]]] = {}  # waiting for a worker
+        self._parked: dict[int, deque[tuple[_Conn, h11.Request, bytes]]] = {}  # for a worker
         self._refused_log: dict[tuple[int, str], tuple[float, int]] = {}
         self._stop = threading.Event()
         self._quiescing = threading.Event()
         self._quiesced = threading.Event()  # the poller has closed its listeners
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix=f"{name}-http")
-        self.server_version = getattr(handler, "server_version", "kerneld")
+        self.server_version = "kerneld"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -404,37 +411,44 @@ class HttpFront:
 
     def _try_dispatch(self, conn: _Conn) -> None:
         """A complete head, then its whole body, read here: only then is a worker taken."""
-        if not conn.need:
+        if conn.request is None:
             try:
                 size = check_head(conn.buf, self.limits)
                 if size is None:
                     return
-                conn.need = size + body_length(conn.buf[:size], self.limits)
+                head, conn.buf = conn.buf[:size], conn.buf[size:]
+                conn.request, conn.need = read_head(conn.parser, head, self.limits)
             except HeadError as err:
                 self._fail(conn, err.answer, str(err))
                 return
-            if conn.need > size:  # a body to come: its own, shorter deadline
+            if conn.need:  # a body to come: its own, shorter deadline
                 conn.deadline = time.monotonic() + self.limits.body_deadline_s
         if len(conn.buf) < conn.need:
             return
-        end = check_head(conn.buf, self.limits) or 0
-        head, rest = conn.buf[:end], conn.buf[end:]
-        conn.buf = b""
+        request, need = conn.request, conn.need
+        assert request is not None
+        body, conn.buf = conn.buf[:need], conn.buf[need:]  # the rest: a pipelined request
+        try:
+            data = read_body(conn.parser, body)
+        except (HeadError, h11.RemoteProtocolError) as err:
+            self._fail(conn, fixed_answer(400, "Bad Request", f"kerneld: {err}"), str(err))
+            return
+        conn.request = None
         conn.need = 0
         conn.deadline = 0.0
         self._selector.unregister(conn.sock)
-        self._submit(conn, head, rest)
+        self._submit(conn, request, data)
 
-    def _submit(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+    def _submit(self, conn: _Conn, request: h11.Request, body: bytes) -> None:
         """Give the request a worker if its uid may take one now (`FairShare`); else it waits
         for one to come back (no uid's slow requests can take every worker from the others)."""
         uid = conn.caller.uid
         if not self._workers.may_take(uid):
-            self._parked.setdefault(uid, deque()).append((conn, head, rest))
+            self._parked.setdefault(uid, deque()).append((conn, request, body))
             return
         self._workers.take(uid)
         try:
-            self._pool.submit(self._serve, conn, head, rest)
+            self._pool.submit(self._serve, conn, request, body)
         except RuntimeError:  # shutting down
             self._workers.give(uid)
             self._forget(conn, registered=False)
@@ -449,11 +463,11 @@ class HttpFront:
                 return
             first = min(ready, key=self._workers.holds)
             waiting = self._parked[first]
-            conn, head, rest = waiting.popleft()
+            conn, request, body = waiting.popleft()
             if not waiting:
                 del self._parked[first]
             if conn in self._conns:
-                self._submit(conn, head, rest)
+                self._submit(conn, request, body)
 
     def _fail(self, conn: _Conn, answer: bytes, why: str) -> None:
         log.info("%s: uid %d: %s; closed", self.name, conn.caller.uid, why)
@@ -465,7 +479,7 @@ class HttpFront:
         for conn in [c for c in self._conns if 0 < c.deadline <= now]:
             if conn.draining:
                 self._forget(conn)
-            elif conn.need:
+            elif conn.request is not None:
                 why = f"the request body did not arrive within {self.limits.body_deadline_s:g} s"
                 self._fail(conn, fixed_answer(408, "Request Timeout", f"kerneld: {why}"), why)
             elif conn.in_head:
@@ -477,7 +491,7 @@ class HttpFront:
     def _take_returned(self) -> None:
         while True:
             try:
-                conn, keep, rest = self._returned.get_nowait()
+                conn, keep = self._returned.get_nowait()
             except queue.Empty:
                 return
             self._finished(conn.caller.uid)
@@ -490,7 +504,7 @@ class HttpFront:
             except (OSError, ValueError):
                 self._forget(conn, registered=False)
                 continue
-            conn.buf = rest
+            rest = conn.buf  # pipelined after the request just answered
             conn.in_head = bool(rest)
             conn.deadline = time.monotonic() + (
                 self.limits.head_deadline_s if rest else self.limits.idle_timeout_s
@@ -512,48 +526,34 @@ class HttpFront:
 
     # -- a worker -----------------------------------------------------------------------------
 
-    def _serve(self, conn: _Conn, head: bytes, rest: bytes) -> None:
+    def _serve(self, conn: _Conn, request: h11.Request, body: bytes) -> None:
         keep = False
-        reader = BodyReader(conn.sock, rest, self.limits.io_timeout_s)
         try:
             conn.sock.settimeout(self.limits.io_timeout_s)
-            keep = self._handle(conn, head, reader)
+            keep = self._handle(conn, request, body)
         except Exception as exc:  # the peer went away mid-answer, a handler bug
             log.debug("%s: uid %d: request ended: %s", self.name, conn.caller.uid, exc)
             keep = False
         finally:
-            self._returned.put((conn, keep, reader.rest))
+            self._returned.put((conn, keep))
             self._wake()
 
-    def _handle(self, conn: _Conn, head: bytes, reader: BodyReader) -> bool:
-        """Run the handler class for one request; keep the connection open after it?"""
-        cls = self.handler
-        handler: Any = cls.__new__(cls)
-        handler.server = self
-        handler.request = handler.connection = conn.sock
-        handler.client_address = conn.peer if conn.peer else "unix"
-        handler.caller = conn.caller
-        handler.wfile = SocketWriter(conn.sock)
-        handler.close_connection = True
-        line, _, fields = head.partition(b"\r\n")
-        handler.raw_requestline = line + b"\r\n"
-        handler.rfile = io.BytesIO(fields)  # the head is all parse_request() can read
-        handler.requestline = ""
-        # Errors found while parsing are answered as HTTP/1.0 with a status line; HTTP/0.9
-        # (a request line without a version: an answer without one) is not spoken here.
-        handler.default_request_version = handler.request_version = "HTTP/1.0"
-        handler.command = None
-        if len(line.split()) != 3:
-            conn.sock.sendall(
-                fixed_answer(400, "Bad Request", "a request line is METHOD TARGET HTTP/1.x")
-            )
+    def _handle(self, conn: _Conn, request: h11.Request, body: bytes) -> bool:
+        """Run the handler for one request; keep the connection open after it?"""
+        peer = conn.peer[0] if isinstance(conn.peer, tuple) and conn.peer else "unix"
+        exchange = Exchange(
+            conn.parser, conn.sock, request, body, caller=conn.caller, peer=str(peer)
+        )
+        if exchange.method not in self.handler.methods:
+            why = f"kerneld: unsupported method ({exchange.method!r})"
+            conn.sock.sendall(fixed_answer(501, "Not Implemented", why))
             return False
-        if not handler.parse_request():
-            return False
-        handler.rfile = reader
-        method = getattr(handler, "do_" + handler.command, None)
-        if method is None:
-            handler.send_error(501, f"Unsupported method ({handler.command!r})")
-            return False
-        method()
-        return not handler.close_connection
+        try:
+            self.handler(exchange)
+        finally:
+            if not exchange.started:  # a handler that failed before its answer
+                conn.sock.sendall(
+                    fixed_answer(500, "Internal Server Error", "kerneld: the request failed")
+                )
+                exchange.close = True
+        return exchange.end()

@@ -1,13 +1,13 @@
-"""Request heads of the daemon's HTTP listeners: the limits, the strict check of a head
-before anything parses it, and the request's body reader and answer writer (httpd.py)."""
+"""Request heads of the daemon's HTTP listeners: the limits, the strict check of a head's bytes
+before anything parses it, and the head and body parsed by h11 (a maintained sans-IO HTTP/1.1
+parser) within those limits (httpd.py)."""
 
 from __future__ import annotations
 
-import io
-import socket
-import time
 from dataclasses import dataclass
-from typing import Any
+from http import HTTPStatus
+
+import h11
 
 
 @dataclass(frozen=True)
@@ -97,30 +97,39 @@ def check_head(buf: bytes, limits: HttpLimits) -> int | None:
     return None if end < 0 else end + 4
 
 
-def body_length(head: bytes, limits: HttpLimits) -> int:
-    """The length of the body a complete head announces (0: none); HeadError for a chunked
-    body (411: its length must be known before a worker is taken), a length past
-    `limits.body_bytes` (413) or a malformed or contradictory Content-Length (400)."""
-    lengths: set[str] = set()
-    for line in head.split(b"\r\n")[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            continue
-        key = name.strip().lower()
-        if key == b"transfer-encoding":
-            raise HeadError(
-                411,
-                "Length Required",
-                "kerneld: a request body must come with a Content-Length (chunked "
-                "Transfer-Encoding is not accepted)",
-            )
-        if key == b"content-length":
-            lengths.add(value.strip().decode("latin-1"))
-    if not lengths:
-        return 0
-    if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
-        raise HeadError(400, "Bad Request", "kerneld: a malformed or repeated Content-Length")
-    length = int(lengths.pop())
+def read_head(parser: h11.Connection, head: bytes, limits: HttpLimits) -> tuple[h11.Request, int]:
+    """Parse a complete head `check_head` passed with the connection's h11 parser: the request
+    and the length of the body it announces (0: none). HeadError for what h11 refuses (400,
+    431), an HTTP version other than 1.0 and 1.1 (505), a chunked or other Transfer-Encoding
+    (411: a body's length must be known before a worker is taken) and a Content-Length past
+    `limits.body_bytes` (413)."""
+    parser.receive_data(head)
+    try:
+        event = parser.next_event()
+    except h11.RemoteProtocolError as exc:
+        if _announces_transfer_encoding(head):
+            raise _length_required() from None
+        status = exc.error_status_hint
+        text = str(exc)
+        raise HeadError(
+            status,
+            HTTPStatus(status).phrase,
+            f"kerneld: a malformed request head ({text[:120]}{'...' if len(text) > 120 else ''})",
+        ) from None
+    if not isinstance(event, h11.Request):  # a head of blank lines only
+        raise HeadError(400, "Bad Request", "kerneld: a request line is METHOD TARGET HTTP/1.x")
+    if event.http_version not in (b"1.0", b"1.1"):
+        raise HeadError(
+            505,
+            "HTTP Version Not Supported",
+            f"kerneld: HTTP/{event.http_version.decode()} is not spoken here (HTTP/1.1 is)",
+        )
+    length = 0
+    for name, value in event.headers:
+        if name == b"transfer-encoding":
+            raise _length_required()
+        if name == b"content-length":  # h11 checked it: digits, one value
+            length = int(value)
     if length > limits.body_bytes:
         raise HeadError(
             413,
@@ -128,56 +137,39 @@ def body_length(head: bytes, limits: HttpLimits) -> int:
             f"kerneld: a request body of {length} bytes; this endpoint takes at most "
             f"{limits.body_bytes}",
         )
-    return length
+    return event, length
 
 
-class BodyReader(io.RawIOBase):
-    """`rfile` of a request: the bytes after its head already read, then the socket. Reads
-    only what is asked (a pipelined next request stays for the poller)."""
-
-    def __init__(self, sock: socket.socket, rest: bytes, deadline_s: float) -> None:
-        """`deadline_s`: the whole body must arrive in this long (a body trickled a byte per
-        socket timeout would otherwise hold its worker for hours)."""
-        self.sock = sock
-        self.rest = rest
-        self.deadline = time.monotonic() + deadline_s
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        if self.rest:
-            n = min(len(view), len(self.rest))
-            view[:n] = self.rest[:n]
-            self.rest = self.rest[n:]
-            return n
-        if time.monotonic() > self.deadline:
-            raise TimeoutError("the request body did not arrive in time")
-        return self.sock.recv_into(view)
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            raise ValueError("a request body is read by its Content-Length")
-        out = bytearray()
-        while len(out) < size:
-            chunk = bytearray(size - len(out))
-            n = self.readinto(chunk)
-            if not n:
-                break
-            out += chunk[:n]
-        return bytes(out)
+def read_body(parser: h11.Connection, body: bytes) -> bytes:
+    """The whole body of the request `read_head` returned (its announced length read): h11's
+    Data events up to its EndOfMessage."""
+    if body:  # (no bytes would tell h11 the connection ended)
+        parser.receive_data(body)
+    out = bytearray()
+    while True:
+        event = parser.next_event()
+        if isinstance(event, h11.Data):
+            out += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(out)
+        else:  # cannot happen: the bytes fed are exactly the announced length
+            raise HeadError(400, "Bad Request", f"kerneld: a request body ended early ({event})")
 
 
-class SocketWriter(io.RawIOBase):
-    """`wfile` of a request: every write goes out whole (sendall, under the io timeout)."""
+def _length_required() -> HeadError:
+    return HeadError(
+        411,
+        "Length Required",
+        "kerneld: a request body must come with a Content-Length (chunked Transfer-Encoding "
+        "is not accepted)",
+    )
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
 
-    def writable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        self.sock.sendall(b)
-        return len(memoryview(b))
+def _announces_transfer_encoding(head: bytes) -> bool:
+    """Names a header line of `head` Transfer-Encoding? (h11 refuses all but chunked itself,
+    with a 501 that would not say what to do.)"""
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, _ = line.partition(b":")
+        if sep and name.strip().lower() == b"transfer-encoding":
+            return True
+    return False

@@ -13,12 +13,12 @@ import contextlib
 import os
 import socket
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from kerneld.config import SocketConfig
 from kerneld.server.activation import Inherited
 from kerneld.server.httpd import Admit, HttpFront, Identify
+from kerneld.server.httpexchange import HttpHandler
 from kerneld.server.httphead import HttpLimits
 from kerneld.server.sockets import secure, umask
 
@@ -60,7 +60,7 @@ class HttpListeners:
     def __init__(
         self,
         name: str,
-        handler: type[BaseHTTPRequestHandler],
+        handler: HttpHandler,
         *,
         socket_path: Path | None,
         listen: str,

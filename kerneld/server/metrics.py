@@ -7,6 +7,7 @@ time (a collector), so an idle daemon does no metrics work at all.
 
 from __future__ import annotations
 
+import gzip
 import ipaddress
 import logging
 import socket
@@ -14,11 +15,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, MetricsHandler
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 
 from kerneld.config import SocketConfig
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httphead import HttpLimits
 from kerneld.server.httplisteners import HttpListeners
 from kerneld.server.identity import Caller
@@ -227,9 +231,27 @@ def _identify_scraper(sock: socket.socket, peer: Any) -> Caller | None:
     return identify_peer(sock, peer)
 
 
-class _Handler(MetricsHandler):
-    def address_string(self) -> str:
-        return "unix"
+class _Exposition:
+    """The scrape handler for the HTTP front: any GET path gets the registry in the format its
+    Accept asks for (`?name[]=` keeps only those metrics), gzipped when accepted, as
+    prometheus_client's own handler answers."""
+
+    methods = frozenset({"GET"})
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def __call__(self, exchange: Exchange) -> None:
+        encoder, content_type = choose_encoder(exchange.header("Accept") or "")
+        names = parse_qs(urlsplit(exchange.target).query).get("name[]")
+        output = encoder(self.registry.restricted_registry(names) if names else self.registry)
+        headers = {"Content-Type": content_type}
+        accepted = exchange.header("Accept-Encoding") or ""
+        if "gzip" in [e.split(";")[0].strip() for e in accepted.lower().split(",")]:
+            output = gzip.compress(output)
+            headers["Content-Encoding"] = "gzip"
+        headers["Content-Length"] = str(len(output))
+        exchange.respond(200, headers, output)
 
 
 class MetricsServer:
@@ -249,7 +271,7 @@ class MetricsServer:
         socket_mode: int = 0o660,
         socket_group: str = "",
     ) -> None:
-        handler = type("KerneldMetricsHandler", (_Handler,), {"registry": metrics.registry})
+        handler = _Exposition(metrics.registry)
         self._listeners = HttpListeners(
             "metrics",
             handler,

@@ -3,7 +3,7 @@
 
 A real `HttpFront` on a loopback port (peers named by the kernel, as deployed) runs a handler
 that applies the endpoint's own request parsing to what it gets: the path split and routed to
-its metrics label (`_route_name`), every part percent-decoded as the routes do, the repo id
+its metrics label (`route_label`), every part percent-decoded as the routes do, the repo id
 checked when the route names one, and the `Range` header against a 1,000-byte file
 (`parse_range`). The invariants, for any bytes sent as a request:
 
@@ -20,13 +20,12 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kerneld.server.httpd import HttpFront
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httphead import HeadError, HttpLimits, check_head
-from kerneld.server.hubapi.server import _route_name, parse_range
+from kerneld.server.hubapi.server import parse_range, route_label
 from kerneld.server.peers import identify_peer
 from kerneld.upstream.base import check_repo_id
 
@@ -39,13 +38,13 @@ LIMITS = HttpLimits(head_deadline_s=0.3, body_deadline_s=0.5, workers=4)
 VALID = b"GET /api/kernels/org/name HTTP/1.1\r\nHost: k\r\nConnection: close\r\n\r\n"
 
 
-class RoutingHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class RoutingHandler:
+    methods = frozenset({"GET", "HEAD", "POST"})
 
-    def do_GET(self) -> None:
-        split = urlsplit(self.path)
+    def __call__(self, exchange: Exchange) -> None:
+        split = urlsplit(exchange.target)
         parts = split.path.split("/")
-        route = _route_name(parts)
+        route = route_label(split.path)
         assert route in ROUTES, route
         for part in parts:
             unquote(part)
@@ -54,9 +53,9 @@ class RoutingHandler(BaseHTTPRequestHandler):
             try:
                 check_repo_id(f"{unquote(parts[first])}/{unquote(parts[first + 1])}")
             except ValueError:
-                return self._answer(404, b"bad repo")
+                return exchange.respond(404, {"Content-Length": "8"}, b"bad repo")
         status, body = 200, route.encode()
-        rng = self.headers.get("Range")
+        rng = exchange.header("Range")
         if rng is not None:
             got = parse_range(rng, FILE_SIZE)
             if got is None:
@@ -65,24 +64,12 @@ class RoutingHandler(BaseHTTPRequestHandler):
                 start, end = got
                 assert 0 <= start < end <= FILE_SIZE, (rng, got)
                 status, body = 206, b"x" * (end - start)
-        self._answer(status, body)
-
-    do_HEAD = do_POST = do_GET
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        exchange.respond(status, {"Content-Length": str(len(body))}, body)
 
 
 class FrontHarness:
     def __init__(self) -> None:
-        self.front = HttpFront("fuzz", RoutingHandler, identify=identify_peer, limits=LIMITS)
+        self.front = HttpFront("fuzz", RoutingHandler(), identify=identify_peer, limits=LIMITS)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.front.add(sock, "fuzz", tcp=True)

@@ -11,46 +11,40 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from kerneld.server.httpd import HttpFront
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httphead import HttpLimits, check_head
-from kerneld.server.identity import Caller
 from kerneld.server.peers import identify_peer
 from tests.security.support import NOBODY, as_user, needs_root
 
 TESTER = pwd.getpwnam("kerneld-tester")
 
 
-class Echo(BaseHTTPRequestHandler):
+class Echo:
     """Answers 200 with the uid the listener named; counts what it served."""
 
-    protocol_version = "HTTP/1.1"
-    served: list[int] = []
+    methods = frozenset({"GET"})
 
-    release = threading.Event()
+    def __init__(self) -> None:
+        self.served: list[int] = []
+        self.release = threading.Event()
 
-    def do_GET(self) -> None:
-        caller: Caller = self.caller  # type: ignore[attr-defined]
-        if self.path == "/slow":
-            assert type(self).release.wait(10)
-        type(self).served.append(caller.uid)
+    def __call__(self, exchange: Exchange) -> None:
+        caller = exchange.caller
+        if exchange.target == "/slow":
+            assert self.release.wait(10)
+        self.served.append(caller.uid)
         body = str(caller.uid).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        exchange.respond(200, {"Content-Length": str(len(body))}, body)
 
 
 @contextmanager
-def front(start: bool = True, **limits: Any) -> Iterator[tuple[HttpFront, int, type[Echo]]]:
-    handler = type("EchoHandler", (Echo,), {"served": [], "release": threading.Event()})
+def front(start: bool = True, **limits: Any) -> Iterator[tuple[HttpFront, int, Echo]]:
+    handler = Echo()
     refused = {NOBODY.pw_uid} if limits.pop("refuse_nobody", False) else set()
     f = HttpFront(
         "test",

@@ -15,12 +15,11 @@ import socket
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import pytest
 
 from kerneld.server.httpd import HttpFront
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httphead import HttpLimits
 from kerneld.server.peers import identify_peer
 
@@ -29,22 +28,16 @@ HANDOVERS = 25
 CLIENTS = 8
 
 
-class Answer(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Answer:
+    methods = frozenset({"GET"})
 
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+    def __call__(self, exchange: Exchange) -> None:
+        exchange.respond(200, {"Content-Length": "2"}, b"ok")
 
 
 def a_front(held: socket.socket) -> HttpFront:
     """A daemon's front on its own copy of the held socket (what systemd passes)."""
-    f = HttpFront("handoff", Answer, identify=identify_peer, limits=HttpLimits())
+    f = HttpFront("handoff", Answer(), identify=identify_peer, limits=HttpLimits())
     f.add(socket.socket(fileno=os.dup(held.fileno())), "held", tcp=True, listening=True)
     f.start()
     return f

@@ -1,21 +1,15 @@
 """The Hub's HTTP API, read-only, for kernel repositories: what `huggingface_hub` (and so every
 `kernels` release) asks when `HF_ENDPOINT` points here.
 
-Routes (the Hub's own, for `repo_type="kernel"`):
-
-    GET|HEAD /api/kernels/{org}/{name}[/revision/{rev}]     repo info at a revision (sha, siblings)
-    GET|HEAD /api/kernels/{org}/{name}/refs                 branches and tags
-    GET|HEAD /api/kernels/{org}/{name}/tree/{rev}[/{path}]  a folder listing (?recursive, ?expand)
-    POST     /api/kernels/{org}/{name}/paths-info/{rev}     listing entries of given paths (a query)
-    GET|HEAD /kernels/{org}/{name}/resolve/{rev}/{path}     a file (ETag, X-Repo-Commit, Range)
-    GET|HEAD /api/organizations/{org}/overview              `trustedKernelPublisher`, by [trust]
-
-Anything else gets the Hub's 404 or 405. Errors carry the Hub's `X-Error-Code` where the Hub has
-one (RepoNotFound, RevisionNotFound, EntryNotFound), so `huggingface_hub` raises the same
-exception types; the daemon's own refusals (a denied kernel, an untrusted publisher, a fetch the
-policy forbids) are 403s whose message says what to do. Every connection is checked against
-the user socket's permissions when it is accepted, before a byte of it is read (`peers.py`,
-`kerneld/server/httpd.py`): a refused one gets a 403 that says why, and is closed.
+Routes: the Hub's own for `repo_type="kernel"`, one table (`ROUTES`: method, path, handler,
+metrics label) that both dispatch and the metrics label use, and that docs/hub-api.md's route
+table lists row for row (tests/hubapi/test_routes.py). Anything else gets the Hub's 404 or 405.
+Errors carry the Hub's `X-Error-Code` where the Hub has one (RepoNotFound, RevisionNotFound,
+EntryNotFound), so `huggingface_hub` raises the same exception types; the daemon's own refusals
+(a denied kernel, an untrusted publisher, a fetch the policy forbids) are 403s whose message
+says what to do. Every connection is checked against the user socket's permissions when it is
+accepted, before a byte of it is read (`peers.py`, `kerneld/server/httpd.py`): a refused one
+gets a 403 that says why, and is closed.
 """
 
 from __future__ import annotations
@@ -23,17 +17,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from http.server import BaseHTTPRequestHandler
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
 from kerneld.server.activation import Inherited
-from kerneld.server.core import Core
+from kerneld.server.httpexchange import Exchange
 from kerneld.server.httplisteners import HttpListeners
-from kerneld.server.hubapi.view import HubFile, HubView, git_blob_id
+from kerneld.server.hubapi.view import HubFile, HubHost, HubView, git_blob_id
 from kerneld.server.identity import Caller
 from kerneld.server.peers import admit, identify_peer
 from kerneld.server.publisher_trust import PublisherUnknown
@@ -117,66 +112,53 @@ def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str,
     return sorted(entries, key=lambda e: str(e["path"]))
 
 
-class HubApiHandler(BaseHTTPRequestHandler):
-    """One request; `view` is set on a subclass per server, `caller` by the listener."""
+class HubApiEndpoint:
+    """The endpoint's handler for the HTTP front (`kerneld.server.httpexchange.HttpHandler`):
+    each request is answered by its own `HubApiHandler`. Methods the Hub API does not know get
+    the front's 501; PUT, DELETE, PATCH and OPTIONS the Hub's 405."""
 
-    protocol_version = "HTTP/1.1"
-    server_version = "kerneld"
-    view: HubView
-    #: Set by the listener at accept, before a byte of the connection was read (httpd.py).
-    caller: Caller
-    # (metrics route label, counted yet) of the request being answered; outside a request
-    # (the base class's own error replies) nothing is counted
-    _counted: tuple[str, bool] = ("", True)
+    methods = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("hub api %s %s", self.address_string(), format % args)
+    def __init__(self, view: HubView) -> None:
+        self.view = view
 
-    def address_string(self) -> str:
-        return (
-            "unix" if isinstance(self.client_address, str | bytes) else str(self.client_address[0])
-        )
+    def __call__(self, exchange: Exchange) -> None:
+        HubApiHandler(self.view, exchange).dispatch()
+
+
+class HubApiHandler:
+    """One request."""
+
+    def __init__(self, view: HubView, exchange: Exchange) -> None:
+        self.view = view
+        self.exchange = exchange
+        #: Identified and admitted at accept, before a byte of the connection was read.
+        self.caller = exchange.caller
+        # (metrics route label, counted yet) of the request being answered
+        self._counted: tuple[str, bool] = ("", True)
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_HEAD(self) -> None:
-        self._dispatch("HEAD")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _refuse(self) -> None:
-        self._dispatch("OTHER")
-
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse
-
-    def _dispatch(self, method: str) -> None:
-        split = urlsplit(self.path)
+    def dispatch(self) -> None:
+        ex = self.exchange
+        method = ex.method if ex.method in ("GET", "HEAD", "POST") else "OTHER"
+        split = urlsplit(ex.target)
         parts = split.path.split("/")
-        route = _route_name(parts)
-        self._counted = (route, False)
+        self._counted = (route_label(split.path), False)
         status = 500
         try:
-            caller = self.caller  # identified and admitted at accept
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 <= length <= 1 << 20:
-                self.close_connection = True
-                raise HubError(413, "request body too large")
-            body = self.rfile.read(length) if length else b""
-            status = self._route(method, parts, parse_qs(split.query), body, caller)
+            status = self._route(method, split.path, parse_qs(split.query), ex.body)
         except HubError as err:
             status = err.status
             self._send_error(err)
         except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+            ex.close = True
         except Exception as exc:  # every failure becomes an answer in the Hub's shape
             answer = _hub_error(exc, parts)
             status = answer.status
             self._send_error(answer)
         self._count(status)  # a request that got no answer (the peer went away)
+        log.debug("hub api %s %s %s: %d", ex.peer, ex.method, ex.target, status)
 
     def _count(self, status: int) -> None:
         """Count the request once, before its answer goes out: a client that reads the metrics
@@ -186,48 +168,48 @@ class HubApiHandler(BaseHTTPRequestHandler):
             self._counted = (route, True)
             self.view.core.metrics.hub_api_requests.labels(route, str(status)).inc()
 
-    def _route(
-        self,
-        method: str,
-        parts: list[str],
-        query: dict[str, list[str]],
-        body: bytes,
-        caller: Caller,
-    ) -> int:
-        read = method in ("GET", "HEAD")
-        if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
-            repo_id = _repo(unquote(parts[3]), unquote(parts[4]))
-            rest = parts[5:]
-            if not rest and read:
-                return self._info(repo_id, "main", query, caller)
-            if rest == ["refs"] and read:
-                return self._refs(repo_id, caller)
-            if len(rest) >= 2 and rest[0] == "revision" and read:
-                return self._info(repo_id, unquote("/".join(rest[1:])), query, caller)
-            if len(rest) >= 2 and rest[0] == "tree" and read:
-                path = unquote("/".join(rest[2:])).strip("/")
-                return self._tree(repo_id, unquote(rest[1]), path, query, caller)
-            if len(rest) >= 2 and rest[0] == "paths-info" and method == "POST":
-                return self._paths_info(repo_id, unquote("/".join(rest[1:])), body, caller)
-        overview = parts[1:3] == ["api", "organizations"] and parts[4:] == ["overview"]
-        if overview and len(parts) == 5 and read:
-            return self._overview(unquote(parts[3]), caller)
-        if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
-            if not read:
-                raise HubError(405, "Method Not Allowed: this endpoint is read-only")
-            repo_id = _repo(unquote(parts[2]), unquote(parts[3]))
-            return self._file(
-                method, repo_id, unquote(parts[5]), unquote("/".join(parts[6:])), caller
-            )
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> int:
+        """Answer by the route `ROUTES` gives the method and path; else the Hub's 404 or 405."""
+        for route in ROUTES:
+            if method in route.methods and (match := route.pattern.fullmatch(path)):
+                params = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
+                asked = _Asked(method, params, query, body, self.caller)
+                return route.handler(self, asked)
+        parts = path.split("/")
         if parts[1:3] in (["api", "models"], ["api", "datasets"], ["api", "spaces"]):
             raise HubError(
                 404,
                 "kerneld serves kernel repositories only (repo_type='kernel')",
                 "RepoNotFound",
             )
-        if not read:
+        if method not in READ:
             raise HubError(405, "Method Not Allowed: this endpoint is read-only")
         raise HubError(404, "Not Found")
+
+    # -- what the routes ask for --------------------------------------------------------------
+
+    def _route_info(self, a: _Asked) -> int:
+        repo_id = _repo(a.params["org"], a.params["name"])
+        return self._info(repo_id, a.params.get("rev", "main"), a.query, a.caller)
+
+    def _route_refs(self, a: _Asked) -> int:
+        return self._refs(_repo(a.params["org"], a.params["name"]), a.caller)
+
+    def _route_tree(self, a: _Asked) -> int:
+        repo_id = _repo(a.params["org"], a.params["name"])
+        path = a.params.get("path", "").strip("/")
+        return self._tree(repo_id, a.params["rev"], path, a.query, a.caller)
+
+    def _route_paths_info(self, a: _Asked) -> int:
+        repo_id = _repo(a.params["org"], a.params["name"])
+        return self._paths_info(repo_id, a.params["rev"], a.body, a.caller)
+
+    def _route_file(self, a: _Asked) -> int:
+        repo_id = _repo(a.params["org"], a.params["name"])
+        return self._file(a.method, repo_id, a.params["rev"], a.params["path"], a.caller)
+
+    def _route_overview(self, a: _Asked) -> int:
+        return self._overview(a.params["org"], a.caller)
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -362,7 +344,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
             headers["X-Linked-Etag"] = f'"{file.sha256}"'
             headers["X-Linked-Size"] = str(file.size)
         start, end, status = 0, file.size, 200
-        rng = self.headers.get("Range")
+        rng = self.exchange.header("Range")
         if rng is not None:
             parsed = parse_range(rng, file.size)
             if parsed is None:
@@ -388,20 +370,17 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 chunk = fh.read(min(COPY_CHUNK, remaining))
                 if not chunk:
                     break  # the store verified the size: only a failing disk gets here
-                self.wfile.write(chunk)
+                self.exchange.write(chunk)
                 remaining -= len(chunk)
             if remaining:
-                self.close_connection = True
+                self.exchange.close = True
         return status
 
     # -- answers --------------------------------------------------------------------------------
 
     def _send_head(self, status: int, headers: Mapping[str, str]) -> None:
         self._count(status)
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
+        self.exchange.start(status, headers)
 
     def _send_json(self, payload: Any, headers: Mapping[str, str] | None = None) -> int:
         data = json.dumps(payload, separators=(",", ":")).encode()
@@ -413,8 +392,7 @@ class HubApiHandler(BaseHTTPRequestHandler):
                 **(headers or {}),
             },
         )
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        self.exchange.write(data)  # (nothing for a HEAD)
         return 200
 
     def _send_error(self, err: HubError) -> None:
@@ -431,27 +409,85 @@ class HubApiHandler(BaseHTTPRequestHandler):
             headers.setdefault("Retry-After", "5")
         try:
             self._send_head(err.status, headers)
-            if self.command != "HEAD":
-                self.wfile.write(data)
+            self.exchange.write(data)
         except OSError:
-            self.close_connection = True
+            self.exchange.close = True
 
 
-def _route_name(parts: list[str]) -> str:
-    """The metrics label of a request path."""
-    if parts[1:3] == ["api", "kernels"] and len(parts) >= 5:
-        rest = parts[5:]
-        if not rest or rest[0] == "revision":
-            return "info"
-        if rest[0] in ("refs", "tree"):
-            return rest[0]
-        if rest[0] == "paths-info":
-            return "paths_info"
-    if parts[1:2] == ["kernels"] and len(parts) >= 7 and parts[4] == "resolve":
-        return "file"
-    if parts[1:3] == ["api", "organizations"]:
-        return "org_overview"
-    return "other"
+READ = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a route's handler gets: the method, the path's parameters (percent-decoded), the
+    query, the body, the caller named at accept."""
+
+    method: str
+    params: dict[str, str]
+    query: dict[str, list[str]]
+    body: bytes
+    caller: Caller
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """A route's path as docs/hub-api.md writes it, as a regular expression: `{name}` is one
+    segment, except the last parameter, which takes the rest of the path (a revision or a file
+    path may hold slashes); `[...]` is optional."""
+    last = re.findall(r"\{(\w+)\}", path)[-1]
+    out = ""
+    for piece in re.split(r"(\{\w+\}|\[|\])", path):
+        if piece == "[":
+            out += "(?:"
+        elif piece == "]":
+            out += ")?"
+        elif piece.startswith("{"):
+            name = piece[1:-1]
+            out += f"(?P<{name}>{'.*' if name == last else '[^/]*'})"
+        else:
+            out += re.escape(piece)
+    return re.compile(out)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of the endpoint: the methods it answers, its path (`_path_pattern`), the
+    `HubApiHandler` method that answers it, and its label in `kerneld_hub_api_requests`."""
+
+    methods: frozenset[str]
+    path: str
+    handler: Callable[[HubApiHandler, _Asked], int]
+    label: str
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", _path_pattern(self.path))
+
+
+#: Every route of the endpoint (docs/hub-api.md, "What it serves", lists the same rows).
+ROUTES: tuple[Route, ...] = (
+    Route(READ, "/api/kernels/{org}/{name}[/revision/{rev}]", HubApiHandler._route_info, "info"),
+    Route(READ, "/api/kernels/{org}/{name}/refs", HubApiHandler._route_refs, "refs"),
+    Route(READ, "/api/kernels/{org}/{name}/tree/{rev}[/{path}]", HubApiHandler._route_tree, "tree"),
+    Route(
+        frozenset({"POST"}),
+        "/api/kernels/{org}/{name}/paths-info/{rev}",
+        HubApiHandler._route_paths_info,
+        "paths_info",
+    ),
+    Route(READ, "/kernels/{org}/{name}/resolve/{rev}/{path}", HubApiHandler._route_file, "file"),
+    Route(READ, "/api/organizations/{org}/overview", HubApiHandler._route_overview, "org_overview"),
+)
+#: The label of a request no route's path matches.
+OTHER = "other"
+
+
+def route_label(path: str) -> str:
+    """The metrics label of a request path: its route's, whatever the method (a POST to a
+    file's path is counted as `file`, and answered 405)."""
+    for route in ROUTES:
+        if route.pattern.fullmatch(path):
+            return route.label
+    return OTHER
 
 
 def _hub_error(exc: BaseException, parts: list[str]) -> HubError:
@@ -496,7 +532,7 @@ class HubApiServer:
 
     def __init__(
         self,
-        core: Core,
+        core: HubHost,
         *,
         listen: str,
         socket_path: Path | None,
@@ -508,7 +544,7 @@ class HubApiServer:
         `refused`: passed ones held but answered with a 503 saying why
         (`kerneld.server.exposure`)."""
         user = core.config.user_socket
-        handler = type("KerneldHubApiHandler", (HubApiHandler,), {"view": HubView(core)})
+        handler = HubApiEndpoint(HubView(core))
 
         def admit_member(caller: Caller) -> tuple[bool, str]:
             verdict = admit(caller, user.path)
