@@ -9,8 +9,9 @@ the store: a file of a variant that is not here makes the daemon fetch the whole
 (single-flight, verified, under `[fetch]`), so the Hub sees one download per variant per host
 however many processes ask.
 
-Every decision is the daemon's acquire service's (`kerneld.server.acquire`), as for a Resolve:
-field bounds, denies, publisher trust (once the repo is known to exist), the provenance gate
+Every decision is the acquire path's (`kerneld.pipeline.acquire`, with the daemon's gate in
+`kerneld.server.gate`), as for a Resolve: field bounds, denies, publisher trust (once the repo is
+known to exist), the provenance gate
 (`signed`: under `[provenance] policy = "require"` a commit with a variant the store would refuse is
 refused whole, on every route that answers about its tree), the fetch gate with its per-uid budget
 and audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
@@ -34,8 +35,9 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from kerneld.config import Config
+from kerneld.pipeline.acquire import Acquire, Named
 from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
-from kerneld.server.acquire import Acquire
+from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.server.statuses import RateLimited
@@ -148,6 +150,9 @@ class HubHost(Protocol):
     @property
     def acquire(self) -> Acquire: ...
 
+    @property
+    def gate(self) -> DaemonGate: ...
+
     def work(self) -> AbstractContextManager[None]: ...
 
 
@@ -183,7 +188,7 @@ class HubView:
         404: `kernels` then says it could not verify), PublisherUnverified when it cannot be
         asked now (503); asking costs the caller one fetch of its budget."""
         self.core.acquire.check_fields(f"{org}/x")
-        return self.core.acquire.org_verdict(org, caller)
+        return self.core.gate.org_verdict(org, caller)
 
     def requires_signatures(self) -> bool:
         return self.core.config.provenance_policy == "require"
@@ -211,7 +216,7 @@ class HubView:
 
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
-        return self.core.acquire.may_fetch(caller, repo_id)
+        return self.core.gate.may_fetch(caller, repo_id)
 
     def _recent_failure(self, key: tuple[str, str]) -> UpstreamError | None:
         with self._lock:
@@ -300,11 +305,11 @@ class HubView:
     def _open_network(
         self, caller: Caller, repo_id: str, what: str
     ) -> FetchNotAllowed | RateLimited | None:
-        """Admit a question to the upstreams (the acquire service's fetch gate, budget and
-        audit line): None, or the refusal, which the caller raises if what is here cannot
-        answer (a refused caller still gets what is cached, as over gRPC)."""
+        """Admit a question to the upstreams (the daemon's fetch gate, budget and audit line):
+        None, or the refusal, which the caller raises if what is here cannot answer (a refused
+        caller still gets what is cached, as over gRPC)."""
         try:
-            self.core.acquire.open_network(caller, repo_id, what, "hub-api")
+            self.core.gate.open_network(caller, repo_id, what, "hub-api")
         except (FetchNotAllowed, RateLimited) as exc:
             return exc
         return None
@@ -464,24 +469,15 @@ class HubView:
         )
 
     def _tree(self, repo_id: str, commit: str, variant: str, caller: Caller) -> Path:
-        """The variant's tree: the store hands it out only past its provenance gate."""
+        """The variant's tree, fetched first when it is not here (the acquire path, a `Named`
+        plan: the listing and the publisher were admitted by `files`); the store hands it out
+        only past its provenance gate."""
         core = self.core
         core.acquire.check_fields(repo_id, commit, variant)
-        stored = core.store.published_files(repo_id, commit, variant)
-        if stored is not None:
-            return stored[0]
-        core.acquire.open_network(
-            caller, repo_id, f"repo={repo_id} commit={commit} variant={variant}", "hub-api"
+        what = f"repo={repo_id} commit={commit} variant={variant}"
+        got = core.acquire.acquire(
+            KernelSpec(repo_id, locked_commit=commit),
+            Named(variant, core.store.published_files),
+            before_fetch=lambda: core.gate.open_network(caller, repo_id, what, "hub-api"),
         )
-        result = core.acquire.fetch_variant(repo_id, commit, variant)
-        stored = core.store.published_files(repo_id, commit, variant)
-        if stored is None:
-            raise ResourceExhaustedError(
-                result.tree.size,
-                0,
-                "store cap (the tree was collected right after its fetch)",
-                repo_id=repo_id,
-                commit=commit,
-                variant=variant,
-            )
-        return stored[0]
+        return got.found[0]
