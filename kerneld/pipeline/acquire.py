@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar, overload
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, overload
 
 from kerneld.pipeline.fetch import FetchResult, VariantFetcher
 from kerneld.pipeline.fetch_progress import FetchProgressFn
+from kerneld.pipeline.plans import Batch, Best, Got, Listed, Listing, Named, Outcome
 from kerneld.pipeline.request import (
     DependencyCycle,
     FetchNotAllowed,
@@ -53,7 +54,7 @@ from kerneld.store import (
 )
 from kerneld.upstream.errors import EntryNotFound
 from kerneld_client.metadata import kernel_depends
-from kerneld_client.variants import PlatformFacts, decide
+from kerneld_client.variants import decide
 
 log = logging.getLogger("kerneld.acquire")
 
@@ -139,92 +140,6 @@ class AcquireTarget(Policy, TreePublisher, Protocol):
     """What the sequence reads of the store: denies and refs, and trees looked up."""
 
 
-# ---- plans ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Listing:
-    """Steps 1-3: the commit a spec names now and the variants it lists."""
-
-    spec: KernelSpec
-    commit: str
-    stale: bool
-    names: list[str]
-
-
-@dataclass(frozen=True)
-class Best:
-    """The variant a process with `facts` loads (`variant`: that one, if it fits), and every
-    kernel it depends on: Resolve's plan. Without a fetch, the best one already here."""
-
-    facts: PlatformFacts
-    variant: str | None = None
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One variant of a `Listed` plan: its tree (None on `error`), whether it was fetched,
-    why it was planned, and the kernels it depends on."""
-
-    variant: str
-    why: str
-    hit: LookupHit | None
-    fetched: FetchResult | None = None
-    error: Exception | None = None
-    dependencies: list[KernelSpec] = field(default_factory=list)
-
-
-def _nothing(_variant: str) -> None:
-    return None
-
-
-def _ignore(_outcome: Outcome) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Listed:
-    """A set of variants chosen from the commit's listing (prefetch). `choose` names them, each
-    with why (raise to refuse an empty set); `before` runs before each (raise to stop the set),
-    `after` after each. One variant's failure does not stop the others."""
-
-    choose: Callable[[Listing], Mapping[str, str]]
-    before: Callable[[str], None] = _nothing
-    after: Callable[[Outcome], None] = _ignore
-
-
-@dataclass(frozen=True)
-class Batch:
-    """What a `Listed` plan got: the listing, and one outcome per planned variant, in order."""
-
-    listing: Listing
-    outcomes: list[Outcome]
-
-
-@dataclass(frozen=True)
-class Named(Generic[T]):
-    """One variant of a commit its caller already listed and admitted (the Hub endpoint's bytes,
-    the scrub's re-fetch): no listing and no trust question, only denies, the tree and the
-    fetch. `find(repo, commit, variant)` is the store's reader that hands the tree out
-    (`lookup`, `published_files`); `every_ref` also refuses the variant when any ref naming the
-    commit is denied (a re-fetch nobody asked for by name)."""
-
-    variant: str
-    find: Callable[[str, str, str], T | None]
-    every_ref: bool = False
-
-
-@dataclass(frozen=True)
-class Got(Generic[T]):
-    """A `Named` plan's tree, and the fetch that brought it (None: it was here)."""
-
-    found: T
-    fetched: FetchResult | None
-
-
-Plan = Best | Listed | Named[T]
-
-
 # ---- the path ------------------------------------------------------------------------------------
 
 
@@ -261,7 +176,26 @@ class Acquire:
         """Refused unless jobs may run `repo_id`'s code; only for a repo known to exist."""
         self.gate.check_publisher(repo_id, trust_remote_code=trust_remote_code, parents=parents)
 
-    # ---- steps 1-3 ------------------------------------------------------------------------------
+    # ---- the first steps alone ----------------------------------------------------------------
+
+    def commit_of(
+        self,
+        spec: KernelSpec,
+        *,
+        allow_network: bool = True,
+        refresh: bool = False,
+        record: bool = True,
+    ) -> tuple[str, bool]:
+        """Steps 1-2: (the commit `spec` names now, stale), past its bounds and denies (the Hub
+        endpoint's revision answers). `record=False` leaves the recorded ref where it is
+        (prefetch moves it itself once the commit's trees are here)."""
+        self.check_fields(spec.repo_id, spec.ref)
+        self.store.check_denied(spec.repo_id, spec.ref)  # before any I/O
+        commit, stale = self.listings.commit_for(
+            spec, allow_network=allow_network, refresh=refresh, record=record
+        )
+        self.store.check_denied(spec.repo_id, spec.ref, commit)
+        return commit, stale
 
     def listing(
         self,
@@ -271,16 +205,30 @@ class Acquire:
         refresh: bool = False,
         record: bool = True,
     ) -> Listing:
-        """The commit `spec` names now and its variants (ListVariants: nothing is fetched).
-        `record=False` leaves the recorded ref where it is (prefetch moves it itself)."""
-        self.check_fields(spec.repo_id, spec.ref)
-        self.store.check_denied(spec.repo_id, spec.ref)  # before any I/O
-        commit, stale = self.listings.commit_for(
+        """Steps 1-3: the commit and the variants it lists (ListVariants: nothing fetched, no
+        publisher asked)."""
+        commit, stale = self.commit_of(
             spec, allow_network=allow_network, refresh=refresh, record=record
         )
-        self.store.check_denied(spec.repo_id, spec.ref, commit)
         names = self.listings.variant_names(spec.repo_id, commit, allow_network=allow_network)
         return Listing(spec, commit, stale, names)
+
+    def admitted(
+        self,
+        spec: KernelSpec,
+        *,
+        allow_network: bool = True,
+        refresh: bool = False,
+        record: bool = True,
+        trust_remote_code: bool = False,
+        parents: Sequence[str] = (),
+    ) -> Listing:
+        """Steps 1-4: the listing, once the publisher is trusted (the Hub endpoint's file
+        listings; every plan starts here)."""
+        listing = self.listing(spec, allow_network=allow_network, refresh=refresh, record=record)
+        # The commit is listed (here or upstream): the repo exists, its publisher may be asked.
+        self.check_publisher(spec.repo_id, trust_remote_code=trust_remote_code, parents=parents)
+        return listing
 
     # ---- the whole path -------------------------------------------------------------------------
 
@@ -366,22 +314,6 @@ class Acquire:
             )
         return self._best(spec, plan, step, trust_remote_code, ())
 
-    def _admitted(
-        self,
-        spec: KernelSpec,
-        *,
-        allow_network: bool,
-        refresh: bool,
-        record: bool,
-        trust_remote_code: bool,
-        parents: Sequence[str],
-    ) -> Listing:
-        """Steps 1-4: the listing, once the publisher is trusted."""
-        listing = self.listing(spec, allow_network=allow_network, refresh=refresh, record=record)
-        # The commit is listed (here or upstream): the repo exists, its publisher may be asked.
-        self.check_publisher(spec.repo_id, trust_remote_code=trust_remote_code, parents=parents)
-        return listing
-
     def _best(
         self,
         spec: KernelSpec,
@@ -395,7 +327,7 @@ class Acquire:
                 "kernel-depends cycle: " + " -> ".join((*stack, spec.repo_id)),
                 repo_id=spec.repo_id,
             )
-        listing = self._admitted(
+        listing = self.admitted(
             spec,
             allow_network=step.allow_fetch,
             refresh=False,
@@ -443,7 +375,7 @@ class Acquire:
         record: bool,
         trust: bool,
     ) -> Batch:
-        listing = self._admitted(
+        listing = self.admitted(
             spec,
             allow_network=step.allow_fetch,
             refresh=refresh,

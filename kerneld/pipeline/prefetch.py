@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kerneld.pipeline.acquire import Acquire, Listed, Listing
+from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.pipeline.hardware import Hardware
+from kerneld.pipeline.plans import Listed, Listing
 from kerneld.pipeline.request import KernelSpec, NoVariantFits
 from kerneld.pipeline.resolve import Resolver
 from kerneld.store import Hold, PrefetchTarget

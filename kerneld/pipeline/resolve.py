@@ -15,9 +15,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from kerneld.pipeline.acquire import Acquire, Best, dependencies_of
+from kerneld.pipeline.acquire import Acquire, dependencies_of
 from kerneld.pipeline.fetch import Fetcher, VariantFetcher
 from kerneld.pipeline.fetch_progress import FetchProgressFn
+from kerneld.pipeline.plans import Best
 from kerneld.pipeline.request import (
     DependencyCycle,
     FetchNotAllowed,

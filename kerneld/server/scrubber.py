@@ -20,7 +20,8 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.pipeline.acquire import Acquire, Named
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Named
 from kerneld.pipeline.request import KernelSpec
 from kerneld.server.background import BackgroundThread
 from kerneld.server.metrics import Metrics

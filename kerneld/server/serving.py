@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.pipeline.acquire import Acquire, Best
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Best
 from kerneld.pipeline.prefetch import ClientPlatforms
 from kerneld.pipeline.request import FetchNotAllowed, KernelSpec, NoVariantFits, Resolution
 from kerneld.server.fetch_history import FetchHistory

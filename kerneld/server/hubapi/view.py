@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from kerneld.config import Config
-from kerneld.pipeline.acquire import Acquire, Named
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Named
 from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
 from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller
@@ -323,14 +324,13 @@ class HubView:
         if not resolver.answers_locally(spec):
             refusal = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
         try:
-            commit, _ = resolver.commit_for(
+            commit, _ = self.core.acquire.commit_of(
                 spec, allow_network=not resolver.answers_locally(spec) and refusal is None
             )
         except FetchNotAllowed:
             if refusal is not None:
                 raise refusal from None
             raise
-        self.check(repo_id, spec.ref, commit)
         return commit
 
     # -- listings -------------------------------------------------------------------------------
@@ -357,7 +357,9 @@ class HubView:
             refusal = self._open_network(caller, repo_id, what)
             allow = refusal is None
         try:  # the resolver remembers a failed listing: an outage is not asked again at once
-            names = resolver.variant_names(repo_id, commit, allow_network=allow)
+            listing = self.core.acquire.admitted(
+                KernelSpec(repo_id, locked_commit=commit), allow_network=allow
+            )
         except FetchNotAllowed:
             if refusal is not None:
                 raise refusal from None
@@ -369,7 +371,7 @@ class HubView:
                 repo_id=repo_id,
                 revision=commit,
             ) from exc
-        self._check_publisher(repo_id)  # the commit is listed: the repo exists
+        names = listing.names  # listed, so the repo exists: its publisher is trusted
         with self._lock:
             listed = self._listed.get((repo_id, commit), {})
         out: list[HubFile] = []
