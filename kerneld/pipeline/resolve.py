@@ -92,8 +92,8 @@ class Resolver:
         fetch: VariantFetcher | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`fetch` downloads a variant the store lacks: the daemon passes its acquire service
-        (policy, history); a store tool gets a plain `Fetcher` over the same upstreams."""
+        """`fetch` downloads a variant the store lacks for `resolve` (default: a plain `Fetcher`
+        over the same upstreams); the daemon's fetches go through its own `Acquire`."""
         self.store = store
         self.upstreams = list(upstreams)
         self.ref_ttl_s = ref_ttl_s
@@ -116,7 +116,7 @@ class Resolver:
     def reconfigure(
         self, upstreams: Sequence[Upstream], *, ref_ttl_s: float, negative_ttl_s: float
     ) -> None:
-        """A reload's new upstream chain and TTLs (the fetch side is the acquire service's)."""
+        """A reload's new upstream chain and TTLs (the fetcher's chain is set by its owner)."""
         self.upstreams = list(upstreams)
         self.ref_ttl_s = ref_ttl_s
         self.negative_ttl_s = negative_ttl_s

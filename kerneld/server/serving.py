@@ -72,8 +72,8 @@ def _walk(res: Resolution) -> Iterator[Resolution]:
 
 class ServingHost(Protocol):
     """What serving needs of the daemon (kerneld.server.core.Core implements it): its settings
-    and metrics, the components it opened, the acquire service and the fetch history, and the
-    in-flight work count that a shutdown drains."""
+    and metrics, the components it opened, the acquire path and the daemon's gate, the fetch
+    history, and the in-flight work count that a shutdown drains."""
 
     @property
     def config(self) -> Config: ...
