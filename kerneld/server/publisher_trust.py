@@ -15,8 +15,8 @@ What a caller can make the daemon remember is bounded: only trusted organisation
 published (at most `MAX_TRUSTED` of them, each one the Hub vouches for), a "no" is kept in a
 small in-memory LRU (`MAX_REFUSED`) that is never published, and callers ask about an
 organisation only through the acquire path and its gate, which ask for a repo that exists (in
-the store, or resolved upstream) or charge the question to the caller's fetch budget. An organisation the
-Hub does not know reads as "could not verify", not as "untrusted".
+the store, or resolved upstream) or charge the question to the caller's fetch budget. An
+organisation the Hub does not know reads as "could not verify", not as "untrusted".
 
 publishers.json, format version 1::
 
