@@ -449,6 +449,26 @@ def test_nothing_but_acquire_walks_the_acquire_path() -> None:
     assert stale == [], f"no longer call a step, drop them from SPELLS_A_STEP: {stale}"
 
 
+#: What an upstream answers (kerneld/upstream/base.py): the daemon asks it only in the pipeline.
+#: (`list_variants` and `resolve_revision` are also names of `Serving`'s and the store's own
+#: methods, so they are not counted.)
+UPSTREAM_QUESTIONS = ("list_refs", "list_files", "open_file")
+
+
+def test_the_daemon_asks_its_upstreams_only_through_the_pipeline() -> None:
+    """A front end (the Hub endpoint's refs and file listings too) takes the acquire path, so
+    its questions pass the same caches, TTLs and fetch gate as every other."""
+    offenders = {
+        rel: hits
+        for path in _modules(PACKAGE / "server")
+        for rel in [str(path.relative_to(ROOT))]
+        for hits in [step_calls(path.read_text(encoding="utf-8"), UPSTREAM_QUESTIONS)]
+        if hits
+    }
+    assert offenders == {}, f"ask through kerneld/pipeline/acquire.py: {offenders}"
+    assert step_calls((ROOT / ACQUIRE).read_text(encoding="utf-8"), UPSTREAM_QUESTIONS)
+
+
 def test_the_pipeline_imports_nothing_of_the_server() -> None:
     """The acquire path is below the daemon: kerneldctl runs it too, with an allow-all gate."""
     graph, _ = _import_graph()

@@ -52,7 +52,8 @@ from kerneld.store import (
     TreeNotFoundError,
     TreePublisher,
 )
-from kerneld.upstream.errors import EntryNotFound
+from kerneld.upstream.base import Refs, RemoteFile, Upstream
+from kerneld.upstream.errors import EntryNotFound, UpstreamError
 from kerneld_client.metadata import kernel_depends
 from kerneld_client.variants import decide
 
@@ -134,6 +135,13 @@ class Listings(Protocol):
     def variant_names(
         self, repo_id: str, commit: str, *, allow_network: bool = True
     ) -> list[str]: ...
+
+    def answers_locally(self, spec: KernelSpec) -> bool: ...
+
+    def lists_locally(self, repo_id: str, commit: str) -> bool: ...
+
+    @property
+    def upstreams(self) -> Sequence[Upstream]: ...
 
 
 class AcquireTarget(Policy, TreePublisher, Protocol):
@@ -229,6 +237,48 @@ class Acquire:
         # The commit is listed (here or upstream): the repo exists, its publisher may be asked.
         self.check_publisher(spec.repo_id, trust_remote_code=trust_remote_code, parents=parents)
         return listing
+
+    # ---- what a front end asks before it charges a caller for the network -------------------
+
+    def answers_locally(self, spec: KernelSpec) -> bool:
+        """Would `commit_of` answer without asking an upstream?"""
+        return self.listings.answers_locally(spec)
+
+    def lists_locally(self, repo_id: str, commit: str) -> bool:
+        """Would `listing` name the commit's variants without asking an upstream?"""
+        return self.listings.lists_locally(repo_id, commit)
+
+    # ---- what the Hub endpoint lists of a repo beyond the sequence ---------------------------
+
+    def upstream_refs(self, repo_id: str, failures: list[UpstreamError]) -> Refs | None:
+        """The repo's branches and tags from the first upstream that answers (None: none did;
+        each failure is appended to `failures`)."""
+        for upstream in self.listings.upstreams:
+            try:
+                return upstream.list_refs(repo_id)
+            except UpstreamError as exc:
+                failures.append(exc)
+        return None
+
+    def upstream_files(
+        self, repo_id: str, commit: str, variant: str, failures: list[UpstreamError]
+    ) -> list[RemoteFile] | None:
+        """A variant's files as the first upstream that answers lists them (None: none did;
+        each failure is appended to `failures` and logged)."""
+        for upstream in self.listings.upstreams:
+            try:
+                return upstream.list_files(repo_id, commit, variant)
+            except UpstreamError as exc:
+                failures.append(exc)
+                log.info(
+                    "cannot list repo=%s commit=%s variant=%s upstream=%s: %s",
+                    repo_id,
+                    commit,
+                    variant,
+                    upstream.name,
+                    exc,
+                )
+        return None
 
     # ---- the whole path -------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ Every decision is the acquire path's (`kerneld.pipeline.acquire`, with the daemo
 known to exist), the provenance gate
 (`signed`: under `[provenance] policy = "require"` a commit with a variant the store would refuse is
 refused whole, on every route that answers about its tree), the fetch gate with its per-uid budget
-and audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
-same TTL cache, the same stale answer when every upstream is down. What every upstream failed to
+and audit line, and the one single-flight fetcher. Refs and revisions go through the acquire path
+too (the resolver's TTL cache, the same stale answer when every upstream is down); the view never
+asks an upstream itself. What every upstream failed to
 answer is not asked again for `LISTING_RETRY_S`: during an outage a job costs the upstreams nothing
 more than the first one did, restart or not.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -37,7 +37,7 @@ from typing import BinaryIO, Protocol
 from kerneld.config import Config
 from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.plans import Named
-from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
+from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec
 from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
@@ -47,8 +47,6 @@ from kerneld.store.manifest import SIGSTORE_FILE
 from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
 from kerneld_client.vocabulary import is_commit
-
-log = logging.getLogger("kerneld.hubapi")
 
 #: Commits whose unfetched variants' listings are kept in memory (LRU).
 MAX_LISTED_COMMITS = 1024
@@ -146,9 +144,6 @@ class HubHost(Protocol):
     def store(self) -> HubStore: ...
 
     @property
-    def resolver(self) -> Resolver: ...
-
-    @property
     def acquire(self) -> Acquire: ...
 
     @property
@@ -158,7 +153,7 @@ class HubHost(Protocol):
 
 
 class HubView:
-    """The store and the resolver, answering the questions Hub clients ask."""
+    """The store and the acquire path, answering the questions Hub clients ask."""
 
     def __init__(self, core: HubHost) -> None:
         self.core = core
@@ -258,12 +253,8 @@ class HubView:
         if recent is not None:
             failures.append(recent)
         elif (refusal := self._open_network(caller, repo_id, f"repo={repo_id} refs")) is None:
-            for upstream in self.core.resolver.upstreams:
-                try:
-                    refs = upstream.list_refs(repo_id)
-                except UpstreamError as exc:
-                    failures.append(exc)
-                    continue
+            refs = self.core.acquire.upstream_refs(repo_id, failures)
+            if refs is not None:
                 with self._lock:
                     self._refs[repo_id] = (refs, time.time())
                 if cached is None or cached[0] != refs:
@@ -319,13 +310,13 @@ class HubView:
         """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""
         self.check(repo_id, revision)
         spec = KernelSpec(repo_id, revision=revision)
-        resolver = self.core.resolver
+        acquire = self.core.acquire
         refusal = None
-        if not resolver.answers_locally(spec):
+        if not acquire.answers_locally(spec):
             refusal = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
         try:
-            commit, _ = self.core.acquire.commit_of(
-                spec, allow_network=not resolver.answers_locally(spec) and refusal is None
+            commit, _ = acquire.commit_of(
+                spec, allow_network=not acquire.answers_locally(spec) and refusal is None
             )
         except FetchNotAllowed:
             if refusal is not None:
@@ -349,10 +340,9 @@ class HubView:
             self._check_publisher(repo_id)
             self.signed(repo_id, commit, memo[1])
             return memo[1]
-        resolver = self.core.resolver
         allow = self.may_fetch(repo_id, caller)
         refusal = None
-        if not resolver.lists_locally(repo_id, commit):
+        if not self.core.acquire.lists_locally(repo_id, commit):
             what = f"repo={repo_id} commit={commit} listing"
             refusal = self._open_network(caller, repo_id, what)
             allow = refusal is None
@@ -412,23 +402,8 @@ class HubView:
     def _list_upstream(
         self, repo_id: str, commit: str, variant: str, failures: list[UpstreamError]
     ) -> list[HubFile] | None:
-        for upstream in self.core.resolver.upstreams:
-            try:
-                return [
-                    HubFile.remote(variant, f)
-                    for f in upstream.list_files(repo_id, commit, variant)
-                ]
-            except UpstreamError as exc:
-                failures.append(exc)
-                log.info(
-                    "hub api: cannot list repo=%s commit=%s variant=%s upstream=%s: %s",
-                    repo_id,
-                    commit,
-                    variant,
-                    upstream.name,
-                    exc,
-                )
-        return None
+        listed = self.core.acquire.upstream_files(repo_id, commit, variant, failures)
+        return None if listed is None else [HubFile.remote(variant, f) for f in listed]
 
     def _remember(
         self, repo_id: str, commit: str, variant: str, files: list[HubFile]
