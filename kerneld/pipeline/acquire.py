@@ -2,7 +2,8 @@
 
 gRPC `Resolve` and `ListVariants`, the Hub API endpoint, prefetch (the daemon's and
 `kerneldctl prefetch --store`), the scrub's re-fetch and the store tools' `Resolver.resolve`
-all call `Acquire.acquire` (or `listing`, its first half), so the sequence is written once:
+all call `Acquire.acquire` (or its first steps alone: `commit_of`, `listing`, `admitted`), so
+the sequence is written once:
 
 1. field bounds of the name asked for, then the deny of the repo and the ref, before any I/O;
 2. the ref's commit (the resolver's TTL cache, stale while every upstream is down), and the
@@ -21,7 +22,8 @@ store tool, which has no policy. Which variants is the plan's: `Best` (the one a
 loads: Resolve), `Listed` (a set chosen from the listing: prefetch) or `Named` (one variant of
 a commit its caller already admitted: the Hub endpoint's bytes, the scrub's re-fetch). A
 caller's own admission to the network (`[fetch] allow_groups`, its budget) is the front end's,
-passed in as `before_fetch`.
+passed in as `before_fetch`. The Hub endpoint's listings of refs and of a variant's files
+(`upstream_refs`, `upstream_files`) are asked here too: no front end walks the upstreams.
 """
 
 from __future__ import annotations
