@@ -15,6 +15,10 @@ those inside functions too (`TYPE_CHECKING` blocks aside): a cycle means two mod
 a lazy import only hides it. No cycle between packages either (`kerneld.server`, `kerneld.mirror`,
 `kerneld_client.loading`, ...): two packages that import each other are one layer.
 
+Getting a kernel has one path, `kerneld/pipeline/acquire.py`: nothing else calls the fetcher or
+spells the acquire sequence's steps (the ref, the listing, publisher trust), and the pipeline
+imports nothing of the daemon's server (issue 54).
+
 The environment is read in one settings module per package (`kerneld.config.environment`,
 `kerneld_client._config`), and the daemon uses only the client's public modules.
 """
@@ -394,3 +398,95 @@ def test_the_shape_checks_catch_what_they_are_for() -> None:
     assert not environment_reads("env = {}\nenv.get('A')  # os.environ")
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: The one module that walks the acquire sequence (kerneld/pipeline/acquire.py's docstring).
+ACQUIRE = "kerneld/pipeline/acquire.py"
+#: The entry points of the sequence's steps: the fetcher, the ref and listing questions, the
+#: publisher's admission. Only `ACQUIRE` calls them, but for the modules below, each with why.
+ACQUIRE_STEPS = ("fetch_variant", "commit_for", "variant_names", "check_publisher")
+SPELLS_A_STEP = {
+    "kerneld/server/refresh.py": "re-checks served refs before their TTL is up (no tree)",
+    "kerneld/server/admin_service.py": "pin and lock name a revision's commit (no tree)",
+    "kerneld/server/hubapi/view.py": "the refs listing and a remembered file listing re-ask trust",
+    "kerneld/store/published_index.py": "the index document's own `commit_for` (no upstream)",
+}
+
+
+def step_calls(source: str, names: tuple[str, ...] = ACQUIRE_STEPS) -> list[str]:
+    """Calls of `<anything>.<name>(...)` for each name in `names`, as `line N: name`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in names
+        ):
+            found.append(f"line {node.lineno}: {node.func.attr}")
+    return found
+
+
+def test_nothing_but_acquire_walks_the_acquire_path() -> None:
+    calls = {
+        rel: hits
+        for path in _modules(PACKAGE)
+        for rel in [str(path.relative_to(ROOT))]
+        if rel != ACQUIRE
+        for hits in [step_calls(path.read_text(encoding="utf-8"))]
+        if hits
+    }
+    fetches = {rel: [h for h in hits if h.endswith("fetch_variant")] for rel, hits in calls.items()}
+    assert {rel: hits for rel, hits in fetches.items() if hits} == {}, (
+        "only the acquire path fetches: call `Acquire.acquire` with a plan"
+    )
+    offenders = {rel: hits for rel, hits in calls.items() if rel not in SPELLS_A_STEP}
+    assert offenders == {}, (
+        "take the acquire path (`Acquire.acquire`, `admitted`, `listing`, `commit_of`) instead "
+        f"of spelling its steps: {offenders}"
+    )
+    assert step_calls((ROOT / ACQUIRE).read_text(encoding="utf-8"))  # the names are the real ones
+    stale = [rel for rel in SPELLS_A_STEP if rel not in calls]
+    assert stale == [], f"no longer call a step, drop them from SPELLS_A_STEP: {stale}"
+
+
+#: What an upstream answers (kerneld/upstream/base.py): the daemon asks it only in the pipeline.
+#: (`list_variants` and `resolve_revision` are also names of `Serving`'s and the store's own
+#: methods, so they are not counted.)
+UPSTREAM_QUESTIONS = ("list_refs", "list_files", "open_file")
+
+
+def test_the_daemon_asks_its_upstreams_only_through_the_pipeline() -> None:
+    """A front end (the Hub endpoint's refs and file listings too) takes the acquire path, so
+    its questions pass the same caches, TTLs and fetch gate as every other."""
+    offenders = {
+        rel: hits
+        for path in _modules(PACKAGE / "server")
+        for rel in [str(path.relative_to(ROOT))]
+        for hits in [step_calls(path.read_text(encoding="utf-8"), UPSTREAM_QUESTIONS)]
+        if hits
+    }
+    assert offenders == {}, f"ask through kerneld/pipeline/acquire.py: {offenders}"
+    assert step_calls((ROOT / ACQUIRE).read_text(encoding="utf-8"), UPSTREAM_QUESTIONS)
+
+
+def test_the_pipeline_imports_nothing_of_the_server() -> None:
+    """The acquire path is below the daemon: kerneldctl runs it too, with an allow-all gate."""
+    graph, _ = _import_graph()
+    offenders = sorted(
+        f"{m} -> {i}"
+        for m, imports in graph.items()
+        if m.startswith("kerneld.pipeline")
+        for i in imports
+        if i.startswith("kerneld.server")
+    )
+    assert offenders == []
+    assert "kerneld.pipeline.acquire" in graph["kerneld.pipeline.prefetch"]
+
+
+def test_the_acquire_checks_catch_what_they_are_for() -> None:
+    assert step_calls("self._fetcher.fetch_variant(r, c, v)") == ["line 1: fetch_variant"]
+    assert step_calls("x = resolver.commit_for(spec)\ny = r.variant_names(a, b)") == [
+        "line 1: commit_for",
+        "line 2: variant_names",
+    ]
+    assert step_calls("def fetch_variant(self): ...\nfetch_variant = None") == []

@@ -79,6 +79,7 @@ def _daemon(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], 
 
 def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], view: Any) -> None:
     from kerneld.config import ConfigError, load_config
+    from kerneld.pipeline.acquire import ALLOW_ALL, Acquire
     from kerneld.pipeline.fetch import Fetcher
     from kerneld.pipeline.hardware import detect
     from kerneld.pipeline.prefetch import ClientPlatforms, Prefetcher, parse_torch_versions
@@ -107,8 +108,10 @@ def _local(ctx: Ctx, specs: list[Spec], variants: list[str], torch: list[str], v
     with open_store(ctx, writable=True, create=True) as store:
         fetcher = Fetcher(store, upstreams)
         resolver = Resolver(store, upstreams, fetch=fetcher)
+        # The daemon's path, without its policy: a stopped store's admin allows everything.
+        acquire = Acquire(store, resolver, fetcher, ALLOW_ALL)
         prefetcher = Prefetcher(
-            store, resolver, fetcher, hardware=detect, client_platforms=ClientPlatforms(None)
+            store, resolver, acquire, hardware=detect, client_platforms=ClientPlatforms(None)
         )
         prefetcher.run(
             kernel_specs,

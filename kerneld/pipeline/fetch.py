@@ -61,8 +61,8 @@ class FetchResult:
 
 
 class VariantFetcher(Protocol):
-    """What a consumer of downloads needs: one verified variant in the store. The daemon's
-    `Acquire` (which holds its one `Fetcher`) and a bare `Fetcher` (store tools) provide it."""
+    """What the acquire path needs of a download: one verified variant in the store (a
+    `Fetcher`; `kerneld.pipeline.acquire` is the only caller, the structure test checks)."""
 
     def fetch_variant(
         self, repo_id: str, commit: str, variant: str, *, progress: FetchProgressFn | None = None

@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kerneld.pipeline.fetch import FetchResult, VariantFetcher
-from kerneld.pipeline.fetch_progress import FetchProgress
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.pipeline.hardware import Hardware
-from kerneld.pipeline.resolve import Admit, KernelSpec, NoVariantFits, Resolver
-from kerneld.store import Hold, PrefetchTarget, TreeNotFoundError
-from kerneld.upstream.errors import EntryNotFound
+from kerneld.pipeline.plans import Listed, Listing
+from kerneld.pipeline.request import KernelSpec, NoVariantFits
+from kerneld.pipeline.resolve import Resolver
+from kerneld.store import Hold, PrefetchTarget
 from kerneld_client.variants import (
     Backend,
     BackendType,
@@ -284,28 +285,27 @@ class Prefetcher:
     """Runs prefetches over one store and resolver; safe to run from several threads (the
     fetcher's single-flight keeps any variant from being downloaded twice at once).
 
-    In the daemon, `fetch` and `admit` are its acquire service: a prefetch passes the same
-    denies and publisher trust as a job's Resolve (and so records the publisher's verdict,
-    which the published index needs for the first job to load without asking the daemon).
-    A store tool (`kerneldctl prefetch --store`) passes a bare `Fetcher` and no policy."""
+    Every kernel goes through `acquire` (`kerneld.pipeline.acquire`) with a `Listed` plan: in
+    the daemon with its gate, so a prefetch passes the same denies and publisher trust as a
+    job's Resolve (and so records the publisher's verdict, which the published index needs for
+    the first job to load without asking the daemon); in a store tool (`kerneldctl prefetch
+    --store`) with the allow-all gate."""
 
     def __init__(
         self,
         store: PrefetchTarget,
         resolver: Resolver,
-        fetch: VariantFetcher,
+        acquire: Acquire,
         *,
         hardware: Callable[[], Hardware],
         client_platforms: ClientPlatforms,
-        admit: Admit | None = None,
         configured_torch: Iterable[tuple[int, int]] = (),
     ) -> None:
         self.store = store
         #: `prefetch.torch`; the daemon replaces it on reload.
         self.configured_torch = tuple(configured_torch)
         self.resolver = resolver
-        self.fetch = fetch
-        self.admit = admit
+        self.acquire = acquire
         self.hardware = hardware
         self._said_no_gpu = False
         self.client_platforms = client_platforms
@@ -377,68 +377,68 @@ class Prefetcher:
         cancel: threading.Event | None,
         hold: Hold,
     ) -> list[KernelSpec]:
+        """One kernel through the acquire path (a `Listed` plan): its planned variants in the
+        store, the events and log lines on the way; the kernels they depend on."""
         repo = spec.repo_id
-        self.store.check_denied(repo, spec.ref)
         asked_at = self.resolver.clock()
-        # The ref is moved below, once the new commit's trees are here (record=False).
-        commit, stale = self.resolver.commit_for(spec, refresh=refresh, record=False)
-        self.store.check_denied(repo, spec.ref, commit)
-        names = self.resolver.variant_names(repo, commit)
-        if self.admit is not None:  # listed: the repo exists, its publisher may be asked about
-            self.admit(spec, commit, ())
-        plan = self._plan(names, variants, torch, platforms)
-        if not plan:
-            raise NoVariantFits(
-                [],
-                repo_id=repo,
-                revision=commit,
-                detail=_no_plan(names, variants),
+
+        def choose(listing: Listing) -> dict[str, str]:
+            plan = self._plan(listing.names, variants, torch, platforms)
+            if not plan:
+                raise NoVariantFits(
+                    [],
+                    repo_id=repo,
+                    revision=listing.commit,
+                    detail=_no_plan(listing.names, variants),
+                )
+            send(
+                FetchProgress(
+                    "kernel-started",
+                    repo,
+                    listing.commit,
+                    files_total=len(plan),
+                    stale=listing.stale,
+                )
             )
-        send(FetchProgress("kernel-started", repo, commit, files_total=len(plan), stale=stale))
+            return plan
+
+        def before(_variant: str) -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("prefetch cancelled")
+
+        # The ref is moved below, once the new commit's trees are here (record=False).
+        batch = self.acquire.acquire(
+            spec,
+            Listed(choose, before),
+            refresh=refresh,
+            record=False,
+            hold=hold,
+            progress=_file_events(send),
+        )
+        commit, stale = batch.listing.commit, batch.listing.stale
         failures: list[tuple[str, BaseException]] = []
         deps: list[KernelSpec] = []
         fetched = present = 0
-        for variant, why in plan.items():
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("prefetch cancelled")
-            try:
-                if variant not in names:
-                    raise EntryNotFound(
-                        f"no variant {variant} (it has: {', '.join(sorted(names)) or 'none'})",
-                        repo_id=repo,
-                        revision=commit,
-                    )
-                hold.add(repo, commit, variant)
-                hit = self.store.lookup(repo, commit, variant)
-                already = hit is not None
-                if hit is None:
-                    result = self._fetch(repo, commit, variant, send)
-                    summary.bytes += result.bytes_downloaded
-                    hit = self.store.lookup(repo, commit, variant)
-                    if hit is None:
-                        # Held, so GC did not take it; a repair or an admin's deny did.
-                        raise TreeNotFoundError(
-                            "the tree was taken out of service right after its fetch (a repair "
-                            "or a deny); prefetch it again",
-                            repo_id=repo,
-                            commit=commit,
-                            variant=variant,
-                        )
-                deps.extend(self.resolver.dependencies_of(hit))
-            except Exception as exc:
-                failures.append((variant, exc))
+        for outcome in batch.outcomes:
+            variant, hit = outcome.variant, outcome.hit
+            if outcome.error is not None:
+                failures.append((variant, outcome.error))
                 log.warning(
                     "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
                     repo,
                     commit,
                     variant,
-                    exc,
+                    outcome.error,
                 )
                 continue
-            if already:
+            assert hit is not None  # an outcome without an error has its tree
+            deps.extend(outcome.dependencies)
+            already = outcome.fetched is None
+            if outcome.fetched is None:
                 present += 1
             else:
                 fetched += 1
+                summary.bytes += outcome.fetched.bytes_downloaded
             send(
                 FetchProgress(
                     "variant-done",
@@ -456,7 +456,7 @@ class Prefetcher:
                 repo,
                 commit,
                 variant,
-                why,
+                outcome.why,
             )
         summary.variants_fetched += fetched
         summary.variants_present += present
@@ -466,7 +466,7 @@ class Prefetcher:
             spec.ref,
             commit,
             " (stale ref)" if stale else "",
-            ",".join(plan) or "-",
+            ",".join(o.variant for o in batch.outcomes) or "-",
             fetched,
             present,
             len(failures),
@@ -480,7 +480,7 @@ class Prefetcher:
             send(FetchProgress.failed(repo, commit, bad_variant, error))
         else:
             summary.kernels_ok += 1
-            send(FetchProgress("kernel-done", repo, commit, files_done=len(plan)))
+            send(FetchProgress("kernel-done", repo, commit, files_done=len(batch.outcomes)))
         return deps
 
     def _move_ref(self, spec: KernelSpec, commit: str, asked_at: float, *, complete: bool) -> None:
@@ -536,17 +536,21 @@ class Prefetcher:
                 out.setdefault(mode, "requested")
         return out
 
-    def _fetch(self, repo: str, commit: str, variant: str, send: Emit) -> FetchResult:
-        def progress(event: FetchProgress) -> None:
-            kind = {
-                "variant-started": "file-progress",
-                "file-progress": "file-progress",
-                "file-done": "file-done",
-            }.get(event.kind)
-            if kind is not None:  # the variant's own start and end are the prefetch's
-                send(replace(event, kind=kind))
 
-        return self.fetch.fetch_variant(repo, commit, variant, progress=progress)
+def _file_events(send: Emit) -> FetchProgressFn:
+    """A fetch's progress as a prefetch's events: its files; the variant's own start and end
+    are the prefetch's."""
+
+    def progress(event: FetchProgress) -> None:
+        kind = {
+            "variant-started": "file-progress",
+            "file-progress": "file-progress",
+            "file-done": "file-done",
+        }.get(event.kind)
+        if kind is not None:
+            send(replace(event, kind=kind))
+
+    return progress
 
 
 def _no_plan(names: Sequence[str], variants: Sequence[str]) -> str:

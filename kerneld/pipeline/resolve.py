@@ -1,9 +1,12 @@
-"""Turn a request (repo, version or revision, platform facts) into a verified tree in the store.
+"""Refs and listings: a request's revision -> its commit -> the variants that commit has.
 
-Steps: revision -> commit (ref cache with TTL, serve-stale when every upstream is down, short
-negative cache), commit -> variant names (cached forever: commits are immutable), names + facts
--> best accepted variant (kerneld_client.variants, the same rules as the client), then a store
-hit or a single-flight fetch, then `kernel-depends` recursively.
+Revision -> commit: a ref cache with a TTL, served stale when every upstream is down, and a
+short negative cache; commit -> variant names: cached forever (commits are immutable). What
+comes after (the variant chosen, the tree looked up or fetched, `kernel-depends`) is the
+acquire path's (`kerneld.pipeline.acquire`), which asks these two questions through the
+`Listings` protocol; `Resolver.resolve` runs that path for store tools, without a policy.
+The request's words (`KernelSpec`, `Resolution`, the resolution errors) are
+`kerneld.pipeline.request`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -11,12 +14,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from kerneld.pipeline.fetch import Fetcher, FetchResult, VariantFetcher
+from kerneld.pipeline.acquire import Acquire, dependencies_of
+from kerneld.pipeline.fetch import Fetcher, VariantFetcher
 from kerneld.pipeline.fetch_progress import FetchProgressFn
-from kerneld.store import Hold, LookupHit, MetadataError, ResolveTarget, ResourceExhaustedError
-from kerneld.upstream.base import Upstream, check_repo_id
+from kerneld.pipeline.plans import Best
+from kerneld.pipeline.request import (
+    DependencyCycle,
+    FetchNotAllowed,
+    KernelSpec,
+    NoVariantFits,
+    Resolution,
+    ResolveError,
+)
+from kerneld.store import Hold, LookupHit, ResolveTarget
+from kerneld.upstream.base import Upstream
 from kerneld.upstream.errors import (
     RepoNotFound,
     RevisionNotFound,
@@ -24,10 +36,20 @@ from kerneld.upstream.errors import (
     UpstreamUnavailable,
     every_upstream,
 )
-from kerneld_client.metadata import kernel_depends
 from kerneld_client.single_flight import SingleFlight
-from kerneld_client.variants import Decision, PlatformFacts, decide
+from kerneld_client.variants import PlatformFacts
 from kerneld_client.vocabulary import is_commit
+
+__all__ = [
+    "LISTING_RETRY_S",
+    "DependencyCycle",
+    "FetchNotAllowed",
+    "KernelSpec",
+    "NoVariantFits",
+    "Resolution",
+    "ResolveError",
+    "Resolver",
+]
 
 log = logging.getLogger("kerneld.resolve")
 
@@ -36,94 +58,6 @@ LISTING_RETRY_S = 30.0
 they are not asked again for this long: during an outage each job is answered from what is
 here, instead of costing every upstream its retries again (a restarted daemon has no answers
 of its own yet)."""
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """What a caller asks for. At most one of version, revision, locked_commit."""
-
-    repo_id: str
-    version: int | None = None
-    revision: str | None = None
-    locked_commit: str | None = None
-
-    def __post_init__(self) -> None:
-        check_repo_id(self.repo_id)
-        given = [x is not None for x in (self.version, self.revision, self.locked_commit)]
-        if sum(given) > 1:
-            raise ValueError("give at most one of version, revision and locked_commit")
-        if self.locked_commit is not None and not is_commit(self.locked_commit):
-            raise ValueError(f"locked commit must be 40 lowercase hex: {self.locked_commit!r}")
-        if self.version is not None and self.version < 0:
-            raise ValueError(f"version must be >= 0, got {self.version}")
-
-    @property
-    def ref(self) -> str:
-        """The ref to resolve: `vN` for a version (versions are branches), else the revision."""
-        if self.locked_commit is not None:
-            return self.locked_commit
-        if self.version is not None:
-            return f"v{self.version}"
-        return self.revision or "main"
-
-    def __str__(self) -> str:
-        return f"{self.repo_id}@{self.ref}"
-
-
-class ResolveError(Exception):
-    """Base of resolution failures that are not upstream or store errors."""
-
-    def __init__(self, message: str, *, repo_id: str = "", revision: str = "") -> None:
-        self.message = message
-        self.repo_id = repo_id
-        self.revision = revision
-        where = "@".join(p for p in (repo_id, revision) if p)
-        super().__init__(f"{where}: {message}" if where else message)
-
-
-class NoVariantFits(ResolveError):
-    """No variant of the commit fits the platform (each decision says why); the client raises
-    its `NoCompatibleVariant`, `kernels`' name, for it."""
-
-    def __init__(
-        self,
-        decisions: Sequence[Decision],
-        *,
-        repo_id: str,
-        revision: str,
-        detail: str | None = None,
-    ) -> None:
-        self.decisions = list(decisions)
-        if detail is None:
-            said = "; ".join(f"{d.variant}: {d.reason}" for d in self.decisions) or "no variants"
-            detail = f"no build variant fits this platform ({said})"
-        super().__init__(detail, repo_id=repo_id, revision=revision)
-
-
-class FetchNotAllowed(ResolveError):
-    """The kernel is not in the store and this request may not trigger a download."""
-
-
-class DependencyCycle(ResolveError):
-    pass
-
-
-Admit = Callable[["KernelSpec", str, Sequence[str]], None]
-"""The daemon's policy for one kernel once its commit is known and listed (so the repo exists),
-before any variant of it is fetched: raises to refuse.
-Called with the spec, the commit and the chain of kernels that depend on it (outermost first)."""
-
-
-@dataclass(frozen=True)
-class Resolution:
-    spec: KernelSpec
-    commit: str
-    stale: bool
-    variant: str
-    hit: LookupHit
-    decisions: list[Decision]
-    fetched: FetchResult | None = None
-    dependencies: list[Resolution] = field(default_factory=list)
 
 
 class _VersionMissing(Exception):
@@ -158,8 +92,8 @@ class Resolver:
         fetch: VariantFetcher | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """`fetch` downloads a variant the store lacks: the daemon passes its acquire service
-        (policy, history); a store tool gets a plain `Fetcher` over the same upstreams."""
+        """`fetch` downloads a variant the store lacks for `resolve` (default: a plain `Fetcher`
+        over the same upstreams); the daemon's fetches go through its own `Acquire`."""
         self.store = store
         self.upstreams = list(upstreams)
         self.ref_ttl_s = ref_ttl_s
@@ -182,7 +116,7 @@ class Resolver:
     def reconfigure(
         self, upstreams: Sequence[Upstream], *, ref_ttl_s: float, negative_ttl_s: float
     ) -> None:
-        """A reload's new upstream chain and TTLs (the fetch side is the acquire service's)."""
+        """A reload's new upstream chain and TTLs (the fetcher's chain is set by its owner)."""
         self.upstreams = list(upstreams)
         self.ref_ttl_s = ref_ttl_s
         self.negative_ttl_s = negative_ttl_s
@@ -439,7 +373,7 @@ class Resolver:
             return published
         raise error
 
-    # -- resolve -------------------------------------------------------------------------------
+    # -- resolve ------------------------------------------------------------------------------
 
     def resolve(
         self,
@@ -452,113 +386,22 @@ class Resolver:
         holder: str = "",
         progress: FetchProgressFn | None = None,
         hold: Hold | None = None,
-        admit: Admit | None = None,
-        _stack: tuple[str, ...] = (),
     ) -> Resolution:
-        """Choose, and fetch if allowed, the variant of `spec` for `facts` (and of every
-        kernel it depends on). With `hold`, every variant looked up or fetched is held from GC
-        until the caller closes the hold: a dependency's fetch, or another request's, cannot
-        evict what this answer names before the caller has leased it. `admit` is the
-        daemon's policy, applied to each kernel as soon as its commit is known (before any of
-        its variants is fetched)."""
-        if spec.repo_id in _stack:
-            raise DependencyCycle(
-                "kernel-depends cycle: " + " -> ".join((*_stack, spec.repo_id)),
-                repo_id=spec.repo_id,
-            )
-        # Denies are checked before any I/O: a denied kernel is never fetched either.
-        self.store.check_denied(spec.repo_id, spec.ref)
-        commit, stale = self.commit_for(spec, allow_network=allow_fetch)
-        self.store.check_denied(spec.repo_id, spec.ref, commit)
-        names = self.variant_names(spec.repo_id, commit, allow_network=allow_fetch)
-        if admit is not None:  # the commit is listed (here or upstream): the repo exists
-            admit(spec, commit, _stack)
-        decisions = decide(names, facts)
-        if variant is not None:
-            chosen = [d for d in decisions if d.variant == variant]
-            if not chosen:
-                raise NoVariantFits(decisions, repo_id=spec.repo_id, revision=commit)
-            candidates = chosen
-        else:
-            candidates = [d for d in decisions if d.accepted]
-        if not candidates:
-            raise NoVariantFits(decisions, repo_id=spec.repo_id, revision=commit)
-        best = candidates[0].variant
-        if hold is not None:
-            hold.add(spec.repo_id, commit, best)
-        hit = self.store.lookup(spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder)
-        fetched: FetchResult | None = None
-        if hit is None and not allow_fetch:
-            # Without a fetch, the best accepted variant that is already here will do.
-            for cand in candidates[1:]:
-                if hold is not None:
-                    hold.add(spec.repo_id, commit, cand.variant)
-                hit = self.store.lookup(
-                    spec.repo_id, commit, cand.variant, lease_ttl_s=lease_ttl_s, holder=holder
-                )
-                if hit is not None:
-                    best = cand.variant
-                    break
-            else:
-                raise FetchNotAllowed(
-                    f"variant {best} is not in the store and fetching is not allowed",
-                    repo_id=spec.repo_id,
-                    revision=commit,
-                )
-        if hit is None:
-            fetched = self._fetch.fetch_variant(spec.repo_id, commit, best, progress=progress)
-            hit = self.store.lookup(
-                spec.repo_id, commit, best, lease_ttl_s=lease_ttl_s, holder=holder
-            )
-            if hit is None:
-                # Without a hold, a reservation's GC may collect a tree between its publish
-                # and this lookup; under the cap that is the cap doing its job, not a fault.
-                raise ResourceExhaustedError(
-                    fetched.tree.size,
-                    0,
-                    "store cap (the tree was collected right after its fetch to make room "
-                    "for others)",
-                    repo_id=spec.repo_id,
-                    commit=commit,
-                    variant=best,
-                )
-        deps = [
-            self.resolve(
-                dep,
-                facts,
-                allow_fetch=allow_fetch,
-                lease_ttl_s=lease_ttl_s,
-                holder=holder,
-                progress=progress,
-                hold=hold,
-                admit=admit,
-                _stack=(*_stack, spec.repo_id),
-            )
-            for dep in self.dependencies_of(hit)
-        ]
-        return Resolution(spec, commit, stale, best, hit, decisions, fetched, deps)
+        """Choose, and fetch if allowed, the variant of `spec` for `facts` (and of every kernel
+        it depends on), with no policy beyond the store's own: the acquire path
+        (`kerneld.pipeline.acquire`) with an allow-all gate, for store tools and tests. The
+        daemon calls its own `Acquire`, with its gate."""
+        return Acquire(self.store, self, self._fetch).acquire(
+            spec,
+            Best(facts, variant),
+            allow_fetch=allow_fetch,
+            lease_ttl_s=lease_ttl_s,
+            holder=holder,
+            progress=progress,
+            hold=hold,
+        )
 
-    def dependencies_of(self, hit: LookupHit) -> list[KernelSpec]:
-        """`kernel-depends` of a published tree's metadata.json.
-
-        A malformed list is a MetadataError (the build is broken): serving the kernel without a
-        dependency it declares would only fail later, inside the user's process.
-        """
-        import json
-
-        try:
-            meta = json.loads((hit.path / "metadata.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            return []
-        try:  # a bad entry, or a repo id no spec can name
-            return [
-                KernelSpec(d.repo_id, version=d.version, revision=d.revision)
-                for d in kernel_depends(meta)
-            ]
-        except ValueError as exc:
-            raise MetadataError(
-                f"metadata.json: {exc}; the kernel's build is malformed, ask its author to fix it",
-                repo_id=hit.repo,
-                commit=hit.commit,
-                variant=hit.variant,
-            ) from None
+    @staticmethod
+    def dependencies_of(hit: LookupHit) -> list[KernelSpec]:
+        """`kernel-depends` of a published tree (`kerneld.pipeline.acquire.dependencies_of`)."""
+        return dependencies_of(hit)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kerneld.config import Config
+from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.fetch import Fetcher
 from kerneld.pipeline.hardware import Hardware, detect
 from kerneld.pipeline.prefetch import (
@@ -34,8 +35,8 @@ from kerneld.pipeline.provenance import provenance_check
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.pipeline.upstreams import TrackedUpstream, build_upstreams
 from kerneld.server import logs
-from kerneld.server.acquire import Acquire
 from kerneld.server.fetch_history import FetchHistory
+from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import FetchGate
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics, StoreGauges
@@ -76,6 +77,7 @@ class Core:
         self._store: Store | None = None
         self._resolver: Resolver | None = None
         self._acquire: Acquire | None = None
+        self._fetcher: Fetcher | None = None
         self._leases: LeaseBook | None = None
         self._prefetcher: Prefetcher | None = None
         self._refresher: RefRefresher | None = None
@@ -93,6 +95,8 @@ class Core:
         self.timer = PrefetchTimer(self)
         self.scrubber = Scrubber(self)
         self.fetch_gate = FetchGate()
+        self.gate = DaemonGate(self)
+        """The daemon's policy around the acquire path, and its front ends' fetch gate."""
         self.hub_api: list[str] = []
         """Where the Hub API endpoint listens (GetStatus shows it); set by the app."""
         self.listener_problems: list[str] = []
@@ -121,15 +125,16 @@ class Core:
             store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
             self.hardware = detect(self.hardware_root)
-            # The one fetcher, held by the acquire service: every download passes its gate.
-            acquire = Acquire(self, Fetcher(store, upstreams))
+            # The one fetcher, driven by the acquire path only: every download passes its gate.
+            fetcher = Fetcher(store, upstreams)
             resolver = Resolver(
                 store,
                 upstreams,
                 ref_ttl_s=cfg.ref_ttl_s,
                 negative_ttl_s=cfg.negative_ttl_s,
-                fetch=acquire,
+                fetch=fetcher,
             )
+            acquire = Acquire(store, resolver, fetcher, self.gate)
             self._leases = LeaseBook(
                 store, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
             )
@@ -140,7 +145,6 @@ class Core:
                 acquire,
                 hardware=self.host,
                 client_platforms=self.platforms,
-                admit=acquire.admitter(trust_remote_code=False),
                 configured_torch=_torch(cfg.prefetch_torch),
             )
             trust = PublisherTrust(
@@ -167,6 +171,7 @@ class Core:
         self._store = store
         self._resolver = resolver
         self._acquire = acquire
+        self._fetcher = fetcher
         self.metrics.watch_store(self.gauges)
         return store
 
@@ -206,7 +211,7 @@ class Core:
 
     @property
     def acquire(self) -> Acquire:
-        """The gate every front end passes (bounds, deny, trust, fetch gate, the fetcher)."""
+        """The one path every front end takes to get a kernel (with `gate`, the policy)."""
         if self._acquire is None:
             raise NotReady("kerneld is starting: the store is being opened and scanned")
         return self._acquire
@@ -372,8 +377,8 @@ class Core:
         effective = change.effective
         if change.touches("upstreams", "fetch_attempts", "fetch_timeout_s"):
             self.upstreams = build_upstreams(effective)
-            if self._acquire is not None:
-                self._acquire.reconfigure(self.upstreams)
+            if self._fetcher is not None:  # later fetches use the new chain
+                self._fetcher.upstreams = list(self.upstreams)
             self.warm_upstreams()
         if self._resolver is not None:
             self._resolver.reconfigure(

@@ -14,9 +14,9 @@ TTL is still used while the Hub cannot be asked, as a stale ref is).
 What a caller can make the daemon remember is bounded: only trusted organisations are
 published (at most `MAX_TRUSTED` of them, each one the Hub vouches for), a "no" is kept in a
 small in-memory LRU (`MAX_REFUSED`) that is never published, and callers ask about an
-organisation only through the acquire service, which asks for a repo that exists (in the store,
-or resolved upstream) or charges the question to the caller's fetch budget. An organisation the
-Hub does not know reads as "could not verify", not as "untrusted".
+organisation only through the acquire path and its gate, which ask for a repo that exists (in
+the store, or resolved upstream) or charge the question to the caller's fetch budget. An
+organisation the Hub does not know reads as "could not verify", not as "untrusted".
 
 publishers.json, format version 1::
 

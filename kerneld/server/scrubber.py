@@ -20,7 +20,9 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.server.acquire import Acquire
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Named
+from kerneld.pipeline.request import KernelSpec
 from kerneld.server.background import BackgroundThread
 from kerneld.server.metrics import Metrics
 from kerneld.store import DeniedError, Hold, Store
@@ -35,7 +37,7 @@ MAX_SLEEP_S = 3600.0
 
 class ScrubHost(Protocol):
     """What the scrub needs of the daemon (kerneld.server.core.Core implements it): its
-    settings, store and metrics, the acquire service for re-fetches (it records them), and
+    settings, store and metrics, the acquire path for re-fetches (its gate records them), and
     the in-flight work count that a shutdown drains."""
 
     @property
@@ -178,13 +180,18 @@ class Scrubber(BackgroundThread):
         )
 
     def _refetch(self, report: ScrubReport, hold: Hold) -> int:
-        """Fetch every invalidated variant again; how many came back."""
+        """Fetch every invalidated variant again, through the acquire path (held, and refused
+        when the commit or any ref naming it is denied by now); how many came back."""
         ok = 0
         metrics = self.core.metrics
+        acquire, store = self.core.acquire, self.core.store
         for repo, commit, variant in dict.fromkeys(report.invalidated):
-            hold.add(repo, commit, variant)
             try:
-                self._check_denied(repo, commit)
+                got = acquire.acquire(
+                    KernelSpec(repo, locked_commit=commit),
+                    Named(variant, store.lookup, every_ref=True),
+                    hold=hold,
+                )
             except DeniedError as exc:
                 metrics.scrub_refetches.labels("skipped").inc()
                 log.warning(
@@ -195,8 +202,6 @@ class Scrubber(BackgroundThread):
                     exc,
                 )
                 continue
-            try:  # the acquire service records it in the fetch history
-                result = self.core.acquire.fetch_variant(repo, commit, variant)
             except Exception as exc:
                 metrics.scrub_refetches.labels("failed").inc()
                 log.warning(
@@ -210,21 +215,14 @@ class Scrubber(BackgroundThread):
                 continue
             ok += 1
             metrics.scrub_refetches.labels("ok").inc()
+            result = got.fetched
             log.info(
                 "scrub: re-fetched repo=%s commit=%s variant=%s upstream=%s bytes=%d tree=%s",
                 repo,
                 commit,
                 variant,
-                result.upstream,
-                result.bytes_downloaded,
-                result.tree.digest,
+                result.upstream if result else "-",
+                result.bytes_downloaded if result else 0,
+                got.found.digest,
             )
         return ok
-
-    def _check_denied(self, repo: str, commit: str) -> None:
-        """A deny of the commit or of any ref that points at it stops the re-fetch."""
-        store = self.core.store
-        store.check_denied(repo, commit, commit)
-        for ref in store.refs_of(repo):
-            if ref.commit == commit:
-                store.check_denied(repo, ref.ref, commit)

@@ -1,8 +1,9 @@
 """Resolve, ListVariants and leases over gRPC, and the answers the daemon remembers.
 
-Every policy decision (bounds, denies, publisher trust, the fetch gate and its audit line, the
-fetch itself) is the acquire service's (`acquire.py`), the same for every front end; what is
-here is the RPC's own: the local-first answer for a caller the fetch gate refuses, leases and
+Getting a kernel is the acquire path's (`kerneld.pipeline.acquire`: denies, refs, listings,
+publisher trust, the fetch), with the daemon's gate (`gate.py`: bounds, trust, the fetch gate
+and its audit line, the fetch history), the same for every front end; what is here is the
+RPC's own: the local-first answer for a caller the fetch gate refuses, leases and
 their limits, metrics and log lines. An answer computed before is remembered and reused while
 the store's generation is unchanged and its refs are within their TTL: the warm path costs one
 indexed read and no write.
@@ -21,17 +22,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kerneld.config import Config
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Best
 from kerneld.pipeline.prefetch import ClientPlatforms
-from kerneld.pipeline.resolve import (
-    Admit,
-    FetchNotAllowed,
-    KernelSpec,
-    NoVariantFits,
-    Resolution,
-    Resolver,
-)
-from kerneld.server.acquire import Acquire
+from kerneld.pipeline.request import FetchNotAllowed, KernelSpec, NoVariantFits, Resolution
 from kerneld.server.fetch_history import FetchHistory
+from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller, audit
 from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics
@@ -76,8 +72,8 @@ def _walk(res: Resolution) -> Iterator[Resolution]:
 
 class ServingHost(Protocol):
     """What serving needs of the daemon (kerneld.server.core.Core implements it): its settings
-    and metrics, the components it opened, the acquire service and the fetch history, and the
-    in-flight work count that a shutdown drains."""
+    and metrics, the components it opened, the acquire path and the daemon's gate, the fetch
+    history, and the in-flight work count that a shutdown drains."""
 
     @property
     def config(self) -> Config: ...
@@ -87,9 +83,6 @@ class ServingHost(Protocol):
 
     @property
     def store(self) -> Store: ...
-
-    @property
-    def resolver(self) -> Resolver: ...
 
     @property
     def trust(self) -> PublisherTrust: ...
@@ -102,6 +95,9 @@ class ServingHost(Protocol):
 
     @property
     def acquire(self) -> Acquire: ...
+
+    @property
+    def gate(self) -> DaemonGate: ...
 
     @property
     def fetches(self) -> FetchHistory: ...
@@ -176,12 +172,11 @@ class Serving:
         allow = allow_fetch and self.core.config.fetch_allowed(spec.repo_id)
         key = (spec, facts, variant, allow)
         generation = self._generation(store)
-        admit = self.core.acquire.admitter(trust_remote_code=trust_remote_code)
         # The hold keeps every tree the answer names from GC until its leases are granted.
         with self.core.work(), store.holds.hold() as hold:
             try:
                 res, cacheable = self._gated(
-                    caller, spec, facts, allow, variant, holder, hold, admit
+                    caller, spec, facts, allow, variant, holder, hold, trust_remote_code
                 )
             except FetchNotAllowed as exc:
                 # Without allow_fetch this is the answer a cold client expects ("not here yet,
@@ -254,24 +249,23 @@ class Serving:
         variant: str,
         holder: str,
         hold: Hold,
-        admit: Admit,
+        trust_remote_code: bool,
     ) -> tuple[Resolution, bool]:
         """(resolution, may be remembered for everyone). A caller's Resolve is fetch-triggering
         when the store alone cannot give the answer a fetch would (a ref unknown or past its
         TTL, a variant or dependency missing, a commit never listed upstream); only those pass
-        the acquire service's fetch gate (`[fetch] allow_groups`, the caller's budget, one
-        audit line). A refused caller still gets what is cached, if anything fits."""
-        resolver = self.core.resolver
+        the daemon's fetch gate (`[fetch] allow_groups`, the caller's budget, one audit
+        line). A refused caller still gets what is cached, if anything fits."""
+        acquire = self.core.acquire
 
         def run(fetch: bool) -> Resolution:
-            return resolver.resolve(
+            return acquire.acquire(
                 spec,
-                facts,
+                Best(facts, variant or None),
                 allow_fetch=fetch,
-                variant=variant or None,
                 holder=holder,
                 hold=hold,
-                admit=admit,
+                trust_remote_code=trust_remote_code,
             )
 
         if caller is None or not allow:
@@ -283,7 +277,7 @@ class Serving:
             return local, True
         what = f"repo={spec.repo_id} ref={spec.ref}"
         try:
-            self.core.acquire.open_network(caller, spec.repo_id, what, "Resolve")
+            self.core.gate.open_network(caller, spec.repo_id, what, "Resolve")
         except (FetchNotAllowed, RateLimited) as exc:
             if local is not None:
                 audit(caller, "Resolve", what, f"served the cached build ({type(exc).__name__})")
@@ -351,14 +345,10 @@ class Serving:
         allow_fetch: bool,
         caller: Caller | None = None,
     ) -> tuple[str, bool, list[Decision]]:
-        resolver, acquire = self.core.resolver, self.core.acquire
         # asks upstreams, downloads nothing: the groups only, not the budget
-        allow = allow_fetch and acquire.may_fetch(caller, spec.repo_id)
-        acquire.check_denied(spec.repo_id, spec.ref)
-        commit, stale = resolver.commit_for(spec, allow_network=allow)
-        acquire.check_denied(spec.repo_id, spec.ref, commit)
-        names = resolver.variant_names(spec.repo_id, commit, allow_network=allow)
-        return commit, stale, decide(names, facts)
+        allow = allow_fetch and self.core.gate.may_fetch(caller, spec.repo_id)
+        listing = self.core.acquire.listing(spec, allow_network=allow)
+        return listing.commit, listing.stale, decide(listing.names, facts)
 
     def renew_lease(self, lease_id: str, seconds: float) -> Lease:
         self.core.leases.flush()

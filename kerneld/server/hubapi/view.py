@@ -9,12 +9,14 @@ the store: a file of a variant that is not here makes the daemon fetch the whole
 (single-flight, verified, under `[fetch]`), so the Hub sees one download per variant per host
 however many processes ask.
 
-Every decision is the daemon's acquire service's (`kerneld.server.acquire`), as for a Resolve:
-field bounds, denies, publisher trust (once the repo is known to exist), the provenance gate
+Every decision is the acquire path's (`kerneld.pipeline.acquire`, with the daemon's gate in
+`kerneld.server.gate`), as for a Resolve: field bounds, denies, publisher trust (once the repo is
+known to exist), the provenance gate
 (`signed`: under `[provenance] policy = "require"` a commit with a variant the store would refuse is
 refused whole, on every route that answers about its tree), the fetch gate with its per-uid budget
-and audit line, and the one single-flight fetcher. Refs and revisions go through the resolver: the
-same TTL cache, the same stale answer when every upstream is down. What every upstream failed to
+and audit line, and the one single-flight fetcher. Refs and revisions go through the acquire path
+too (the resolver's TTL cache, the same stale answer when every upstream is down); the view never
+asks an upstream itself. What every upstream failed to
 answer is not asked again for `LISTING_RETRY_S`: during an outage a job costs the upstreams nothing
 more than the first one did, restart or not.
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -34,8 +35,10 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from kerneld.config import Config
-from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec, Resolver
-from kerneld.server.acquire import Acquire
+from kerneld.pipeline.acquire import Acquire
+from kerneld.pipeline.plans import Named
+from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec
+from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.server.statuses import RateLimited
@@ -44,8 +47,6 @@ from kerneld.store.manifest import SIGSTORE_FILE
 from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
 from kerneld_client.vocabulary import is_commit
-
-log = logging.getLogger("kerneld.hubapi")
 
 #: Commits whose unfetched variants' listings are kept in memory (LRU).
 MAX_LISTED_COMMITS = 1024
@@ -143,16 +144,16 @@ class HubHost(Protocol):
     def store(self) -> HubStore: ...
 
     @property
-    def resolver(self) -> Resolver: ...
+    def acquire(self) -> Acquire: ...
 
     @property
-    def acquire(self) -> Acquire: ...
+    def gate(self) -> DaemonGate: ...
 
     def work(self) -> AbstractContextManager[None]: ...
 
 
 class HubView:
-    """The store and the resolver, answering the questions Hub clients ask."""
+    """The store and the acquire path, answering the questions Hub clients ask."""
 
     def __init__(self, core: HubHost) -> None:
         self.core = core
@@ -183,7 +184,7 @@ class HubView:
         404: `kernels` then says it could not verify), PublisherUnverified when it cannot be
         asked now (503); asking costs the caller one fetch of its budget."""
         self.core.acquire.check_fields(f"{org}/x")
-        return self.core.acquire.org_verdict(org, caller)
+        return self.core.gate.org_verdict(org, caller)
 
     def requires_signatures(self) -> bool:
         return self.core.config.provenance_policy == "require"
@@ -211,7 +212,7 @@ class HubView:
 
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
-        return self.core.acquire.may_fetch(caller, repo_id)
+        return self.core.gate.may_fetch(caller, repo_id)
 
     def _recent_failure(self, key: tuple[str, str]) -> UpstreamError | None:
         with self._lock:
@@ -252,12 +253,8 @@ class HubView:
         if recent is not None:
             failures.append(recent)
         elif (refusal := self._open_network(caller, repo_id, f"repo={repo_id} refs")) is None:
-            for upstream in self.core.resolver.upstreams:
-                try:
-                    refs = upstream.list_refs(repo_id)
-                except UpstreamError as exc:
-                    failures.append(exc)
-                    continue
+            refs = self.core.acquire.upstream_refs(repo_id, failures)
+            if refs is not None:
                 with self._lock:
                     self._refs[repo_id] = (refs, time.time())
                 if cached is None or cached[0] != refs:
@@ -300,11 +297,11 @@ class HubView:
     def _open_network(
         self, caller: Caller, repo_id: str, what: str
     ) -> FetchNotAllowed | RateLimited | None:
-        """Admit a question to the upstreams (the acquire service's fetch gate, budget and
-        audit line): None, or the refusal, which the caller raises if what is here cannot
-        answer (a refused caller still gets what is cached, as over gRPC)."""
+        """Admit a question to the upstreams (the daemon's fetch gate, budget and audit line):
+        None, or the refusal, which the caller raises if what is here cannot answer (a refused
+        caller still gets what is cached, as over gRPC)."""
         try:
-            self.core.acquire.open_network(caller, repo_id, what, "hub-api")
+            self.core.gate.open_network(caller, repo_id, what, "hub-api")
         except (FetchNotAllowed, RateLimited) as exc:
             return exc
         return None
@@ -313,19 +310,18 @@ class HubView:
         """The commit a revision names now (the resolver's TTL cache; stale on an outage)."""
         self.check(repo_id, revision)
         spec = KernelSpec(repo_id, revision=revision)
-        resolver = self.core.resolver
+        acquire = self.core.acquire
         refusal = None
-        if not resolver.answers_locally(spec):
+        if not acquire.answers_locally(spec):
             refusal = self._open_network(caller, repo_id, f"repo={repo_id} ref={spec.ref}")
         try:
-            commit, _ = resolver.commit_for(
-                spec, allow_network=not resolver.answers_locally(spec) and refusal is None
+            commit, _ = acquire.commit_of(
+                spec, allow_network=not acquire.answers_locally(spec) and refusal is None
             )
         except FetchNotAllowed:
             if refusal is not None:
                 raise refusal from None
             raise
-        self.check(repo_id, spec.ref, commit)
         return commit
 
     # -- listings -------------------------------------------------------------------------------
@@ -344,15 +340,16 @@ class HubView:
             self._check_publisher(repo_id)
             self.signed(repo_id, commit, memo[1])
             return memo[1]
-        resolver = self.core.resolver
         allow = self.may_fetch(repo_id, caller)
         refusal = None
-        if not resolver.lists_locally(repo_id, commit):
+        if not self.core.acquire.lists_locally(repo_id, commit):
             what = f"repo={repo_id} commit={commit} listing"
             refusal = self._open_network(caller, repo_id, what)
             allow = refusal is None
         try:  # the resolver remembers a failed listing: an outage is not asked again at once
-            names = resolver.variant_names(repo_id, commit, allow_network=allow)
+            listing = self.core.acquire.admitted(
+                KernelSpec(repo_id, locked_commit=commit), allow_network=allow
+            )
         except FetchNotAllowed:
             if refusal is not None:
                 raise refusal from None
@@ -364,7 +361,7 @@ class HubView:
                 repo_id=repo_id,
                 revision=commit,
             ) from exc
-        self._check_publisher(repo_id)  # the commit is listed: the repo exists
+        names = listing.names  # listed, so the repo exists: its publisher is trusted
         with self._lock:
             listed = self._listed.get((repo_id, commit), {})
         out: list[HubFile] = []
@@ -405,23 +402,8 @@ class HubView:
     def _list_upstream(
         self, repo_id: str, commit: str, variant: str, failures: list[UpstreamError]
     ) -> list[HubFile] | None:
-        for upstream in self.core.resolver.upstreams:
-            try:
-                return [
-                    HubFile.remote(variant, f)
-                    for f in upstream.list_files(repo_id, commit, variant)
-                ]
-            except UpstreamError as exc:
-                failures.append(exc)
-                log.info(
-                    "hub api: cannot list repo=%s commit=%s variant=%s upstream=%s: %s",
-                    repo_id,
-                    commit,
-                    variant,
-                    upstream.name,
-                    exc,
-                )
-        return None
+        listed = self.core.acquire.upstream_files(repo_id, commit, variant, failures)
+        return None if listed is None else [HubFile.remote(variant, f) for f in listed]
 
     def _remember(
         self, repo_id: str, commit: str, variant: str, files: list[HubFile]
@@ -464,24 +446,15 @@ class HubView:
         )
 
     def _tree(self, repo_id: str, commit: str, variant: str, caller: Caller) -> Path:
-        """The variant's tree: the store hands it out only past its provenance gate."""
+        """The variant's tree, fetched first when it is not here (the acquire path, a `Named`
+        plan: the listing and the publisher were admitted by `files`); the store hands it out
+        only past its provenance gate."""
         core = self.core
         core.acquire.check_fields(repo_id, commit, variant)
-        stored = core.store.published_files(repo_id, commit, variant)
-        if stored is not None:
-            return stored[0]
-        core.acquire.open_network(
-            caller, repo_id, f"repo={repo_id} commit={commit} variant={variant}", "hub-api"
+        what = f"repo={repo_id} commit={commit} variant={variant}"
+        got = core.acquire.acquire(
+            KernelSpec(repo_id, locked_commit=commit),
+            Named(variant, core.store.published_files),
+            before_fetch=lambda: core.gate.open_network(caller, repo_id, what, "hub-api"),
         )
-        result = core.acquire.fetch_variant(repo_id, commit, variant)
-        stored = core.store.published_files(repo_id, commit, variant)
-        if stored is None:
-            raise ResourceExhaustedError(
-                result.tree.size,
-                0,
-                "store cap (the tree was collected right after its fetch)",
-                repo_id=repo_id,
-                commit=commit,
-                variant=variant,
-            )
-        return stored[0]
+        return got.found[0]

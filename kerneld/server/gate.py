@@ -1,28 +1,24 @@
-"""The one gate every front end passes to get a kernel: each decision is taken here, once.
+"""The daemon's side of the acquire path: what it decides around the sequence, and for whom.
 
-Front ends only translate: gRPC `Resolve` and `ListVariants` (`serving.py`), the Hub API
-endpoint (`kerneld.server.hubapi.view`), `kerneldctl prefetch` and the configured prefetch
-(`kerneld.pipeline.prefetch`, through `Core.prefetch`) and the scrub's re-fetch (`scrubber.py`) call
-this service; the published index publishes only what it would answer (the store leaves out
-what the provenance gate refuses, and `publishers.json` holds only the trust verdicts below).
-The decisions, in the order a request meets them:
+The sequence itself (deny, ref, deny, names, trust, hold, lookup, fetch, lookup again,
+dependencies) is `kerneld.pipeline.acquire`'s, the same for every front end and for the store
+tools; `DaemonGate` is the `AcquireGate` the daemon gives it, and the caller-facing half of
+its policy that the front ends apply before they let a request reach the upstreams:
 
 1. field bounds (`check_fields`): a repo id, revision, variant and path within the limits of
    `bounds.py`, the same on every route;
-2. deny (`check_denied`): `kerneldctl deny` of the repo, the ref, or the commit it names;
-3. publisher trust (`check_publisher`, `admitter`): asked of the Hub only once the repo is known
-   to exist (its ref resolved, from the store or upstream), so a made-up name costs no Hub
+2. publisher trust (`check_publisher`): asked of the Hub only once the repo is known to exist
+   (the acquire path asks once a kernel's commit is listed), so a made-up name costs no Hub
    request and leaves no verdict behind; an organisation's overview alone (`org_verdict`) is
    charged to the caller's fetch budget;
-4. provenance: the store's readers that hand out a tree (`Store.lookup`, `published_files`)
-   refuse an unverified one themselves while signatures are required, for every caller;
-5. the fetch gate (`open_network`, `may_fetch`): `[fetch] allow`, `allow_groups` and the
+3. the fetch gate (`open_network`, `may_fetch`): `[fetch] allow`, `allow_groups` and the
    caller's per-uid budget, with one audit line per decision;
-6. the fetch (`fetch_variant`): single-flight and verified (`kerneld.pipeline.fetch.Fetcher`,
-   which only this service holds), recorded in the fetch history whoever asked.
+4. every fetch counted as in-flight work (`work`) and recorded in the fetch history
+   (`fetched`), whoever asked.
 
-Refs, variant choice, holds and dependencies are the resolver's (`kerneld.pipeline.resolve`);
-it calls back here for 2-3 once it knows a kernel's commit (`admitter`) and for 6 (`fetch_variant`).
+Denies are the store's rows, checked by the acquire path; provenance is the store's readers'
+(`Store.lookup`, `published_files`), which refuse an unverified tree while signatures are
+required.
 """
 
 from __future__ import annotations
@@ -33,28 +29,22 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kerneld.config import Config
-from kerneld.pipeline.fetch import Fetcher, FetchResult
-from kerneld.pipeline.fetch_progress import FetchProgressFn
-from kerneld.pipeline.resolve import Admit, FetchNotAllowed, KernelSpec
+from kerneld.pipeline.fetch import FetchResult
+from kerneld.pipeline.request import FetchNotAllowed
 from kerneld.server.bounds import check_kernel_fields
 from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
 from kerneld.server.statuses import RateLimited
-from kerneld.store import Policy
-from kerneld.upstream.base import Upstream
 
 log = logging.getLogger("kerneld.acquire")
 
 
-class AcquireHost(Protocol):
+class GateHost(Protocol):
     """What the gate needs of the daemon (kerneld.server.core.Core implements it)."""
 
     @property
     def config(self) -> Config: ...
-
-    @property
-    def store(self) -> Policy: ...
 
     @property
     def trust(self) -> PublisherTrust: ...
@@ -68,27 +58,19 @@ class AcquireHost(Protocol):
     def work(self) -> AbstractContextManager[None]: ...
 
 
-class Acquire:
-    """The daemon's policy for getting a kernel, and the only holder of its fetcher."""
+class DaemonGate:
+    """The daemon's policy for getting a kernel (`kerneld.pipeline.acquire.AcquireGate`, and
+    the front ends' fetch gate)."""
 
-    def __init__(self, host: AcquireHost, fetcher: Fetcher) -> None:
+    def __init__(self, host: GateHost) -> None:
         self.host = host
-        self._fetcher = fetcher
 
-    def reconfigure(self, upstreams: Sequence[Upstream]) -> None:
-        """A reload changed the upstream chain: later fetches use the new one."""
-        self._fetcher.upstreams = list(upstreams)
-
-    # ---- 1-3: what may be asked for ---------------------------------------------------------
+    # ---- 1-2: what may be asked for ---------------------------------------------------------
 
     @staticmethod
     def check_fields(repo_id: str, revision: str = "", variant: str = "", path: str = "") -> None:
         """RequestTooLarge (INVALID_ARGUMENT) for a field over its bound."""
         check_kernel_fields(repo_id, revision, variant, path)
-
-    def check_denied(self, repo_id: str, ref: str, commit: str | None = None) -> None:
-        """DeniedError when an admin denied the repo, the ref, or the commit it names."""
-        self.host.store.check_denied(repo_id, ref, commit)
 
     def check_publisher(
         self, repo_id: str, *, trust_remote_code: bool, parents: Sequence[str] = ()
@@ -106,17 +88,6 @@ class Acquire:
                 hint=exc.hint,
             ) from exc
 
-    def admitter(self, *, trust_remote_code: bool) -> Admit:
-        """The check the resolver makes once it knows a kernel's commit (which proves the repo
-        exists), before it lists or fetches anything of it: the deny of that commit, then
-        publisher trust. Dependencies pass it too, before they are fetched."""
-
-        def admit(spec: KernelSpec, commit: str, parents: Sequence[str]) -> None:
-            self.check_denied(spec.repo_id, spec.ref, commit)
-            self.check_publisher(spec.repo_id, trust_remote_code=trust_remote_code, parents=parents)
-
-        return admit
-
     def org_verdict(self, org: str, caller: Caller | None) -> bool:
         """Does this host trust every kernel of `org` (a Hub client's organisation overview)?
         A remembered verdict costs nothing; asking the Hub costs the caller one fetch of its
@@ -132,7 +103,7 @@ class Acquire:
             return False
         return True
 
-    # ---- 5: who may make the daemon ask its upstreams -----------------------------------------
+    # ---- 3: who may make the daemon ask its upstreams -----------------------------------------
 
     def may_fetch(self, caller: Caller | None, repo_id: str) -> bool:
         """Would `open_network` admit this caller for this repo (nothing spent, nothing logged)?"""
@@ -183,24 +154,19 @@ class Acquire:
             audit(caller, route, what, f"fetch refused ({type(exc).__name__})")
             raise
 
-    # ---- 6: the fetch ---------------------------------------------------------------------------
+    # ---- 4: in-flight work and the fetch history ----------------------------------------------
 
-    def fetch_variant(
+    def work(self) -> AbstractContextManager[None]:
+        """A fetch is in-flight work: a shutdown waits for it."""
+        return self.host.work()
+
+    def fetched(
         self,
         repo_id: str,
         commit: str,
         variant: str,
-        *,
-        progress: FetchProgressFn | None = None,
-    ) -> FetchResult:
-        """Download, verify and publish one variant (single-flight: concurrent callers share
-        one download), counted as in-flight work and recorded in the fetch history."""
-        host = self.host
-        with host.work():
-            try:
-                result = self._fetcher.fetch_variant(repo_id, commit, variant, progress=progress)
-            except Exception as exc:
-                host.fetches.record(repo_id, commit, variant, None, exc)
-                raise
-        host.fetches.record(repo_id, commit, variant, result, None)
-        return result
+        result: FetchResult | None,
+        error: BaseException | None,
+    ) -> None:
+        """One fetch ended, whoever asked for it: the fetch history and its metrics."""
+        self.host.fetches.record(repo_id, commit, variant, result, error)
