@@ -109,9 +109,13 @@ def test_only_the_index_module_runs_sql() -> None:
     assert any(sql_calls(path.read_text(encoding="utf-8")) for path in _modules(SQL_MODULES))
 
 
+#: The names of a whole store: the concrete class and the protocol of all its parts.
+WHOLE = ("Store", "StoreHandle")
+
+
 def store_annotations(source: str) -> list[int]:
-    """Lines that declare a parameter, return value or attribute as the concrete `Store`
-    (`Store`, `"Store"`, `kerneld.store.Store`); calling `Store(...)` to open one is not
+    """Lines that declare a parameter, return value or attribute as a whole store (`Store`,
+    `"Store"`, `kerneld.store.Store`, `StoreHandle`); calling `Store(...)` to open one is not
     counted."""
     lines = []
     for node in ast.walk(ast.parse(source)):
@@ -126,16 +130,16 @@ def store_annotations(source: str) -> list[int]:
         for annotation in annotations:
             for n in ast.walk(annotation):
                 name = n.id if isinstance(n, ast.Name) else getattr(n, "attr", None)
-                if name == "Store" or (isinstance(n, ast.Constant) and n.value == "Store"):
+                if name in WHOLE or (isinstance(n, ast.Constant) and n.value in WHOLE):
                     lines.append(node.lineno)
     return lines
 
 
-#: The modules that still take the whole `Store`, each with why. Every other consumer names the
-#: narrow view it uses (kerneld/store/interfaces.py: FetchTarget, PrefetchTarget, Catalog, ...),
-#: so that its signature says what it can do to the store.
+#: The modules that still take a whole store (`Store` or `StoreHandle`), each with why. Every
+#: other consumer names the part it uses or a protocol of a few parts (interfaces.py: Policy,
+#: Catalog, FetchTarget, ExportSource, ...), so that its signature says what it can do.
 WHOLE_STORE = {
-    "kerneld/server/core.py": "opens the daemon's store and hands views of it out",
+    "kerneld/server/core.py": "opens the daemon's store (open_store) and hands its parts out",
     "kerneld/server/serving.py": "the RPC handlers: refs, leases, trees, denies and generations",
     "kerneld/server/scrubber.py": "scrub, quarantine, denies, refs and holds",
     "kerneld/server/suspect.py": "reads trees and quarantines what it confirms",
@@ -166,7 +170,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert reach_through("rows = self.core.store.index.denies()")
     assert reach_through("index = store.index")
     assert reach_through("p = self._store.layout.tree_path(h)")
-    assert not reach_through("store.tree_path(h); layout.root; self.index.get_tree(d)")
+    assert not reach_through("store.catalog.tree_path(h); layout.root; self.index.get_tree(d)")
     assert sql_calls("conn.execute('DELETE FROM pins')")
     assert sql_calls("conn.executemany(q, rows)")
     assert not sql_calls("# conn.execute('x')\nexecute = 1")
@@ -174,6 +178,47 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert store_annotations("class A:\n    store: 'Store'\n") == [2]
     assert store_annotations("def f() -> kerneld.store.Store: ...") == [1]
     assert store_annotations("s = Store(root)\ndef f(store: FetchTarget) -> None: ...") == []
+    assert store_annotations("def f(store: StoreHandle) -> None: ...") == [1]
+    cls = "class Store:\n"
+    assert forwarding_methods(cls + "    def f(self, x):\n        return self._a.f(x)\n")
+    assert forwarding_methods(cls + "    def f(self):\n        'Doc.'\n        self.a.b()\n")
+    assert forwarding_methods(cls + "    @property\n    def g(self):\n        return self._s.g\n")
+    assert not forwarding_methods(cls + "    def f(self):\n        self.a.f()\n        g()\n")
+    assert not forwarding_methods(cls + "    def f(self):\n        return g(self.a)\n")
+
+
+def forwarding_methods(source: str) -> list[str]:
+    """Methods of `Store` whose whole body (docstring aside) hands the call on to something it
+    holds: `return self._part.f(...)`, `self.part.f(...)` or `return self._part.attr`."""
+    found = []
+    for cls in ast.walk(ast.parse(source)):
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "Store"):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            body = fn.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr):
+                continue
+            value = body[0].value
+            target = value.func if isinstance(value, ast.Call) else value
+            # self.<part>.<name>: an attribute of an attribute of self.
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Attribute)
+                and isinstance(target.value.value, ast.Name)
+                and target.value.value.id == "self"
+            ):
+                found.append(f"line {fn.lineno}: {fn.name}")
+    return found
+
+
+def test_the_store_is_composed_not_forwarded() -> None:
+    """`Store` holds its parts (``store.names``, ``store.blobs``, ...) and callers name the
+    part, so the class has no method that only passes a call on (issue 54: 68 of 78 did)."""
+    assert forwarding_methods((STORE / "store.py").read_text(encoding="utf-8")) == []
 
 
 MAX_LINES = 600

@@ -317,7 +317,7 @@ def _verify_old(ctx: Ctx) -> int:
         with open_store(ctx, writable=False) as store:
             for entry in lock.old:
                 for variant, want in sorted(entry.variants.items()):
-                    ids = store.upstream_ids(entry.repo_id, entry.sha, variant)
+                    ids = store.catalog.upstream_ids(entry.repo_id, entry.sha, variant)
                     if not ids:
                         results.append(
                             _result(
@@ -330,7 +330,7 @@ def _verify_old(ctx: Ctx) -> int:
                             )
                         )
                         continue
-                    tree = store.published_tree(entry.repo_id, entry.sha, variant)
+                    tree = store.catalog.published_tree(entry.repo_id, entry.sha, variant)
                     from kerneld.store.manifest import parse_manifest
 
                     paths = {e.path for e in parse_manifest(tree.manifest)} if tree else set()

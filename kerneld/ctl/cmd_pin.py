@@ -30,7 +30,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
         with open_store(ctx, writable=True) as store:
             # As the daemon does: the ref (no selector: main) is pinned at its commit now.
             ref = spec.ref or "main"
-            commit = store.resolve_revision(spec.repo_id, ref)
+            commit = store.names.resolve_revision(spec.repo_id, ref)
             if commit is None:
                 raise CtlError(
                     f"{spec.repo_id}@{ref} is not known to this store",
@@ -40,15 +40,17 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
                 if unpin:
                     changed = False
                     for revision in dict.fromkeys((commit, ref)):
-                        changed = store.unpin(spec.repo_id, revision, variant or ALL) or changed
+                        changed = (
+                            store.names.unpin(spec.repo_id, revision, variant or ALL) or changed
+                        )
                 else:
-                    store.pin(spec.repo_id, commit, variant or ALL)
+                    store.names.pin(spec.repo_id, commit, variant or ALL)
                     changed = True
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
             trees = {
                 v.tree
-                for v in store.variants_of(spec.repo_id, commit)
+                for v in store.catalog.variants_of(spec.repo_id, commit)
                 if not variant or v.variant == variant
             }
             doc: dict[str, Any] = {
@@ -105,7 +107,7 @@ def _list_denies(ctx: Ctx) -> int:
 
         with open_store(ctx, writable=False) as store:
             rows = []
-            for r in store.denies():
+            for r in store.names.denies():
                 kind = deny_kind(r.revision)
                 commits = ref_commits(store, r.repo, r.revision) if kind == REF else []
                 rows.append(
@@ -178,12 +180,12 @@ def _deny(ctx: Ctx, allow: bool) -> int:
             try:
                 if allow:
                     target = plan_allow(store, repo, revision, ref=ref)
-                    changed = store.allow(target.repo, target.revision)
+                    changed = store.names.allow(target.repo, target.revision)
                 else:
                     # Without the daemon a ref or prefix is resolved from what the store knows.
                     target = plan_deny(store, repo, revision, ref=ref)
-                    before = {(d.revision, d.reason) for d in store.denies(repo)}
-                    store.deny(target.repo, target.revision, reason)
+                    before = {(d.revision, d.reason) for d in store.names.denies(repo)}
+                    store.names.deny(target.repo, target.revision, reason)
                     changed = (target.revision, reason) not in before
             except UnresolvedDenyError as exc:  # exit 1, as when the daemon refuses it
                 raise CtlError(str(exc)) from None

@@ -378,11 +378,11 @@ class Prefetcher:
         hold: Hold,
     ) -> list[KernelSpec]:
         repo = spec.repo_id
-        self.store.check_denied(repo, spec.ref)
+        self.store.names.check_denied(repo, spec.ref)
         asked_at = self.resolver.clock()
         # The ref is moved below, once the new commit's trees are here (record=False).
         commit, stale = self.resolver.commit_for(spec, refresh=refresh, record=False)
-        self.store.check_denied(repo, spec.ref, commit)
+        self.store.names.check_denied(repo, spec.ref, commit)
         names = self.resolver.variant_names(repo, commit)
         if self.admit is not None:  # listed: the repo exists, its publisher may be asked about
             self.admit(spec, commit, ())
@@ -409,12 +409,12 @@ class Prefetcher:
                         revision=commit,
                     )
                 hold.add(repo, commit, variant)
-                hit = self.store.lookup(repo, commit, variant)
+                hit = self.store.catalog.lookup(repo, commit, variant)
                 already = hit is not None
                 if hit is None:
                     result = self._fetch(repo, commit, variant, send)
                     summary.bytes += result.bytes_downloaded
-                    hit = self.store.lookup(repo, commit, variant)
+                    hit = self.store.catalog.lookup(repo, commit, variant)
                     if hit is None:
                         # Held, so GC did not take it; a repair or an admin's deny did.
                         raise TreeNotFoundError(
@@ -489,9 +489,9 @@ class Prefetcher:
         it without downloading); until then they keep the commit they had."""
         if spec.locked_commit is not None or is_commit(spec.ref):
             return
-        known = self.store.get_ref(spec.repo_id, spec.ref)
+        known = self.store.names.get_ref(spec.repo_id, spec.ref)
         if complete or known is None or known.commit == commit:
-            self.store.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
+            self.store.names.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
         else:
             log.warning(
                 "not moving ref repo=%s ref=%s from %s to %s: some of its variants could not "

@@ -41,7 +41,7 @@ from kerneld.server.fetch_history import FetchHistory
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
 from kerneld.server.statuses import RateLimited
-from kerneld.store import Policy
+from kerneld.store import ResolveTarget
 from kerneld.upstream.base import Upstream
 
 log = logging.getLogger("kerneld.acquire")
@@ -54,7 +54,7 @@ class AcquireHost(Protocol):
     def config(self) -> Config: ...
 
     @property
-    def store(self) -> Policy: ...
+    def store(self) -> ResolveTarget: ...
 
     @property
     def trust(self) -> PublisherTrust: ...
@@ -88,7 +88,7 @@ class Acquire:
 
     def check_denied(self, repo_id: str, ref: str, commit: str | None = None) -> None:
         """DeniedError when an admin denied the repo, the ref, or the commit it names."""
-        self.host.store.check_denied(repo_id, ref, commit)
+        self.host.store.names.check_denied(repo_id, ref, commit)
 
     def check_publisher(
         self, repo_id: str, *, trust_remote_code: bool, parents: Sequence[str] = ()

@@ -82,7 +82,7 @@ def everything() -> list[ExportSpec]:
 
 def assert_nothing_imported(store: Store) -> None:
     assert store.index.repos() == []
-    assert store.usage().blobs == 0
+    assert store.space.usage().blobs == 0
 
 
 # ---- keys and signature files -------------------------------------------------------------------
