@@ -248,9 +248,11 @@ def test_no_module_passes_the_size_limit() -> None:
     assert sizes == {}, f"split these along their seams (over {MAX_LINES} lines): {sizes}"
 
 
-def module_imports(source: str, module: str, *, is_package: bool, known: set[str]) -> set[str]:
+def module_imports(
+    source: str, module: str, *, is_package: bool, known: set[str], typing: bool = False
+) -> set[str]:
     """The modules of `known` that `module` imports anywhere (in functions too), the bodies of
-    `if TYPE_CHECKING:` aside (those run only under the type checker)."""
+    `if TYPE_CHECKING:` aside (those run only under the type checker) unless `typing`."""
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -258,7 +260,8 @@ def module_imports(source: str, module: str, *, is_package: bool, known: set[str
         if isinstance(node, ast.If):
             test = node.test
             name = getattr(test, "id", None) or getattr(test, "attr", None)
-            for child in node.orelse if name == "TYPE_CHECKING" else node.body + node.orelse:
+            skip = name == "TYPE_CHECKING" and not typing
+            for child in node.orelse if skip else node.body + node.orelse:
                 visit(child)
             visit(node.test)
             return
@@ -315,7 +318,7 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _import_graph() -> tuple[dict[str, set[str]], dict[str, Path]]:
+def _import_graph(*, typing: bool = False) -> tuple[dict[str, set[str]], dict[str, Path]]:
     roots = {PACKAGE: "kerneld", ROOT / "client" / "kerneld_client": "kerneld_client"}
     files: dict[str, Path] = {}
     for base, name in roots.items():
@@ -325,7 +328,11 @@ def _import_graph() -> tuple[dict[str, set[str]], dict[str, Path]]:
     known = set(files)
     graph = {
         m: module_imports(
-            p.read_text(encoding="utf-8"), m, is_package=p.name == "__init__.py", known=known
+            p.read_text(encoding="utf-8"),
+            m,
+            is_package=p.name == "__init__.py",
+            known=known,
+            typing=typing,
         )
         for m, p in files.items()
     }
@@ -360,6 +367,15 @@ def test_no_import_cycles() -> None:
     packages = {m for m, p in files.items() if p.name == "__init__.py" and m.count(".") == 1}
     assert {"kerneld.server", "kerneld.mirror", "kerneld_client.loading"} <= packages
     assert cycles(package_graph(graph, packages)) == []
+
+
+def test_no_import_cycles_in_the_daemon_type_only_imports_included() -> None:
+    """A cycle through an `if TYPE_CHECKING:` import is still two modules that are one (issue
+    54: the store's `state` -> `signatures` -> `published_index_writer` -> `state`). The daemon's
+    modules only: the client's package `__init__` is imported for types by its own modules."""
+    graph, _ = _import_graph(typing=True)
+    daemon = {m: {i for i in imports if i.startswith("kerneld.")} for m, imports in graph.items()}
+    assert cycles({m: i for m, i in daemon.items() if m.startswith("kerneld.")}) == []
 
 
 #: Where the environment may be read: one settings module per package. The `.pth` start-up
@@ -432,6 +448,7 @@ def test_the_shape_checks_catch_what_they_are_for() -> None:
     assert module_imports(lazy, "p.a", is_package=False, known=known) == {"p.b"}
     typing_only = "if TYPE_CHECKING:\n    import p.b\nelse:\n    x = 1"
     assert module_imports(typing_only, "p.a", is_package=False, known=known) == set()
+    assert module_imports(typing_only, "p.a", is_package=False, known=known, typing=True) == {"p.b"}
     lifted = package_graph({"k.s.app": {"k.h.view"}, "k.h.view": {"k.s.core"}}, {"k.s", "k.h"})
     assert cycles(lifted) == [["k.h", "k.s"]]
     assert environment_reads("import os\nx = os.environ.get('A')")

@@ -14,7 +14,7 @@ The decisions, in the order a request meets them:
    to exist (its ref resolved, from the store or upstream), so a made-up name costs no Hub
    request and leaves no verdict behind; an organisation's overview alone (`org_verdict`) is
    charged to the caller's fetch budget;
-4. provenance: the store's readers that hand out a tree (`Store.lookup`, `published_files`)
+4. provenance: the store's readers that hand out a tree (`store.catalog.lookup`, `published_files`)
    refuse an unverified one themselves while signatures are required, for every caller;
 5. the fetch gate (`open_network`, `may_fetch`): `[fetch] allow`, `allow_groups` and the
    caller's per-uid budget, with one audit line per decision;

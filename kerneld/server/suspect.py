@@ -14,7 +14,7 @@ digest, with any reason. So the daemon
   finding (`store.scrub.check_tree`). A tree checked within `RECHECK_AFTER_S` is
   not hashed again (the ranks of one job find the same damage together): the answer is that
   check's verdict. One check per tree at a time, at most `MAX_CHECKS` trees at once;
-- only for damage it confirmed takes the tree out of service (`Store.invalidate`: the rows go
+- only for damage it confirmed takes the tree out of service (`store.repair.invalidate`: the rows go
   dead, the files go into the quarantine, nothing is deleted) and hands the invalidated
   variants to the scrubber's `heal` (re-fetch from the upstreams, then drop the quarantined
   copies they replaced), on a thread of its own so the caller's answer never waits for a

@@ -1,7 +1,8 @@
 """kerneld's content-addressed store: blobs, read-only variant trees, the SQLite index, GC.
 
-No gRPC here. The facade is :class:`Store`; the on-disk layout is documented in ``layout``, the
-index jobs read in ``published_index``, the error hierarchy in ``errors``.
+No gRPC here. :class:`Store` is composed of parts, each typed by a protocol in ``interfaces``
+(``open_store`` opens the daemon's); the on-disk layout is documented in ``layout``, the index
+jobs read in ``published_index``, the error hierarchy in ``errors``.
 """
 
 from .blobs import BlobInfo, BlobWriter, Expected

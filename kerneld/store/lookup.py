@@ -20,7 +20,7 @@ from .types import TreeRow, VariantRow
 
 @dataclass(frozen=True)
 class LookupHit:
-    """A published tree `Store.lookup` found for (repo, revision, variant)."""
+    """A published tree `store.catalog.lookup` found for (repo, revision, variant)."""
 
     repo: str
     commit: str
@@ -66,8 +66,8 @@ class Lookups:
         lease_ttl_s: float | None = None,
         holder: str = "",
     ) -> LookupHit | None:
-        """`Store.lookup`: a signature check first if required (outside the lock), then under
-        the lock the ref, the denies, the live tree, its LRU time and the lease."""
+        """`store.catalog.lookup`: a signature check first if required (outside the lock), then
+        under the lock the ref, the denies, the live tree, its LRU time and the lease."""
         validate_repo(repo)
         validate_ref(revision, repo_id=repo)
         state, index, layout = self._state, self._state.index, self._state.layout

@@ -2,8 +2,8 @@
 whether it may be changed, the site's GC policy and signature check, and the platforms whose
 picks the published index carries.
 
-`Store` is a facade over small parts (ingest, publishing, names, leasing, the collector, the
-quarantine, repair), each holding this state and only the other parts it uses. Every index
+`Store` is composed of small parts (ingest, publishing, names, lookups, leasing, the collector,
+the quarantine, repair, ...), each holding this state and only the other parts it uses. Every index
 access and every rename into or out of ``blobs/``/``trees/`` happens under ``lock``; hashing,
 downloads, staging builds and file deletion happen outside it.
 """

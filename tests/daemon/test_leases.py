@@ -1,4 +1,4 @@
-"""Leases written behind (LeaseBook + Store.record_leases) against a real store."""
+"""Leases written behind (LeaseBook + store.leases.record) against a real store."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def publish(store: Store, ident: str, name: str = "torch-universal") -> str:
 
 def test_leases_are_recorded_in_one_batch(store: Store) -> None:
     tree = publish(store, "_k_one")
-    book = LeaseBook(store, interval=3600)
+    book = LeaseBook(store.leases, interval=3600)
     try:
         leases = [book.grant(tree, 60, f"rank{i}") for i in range(100)]
         assert store.leases.rows() == []  # written behind, not yet
@@ -69,7 +69,7 @@ def test_gc_keeps_trees_of_leases_not_yet_written(store: Store) -> None:
     once the lease expired."""
     handed_out = publish(store, "_k_handed_out")
     other = publish(store, "_k_other", name="torch-cpu")
-    book = LeaseBook(store, interval=3600)
+    book = LeaseBook(store.leases, interval=3600)
     store.gc.guard(book.unwritten_trees)
     try:
         book.grant(handed_out, 60, "job")
@@ -92,7 +92,7 @@ def test_resolve_times_are_written_behind(store: Store) -> None:
     hexd = tree.removeprefix("sha256:")
     before = store.index.get_tree(hexd)
     assert before is not None
-    book = LeaseBook(store, interval=3600)
+    book = LeaseBook(store.leases, interval=3600)
     try:
         time.sleep(0.01)
         book.resolved(tree)
