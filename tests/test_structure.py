@@ -144,6 +144,7 @@ WHOLE_STORE = {
     "kerneld/server/scrubber.py": "scrub, quarantine, denies, refs and holds",
     "kerneld/server/suspect.py": "reads trees and quarantines what it confirms",
     "kerneld/mirror/import_.py": "blobs, trees, refs, space and metadata checks",
+    "kerneld/ctl/common.py": "opens the store at --store for the offline commands",
 }
 
 

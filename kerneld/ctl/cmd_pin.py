@@ -106,17 +106,17 @@ def _list_denies(ctx: Ctx) -> int:
         from kerneld.store.deny_rules import REF, deny_kind, meaning, ref_commits
 
         with open_store(ctx, writable=False) as store:
-            rows = []
-            for r in store.names.denies():
-                kind = deny_kind(r.revision)
-                commits = ref_commits(store, r.repo, r.revision) if kind == REF else []
+            rows: list[dict[str, Any]] = []
+            for d in store.names.denies():
+                kind = deny_kind(d.revision)
+                commits = ref_commits(store, d.repo, d.revision) if kind == REF else []
                 rows.append(
                     {
-                        "repo_id": r.repo,
-                        "revision": "" if r.revision == "*" else r.revision,
-                        "reason": r.reason,
+                        "repo_id": d.repo,
+                        "revision": "" if d.revision == "*" else d.revision,
+                        "reason": d.reason,
                         "kind": kind,
-                        "meaning": meaning(r.revision, commits),
+                        "meaning": meaning(d.revision, commits),
                         "commits": commits,
                     }
                 )
@@ -192,7 +192,11 @@ def _deny(ctx: Ctx, allow: bool) -> int:
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
         stored = "" if target.revision == ALL else target.revision
-        doc = {"revision": stored, "kind": target.kind, "resolved_from": target.asked}
+        doc: dict[str, Any] = {
+            "revision": stored,
+            "kind": target.kind,
+            "resolved_from": target.asked,
+        }
     else:
         from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2

@@ -32,6 +32,8 @@ def cmd_status(ctx: Ctx) -> int:
             ]
             import time
 
+            entries: int | None
+            held: int | None
             try:
                 entries, held = store.quarantine.usage()
             except PermissionError:  # the quarantine is the owner's alone (0700)
