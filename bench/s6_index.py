@@ -110,10 +110,10 @@ def make_store(root: Path, trees: int) -> float:
         entries = []
         for path, data in variant("_bench_probe").items():
             sha = hashlib.sha256(data).hexdigest()
-            store.ingest(data, size=len(data), sha256=sha)
+            store.blobs.ingest(data, size=len(data), sha256=sha)
             entries.append(TreeFile(path, sha, len(data)))
-        store.publish_tree(PROBE, PROBE_COMMIT, "torch-universal", entries)
-        store.set_ref(PROBE, "v1", PROBE_COMMIT)
+        store.trees.publish_tree(PROBE, PROBE_COMMIT, "torch-universal", entries)
+        store.names.set_ref(PROBE, "v1", PROBE_COMMIT)
         store.index.conn.execute("PRAGMA cache_size = -262144")  # 256 MiB: bulk insert
         insert_trees(store.index, 0, trees, tag="live", referenced=True)
     return time.perf_counter() - t0

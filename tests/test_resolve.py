@@ -96,7 +96,7 @@ def test_cold_fetch_request_count(store, hub, hub_server, synthetic_hub) -> None
     files = len(_expected(synthetic_hub, "v1"))
     counts = hub_server.counts
     assert counts["refs"] == 1 and counts["info"] == 0
-    assert store.upstream_versions(REPO) == [1, 2]
+    assert store.names.upstream_versions(REPO) == [1, 2]
     assert counts["tree"] == 2
     assert counts["resolve_get"] == files
     assert counts["resolve_head"] == 0
@@ -162,7 +162,7 @@ def test_malformed_ref_answer_without_cache_is_not_a_verdict(store, hub, hub_ser
     hub_server.inject(Fault("/api/kernels/*", "corrupt"))
     with pytest.raises(UpstreamProtocolError):
         Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
-    assert store.get_negative(REPO, "v1") is None  # not remembered as "no such revision"
+    assert store.names.get_negative(REPO, "v1") is None  # not remembered as "no such revision"
 
 
 def test_a_missing_version_names_the_versions_that_exist(store, hub) -> None:
@@ -206,7 +206,7 @@ def test_persistent_corruption_never_reaches_a_tree(store, hub, hub_server, path
     with pytest.raises(IntegrityError):
         Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
     assert store.index.trees("live") == []
-    assert store.verify().clean
+    assert store.repair.verify().clean
 
 
 def test_missing_revision_is_negatively_cached(store, hub, hub_server) -> None:
@@ -220,7 +220,7 @@ def test_missing_revision_is_negatively_cached(store, hub, hub_server) -> None:
 
 
 def test_denied_is_refused_before_any_request(store, hub, hub_server) -> None:
-    store.deny(REPO, reason="bad build")
+    store.names.deny(REPO, reason="bad build")
     with pytest.raises(DeniedError, match="bad build"):
         Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
     assert hub_server.total() == 0
@@ -303,7 +303,7 @@ def test_dependencies_are_resolved_first(store, tmp_path: Path) -> None:
         KernelSpec(ACT, version=1), CPU
     )
     assert [d.spec.repo_id for d in res.dependencies] == [DEP]
-    assert store.lookup(DEP, C1, "torch-cpu") is not None
+    assert store.catalog.lookup(DEP, C1, "torch-cpu") is not None
 
 
 def _synthetic_mirror(root: Path, synthetic_hub: SyntheticHub) -> None:
@@ -408,4 +408,4 @@ def test_a_failed_file_fails_the_variant_and_publishes_nothing(store, mirror) ->
         Fetcher(store, [up], parallel_files=4, attempts_per_file=1).fetch_variant(
             ACT, C1, variant_name
         )
-    assert store.lookup(ACT, C1, variant_name) is None
+    assert store.catalog.lookup(ACT, C1, variant_name) is None

@@ -113,9 +113,13 @@ def test_only_the_index_module_runs_sql() -> None:
     assert any(sql_calls(path.read_text(encoding="utf-8")) for path in _modules(SQL_MODULES))
 
 
+#: The names of a whole store: the concrete class and the protocol of all its parts.
+WHOLE = ("Store", "StoreHandle")
+
+
 def store_annotations(source: str) -> list[int]:
-    """Lines that declare a parameter, return value or attribute as the concrete `Store`
-    (`Store`, `"Store"`, `kerneld.store.Store`); calling `Store(...)` to open one is not
+    """Lines that declare a parameter, return value or attribute as a whole store (`Store`,
+    `"Store"`, `kerneld.store.Store`, `StoreHandle`); calling `Store(...)` to open one is not
     counted."""
     lines = []
     for node in ast.walk(ast.parse(source)):
@@ -130,20 +134,21 @@ def store_annotations(source: str) -> list[int]:
         for annotation in annotations:
             for n in ast.walk(annotation):
                 name = n.id if isinstance(n, ast.Name) else getattr(n, "attr", None)
-                if name == "Store" or (isinstance(n, ast.Constant) and n.value == "Store"):
+                if name in WHOLE or (isinstance(n, ast.Constant) and n.value in WHOLE):
                     lines.append(node.lineno)
     return lines
 
 
-#: The modules that still take the whole `Store`, each with why. Every other consumer names the
-#: narrow view it uses (kerneld/store/interfaces.py: FetchTarget, PrefetchTarget, Catalog, ...),
-#: so that its signature says what it can do to the store.
+#: The modules that still take a whole store (`Store` or `StoreHandle`), each with why. Every
+#: other consumer names the part it uses or a protocol of a few parts (interfaces.py: Policy,
+#: Catalog, FetchTarget, ExportSource, ...), so that its signature says what it can do.
 WHOLE_STORE = {
-    "kerneld/server/core.py": "opens the daemon's store and hands views of it out",
+    "kerneld/server/core.py": "opens the daemon's store (open_store) and hands its parts out",
     "kerneld/server/serving.py": "the RPC handlers: refs, leases, trees, denies and generations",
     "kerneld/server/scrubber.py": "scrub, quarantine, denies, refs and holds",
     "kerneld/server/suspect.py": "reads trees and quarantines what it confirms",
     "kerneld/mirror/import_.py": "blobs, trees, refs, space and metadata checks",
+    "kerneld/ctl/common.py": "opens the store at --store for the offline commands",
 }
 
 
@@ -170,7 +175,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert reach_through("rows = self.core.store.index.denies()")
     assert reach_through("index = store.index")
     assert reach_through("p = self._store.layout.tree_path(h)")
-    assert not reach_through("store.tree_path(h); layout.root; self.index.get_tree(d)")
+    assert not reach_through("store.catalog.tree_path(h); layout.root; self.index.get_tree(d)")
     assert sql_calls("conn.execute('DELETE FROM pins')")
     assert sql_calls("conn.executemany(q, rows)")
     assert not sql_calls("# conn.execute('x')\nexecute = 1")
@@ -178,6 +183,47 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert store_annotations("class A:\n    store: 'Store'\n") == [2]
     assert store_annotations("def f() -> kerneld.store.Store: ...") == [1]
     assert store_annotations("s = Store(root)\ndef f(store: FetchTarget) -> None: ...") == []
+    assert store_annotations("def f(store: StoreHandle) -> None: ...") == [1]
+    cls = "class Store:\n"
+    assert forwarding_methods(cls + "    def f(self, x):\n        return self._a.f(x)\n")
+    assert forwarding_methods(cls + "    def f(self):\n        'Doc.'\n        self.a.b()\n")
+    assert forwarding_methods(cls + "    @property\n    def g(self):\n        return self._s.g\n")
+    assert not forwarding_methods(cls + "    def f(self):\n        self.a.f()\n        g()\n")
+    assert not forwarding_methods(cls + "    def f(self):\n        return g(self.a)\n")
+
+
+def forwarding_methods(source: str) -> list[str]:
+    """Methods of `Store` whose whole body (docstring aside) hands the call on to something it
+    holds: `return self._part.f(...)`, `self.part.f(...)` or `return self._part.attr`."""
+    found = []
+    for cls in ast.walk(ast.parse(source)):
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "Store"):
+            continue
+        for fn in cls.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            body = fn.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr):
+                continue
+            value = body[0].value
+            target = value.func if isinstance(value, ast.Call) else value
+            # self.<part>.<name>: an attribute of an attribute of self.
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Attribute)
+                and isinstance(target.value.value, ast.Name)
+                and target.value.value.id == "self"
+            ):
+                found.append(f"line {fn.lineno}: {fn.name}")
+    return found
+
+
+def test_the_store_is_composed_not_forwarded() -> None:
+    """`Store` holds its parts (``store.names``, ``store.blobs``, ...) and callers name the
+    part, so the class has no method that only passes a call on (issue 54: 68 of 78 did)."""
+    assert forwarding_methods((STORE / "store.py").read_text(encoding="utf-8")) == []
 
 
 MAX_LINES = 600
@@ -207,9 +253,11 @@ def test_no_module_passes_the_size_limit() -> None:
     assert sizes == {}, f"split these along their seams (over {MAX_LINES} lines): {sizes}"
 
 
-def module_imports(source: str, module: str, *, is_package: bool, known: set[str]) -> set[str]:
+def module_imports(
+    source: str, module: str, *, is_package: bool, known: set[str], typing: bool = False
+) -> set[str]:
     """The modules of `known` that `module` imports anywhere (in functions too), the bodies of
-    `if TYPE_CHECKING:` aside (those run only under the type checker)."""
+    `if TYPE_CHECKING:` aside (those run only under the type checker) unless `typing`."""
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -217,7 +265,8 @@ def module_imports(source: str, module: str, *, is_package: bool, known: set[str
         if isinstance(node, ast.If):
             test = node.test
             name = getattr(test, "id", None) or getattr(test, "attr", None)
-            for child in node.orelse if name == "TYPE_CHECKING" else node.body + node.orelse:
+            skip = name == "TYPE_CHECKING" and not typing
+            for child in node.orelse if skip else node.body + node.orelse:
                 visit(child)
             visit(node.test)
             return
@@ -274,7 +323,7 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _import_graph() -> tuple[dict[str, set[str]], dict[str, Path]]:
+def _import_graph(*, typing: bool = False) -> tuple[dict[str, set[str]], dict[str, Path]]:
     roots = {PACKAGE: "kerneld", ROOT / "client" / "kerneld_client": "kerneld_client"}
     files: dict[str, Path] = {}
     for base, name in roots.items():
@@ -284,7 +333,11 @@ def _import_graph() -> tuple[dict[str, set[str]], dict[str, Path]]:
     known = set(files)
     graph = {
         m: module_imports(
-            p.read_text(encoding="utf-8"), m, is_package=p.name == "__init__.py", known=known
+            p.read_text(encoding="utf-8"),
+            m,
+            is_package=p.name == "__init__.py",
+            known=known,
+            typing=typing,
         )
         for m, p in files.items()
     }
@@ -319,6 +372,15 @@ def test_no_import_cycles() -> None:
     packages = {m for m, p in files.items() if p.name == "__init__.py" and m.count(".") == 1}
     assert {"kerneld.server", "kerneld.mirror", "kerneld_client.loading"} <= packages
     assert cycles(package_graph(graph, packages)) == []
+
+
+def test_no_import_cycles_in_the_daemon_type_only_imports_included() -> None:
+    """A cycle through an `if TYPE_CHECKING:` import is still two modules that are one (issue
+    54: the store's `state` -> `signatures` -> `published_index_writer` -> `state`). The daemon's
+    modules only: the client's package `__init__` is imported for types by its own modules."""
+    graph, _ = _import_graph(typing=True)
+    daemon = {m: {i for i in imports if i.startswith("kerneld.")} for m, imports in graph.items()}
+    assert cycles({m: i for m, i in daemon.items() if m.startswith("kerneld.")}) == []
 
 
 #: Where the environment may be read: one settings module per package. The `.pth` start-up
@@ -391,6 +453,7 @@ def test_the_shape_checks_catch_what_they_are_for() -> None:
     assert module_imports(lazy, "p.a", is_package=False, known=known) == {"p.b"}
     typing_only = "if TYPE_CHECKING:\n    import p.b\nelse:\n    x = 1"
     assert module_imports(typing_only, "p.a", is_package=False, known=known) == set()
+    assert module_imports(typing_only, "p.a", is_package=False, known=known, typing=True) == {"p.b"}
     lifted = package_graph({"k.s.app": {"k.h.view"}, "k.h.view": {"k.s.core"}}, {"k.s", "k.h"})
     assert cycles(lifted) == [["k.h", "k.s"]]
     assert environment_reads("import os\nx = os.environ.get('A')")

@@ -25,9 +25,9 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
     """The commit `env` maps a repo to: the asked ref, else the highest vN, else main, else
     the most recently published commit."""
     if spec is not None and spec.ref is not None:
-        found: str | None = store.resolve_revision(repo, spec.ref)
+        found: str | None = store.names.resolve_revision(repo, spec.ref)
         return found
-    refs: dict[str, str] = {r.ref: r.commit for r in store.refs_of(repo)}
+    refs: dict[str, str] = {r.ref: r.commit for r in store.names.refs_of(repo)}
     versions = sorted(
         (int(m.group(1)), c) for r, c in refs.items() if (m := re.fullmatch(r"v(\d+)", r))
     )
@@ -35,7 +35,7 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
         return versions[-1][1]
     if "main" in refs:
         return refs["main"]
-    rows = store.variants_of(repo)
+    rows = store.catalog.variants_of(repo)
     if not rows:
         return None
     latest: str = max(rows, key=lambda v: v.published_at).commit
@@ -85,10 +85,10 @@ def cmd_env(ctx: Ctx) -> int:
     entries: list[dict[str, Any]] = []
     skipped: list[str] = []
     with open_store(ctx, writable=False) as store:
-        repos = list(wanted) if wanted else store.repos()
+        repos = list(wanted) if wanted else store.names.repos()
         for repo in repos:
             commit = _pick_commit(store, repo, wanted.get(repo))
-            names = store.variants(repo, commit) if commit else []
+            names = store.catalog.variants(repo, commit) if commit else []
             if commit is None or not names:
                 skipped.append(f"{repo}: not in the store")
                 continue
@@ -111,7 +111,7 @@ def cmd_env(ctx: Ctx) -> int:
                 skipped.append(f"{repo}@{commit[:12]}: {why}")
                 continue
             try:
-                hit = store.lookup(repo, commit, chosen)
+                hit = store.catalog.lookup(repo, commit, chosen)
             except StoreError as exc:  # a deny the index has not published yet
                 skipped.append(f"{repo}@{commit[:12]}: {exc}")
                 continue

@@ -71,9 +71,9 @@ def cmd_gc(ctx: Ctx) -> int:
                 # as the daemon does: free until `target` more bytes are free than now
                 from dataclasses import replace
 
-                free = store.usage().free_bytes
-                store.policy = replace(store.policy, free_target_bytes=free + target)
-            report = store.gc(dry_run=dry)
+                free = store.space.usage().free_bytes
+                store.gc.policy = replace(store.gc.policy, free_target_bytes=free + target)
+            report = store.gc.collect(dry_run=dry)
         doc: dict[str, Any] = {
             "dry_run": dry,
             "removed": [_gc_item(t) for t in report.deleted_trees],

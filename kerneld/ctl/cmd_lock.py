@@ -317,8 +317,8 @@ def _verify_old(ctx: Ctx) -> int:
         with open_store(ctx, writable=False) as store:
             for entry in lock.old:
                 for variant, want in sorted(entry.variants.items()):
-                    ids = store.upstream_ids(entry.repo_id, entry.sha, variant)
-                    if not ids:
+                    upstream = store.catalog.upstream_ids(entry.repo_id, entry.sha, variant)
+                    if not upstream:
                         results.append(
                             _result(
                                 entry.repo_id,
@@ -330,11 +330,11 @@ def _verify_old(ctx: Ctx) -> int:
                             )
                         )
                         continue
-                    tree = store.published_tree(entry.repo_id, entry.sha, variant)
+                    tree = store.catalog.published_tree(entry.repo_id, entry.sha, variant)
                     from kerneld.store.manifest import parse_manifest
 
                     paths = {e.path for e in parse_manifest(tree.manifest)} if tree else set()
-                    if paths - set(ids):
+                    if paths - set(upstream):
                         results.append(
                             _result(
                                 entry.repo_id,
@@ -346,7 +346,7 @@ def _verify_old(ctx: Ctx) -> int:
                             )
                         )
                         continue
-                    got = git_lfs_concat_hash(sorted(ids.items()))
+                    got = git_lfs_concat_hash(sorted(upstream.items()))
                     results.append(_result(entry.repo_id, entry.sha, variant, want.hash, got))
     mismatched = [r for r in results if r["status"] == "mismatch"]
     checked = [r for r in results if r["status"] == "ok"]

@@ -30,7 +30,7 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
         with open_store(ctx, writable=True) as store:
             # As the daemon does: the ref (no selector: main) is pinned at its commit now.
             ref = spec.ref or "main"
-            commit = store.resolve_revision(spec.repo_id, ref)
+            commit = store.names.resolve_revision(spec.repo_id, ref)
             if commit is None:
                 raise CtlError(
                     f"{spec.repo_id}@{ref} is not known to this store",
@@ -40,15 +40,17 @@ def _pin(ctx: Ctx, unpin: bool) -> int:
                 if unpin:
                     changed = False
                     for revision in dict.fromkeys((commit, ref)):
-                        changed = store.unpin(spec.repo_id, revision, variant or ALL) or changed
+                        changed = (
+                            store.names.unpin(spec.repo_id, revision, variant or ALL) or changed
+                        )
                 else:
-                    store.pin(spec.repo_id, commit, variant or ALL)
+                    store.names.pin(spec.repo_id, commit, variant or ALL)
                     changed = True
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
             trees = {
                 v.tree
-                for v in store.variants_of(spec.repo_id, commit)
+                for v in store.catalog.variants_of(spec.repo_id, commit)
                 if not variant or v.variant == variant
             }
             doc: dict[str, Any] = {
@@ -104,17 +106,17 @@ def _list_denies(ctx: Ctx) -> int:
         from kerneld.store.deny_rules import REF, deny_kind, meaning, ref_commits
 
         with open_store(ctx, writable=False) as store:
-            rows = []
-            for r in store.denies():
-                kind = deny_kind(r.revision)
-                commits = ref_commits(store, r.repo, r.revision) if kind == REF else []
+            rows: list[dict[str, Any]] = []
+            for d in store.names.denies():
+                kind = deny_kind(d.revision)
+                commits = ref_commits(store, d.repo, d.revision) if kind == REF else []
                 rows.append(
                     {
-                        "repo_id": r.repo,
-                        "revision": "" if r.revision == "*" else r.revision,
-                        "reason": r.reason,
+                        "repo_id": d.repo,
+                        "revision": "" if d.revision == "*" else d.revision,
+                        "reason": d.reason,
                         "kind": kind,
-                        "meaning": meaning(r.revision, commits),
+                        "meaning": meaning(d.revision, commits),
                         "commits": commits,
                     }
                 )
@@ -178,19 +180,23 @@ def _deny(ctx: Ctx, allow: bool) -> int:
             try:
                 if allow:
                     target = plan_allow(store, repo, revision, ref=ref)
-                    changed = store.allow(target.repo, target.revision)
+                    changed = store.names.allow(target.repo, target.revision)
                 else:
                     # Without the daemon a ref or prefix is resolved from what the store knows.
                     target = plan_deny(store, repo, revision, ref=ref)
-                    before = {(d.revision, d.reason) for d in store.denies(repo)}
-                    store.deny(target.repo, target.revision, reason)
+                    before = {(d.revision, d.reason) for d in store.names.denies(repo)}
+                    store.names.deny(target.repo, target.revision, reason)
                     changed = (target.revision, reason) not in before
             except UnresolvedDenyError as exc:  # exit 1, as when the daemon refuses it
                 raise CtlError(str(exc)) from None
             except StoreError as exc:
                 raise CtlError(str(exc), code=EXIT_USAGE) from None
         stored = "" if target.revision == ALL else target.revision
-        doc = {"revision": stored, "kind": target.kind, "resolved_from": target.asked}
+        doc: dict[str, Any] = {
+            "revision": stored,
+            "kind": target.kind,
+            "resolved_from": target.asked,
+        }
     else:
         from kerneld.ctl.rpc import Admin
         from kerneld_client.proto import kerneld_pb2

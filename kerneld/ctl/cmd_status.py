@@ -24,16 +24,18 @@ from kerneld.ctl.subcommands import Commands
 def cmd_status(ctx: Ctx) -> int:
     if offline(ctx):
         with open_store(ctx, writable=False) as store:
-            usage = store.usage()
+            usage = store.space.usage()
             now_refs = [
                 {"repo_id": r.repo, "ref": r.ref, "commit": r.commit, "fetched_at": r.fetched_at}
-                for repo in store.repos()
-                for r in store.refs_of(repo)
+                for repo in store.names.repos()
+                for r in store.names.refs_of(repo)
             ]
             import time
 
+            entries: int | None
+            held: int | None
             try:
-                entries, held = store.quarantine_usage()
+                entries, held = store.quarantine.usage()
             except PermissionError:  # the quarantine is the owner's alone (0700)
                 entries = held = None
             doc: dict[str, Any] = {
@@ -47,9 +49,9 @@ def cmd_status(ctx: Ctx) -> int:
                 # the bound is the daemon's setting ([store] quarantine_max): not known here
                 "quarantine_entries": entries,
                 "quarantine_bytes": held,
-                "pins": len(store.pins()),
-                "denies": len(store.denies()),
-                "active_leases": sum(1 for x in store.leases() if x.expires_at > time.time()),
+                "pins": len(store.names.pins()),
+                "denies": len(store.names.denies()),
+                "active_leases": sum(1 for x in store.leases.rows() if x.expires_at > time.time()),
                 "refs": now_refs,
             }
     else:

@@ -54,7 +54,7 @@ def _report_pass(report: Any, store: Any) -> _Pass:
     ]
     checked = {"blobs_checked": report.blobs_checked, "trees_checked": report.trees_checked}
     try:
-        held = [_quarantined(q) for q in store.quarantine()]
+        held = [_quarantined(q) for q in store.quarantine.entries()]
     except PermissionError:  # the quarantine is the store owner's alone (0700)
         held = []
     return problems, list(report.repaired), int(report.exit_code), checked, held
@@ -127,11 +127,13 @@ def cmd_verify(ctx: Ctx) -> int:
         if offline(ctx):
             with open_store(ctx, writable=repair) as store:
                 problems, repaired, found, checked, held = _report_pass(
-                    store.verify(repair=repair), store
+                    store.repair.verify(repair=repair), store
                 )
                 mask = found
                 if repair and problems:
-                    remaining, _, mask, _, held = _report_pass(store.verify(repair=False), store)
+                    remaining, _, mask, _, held = _report_pass(
+                        store.repair.verify(repair=False), store
+                    )
         else:
             from kerneld.ctl.rpc import Admin
 
@@ -201,11 +203,11 @@ def _quarantine_action(ctx: Ctx) -> int:
     with open_store(ctx, writable=True) as store:
         try:
             if ctx.args.restore:
-                trees = store.restore_quarantined(name)
+                trees = store.quarantine.restore(name)
                 done = [f"{t.repo}@{t.commit}/{t.variant} ({t.digest})" for t in trees]
                 doc: dict[str, Any] = {"restored": name, "variants": done}
             else:
-                store.drop_quarantined(name)
+                store.quarantine.drop(name)
                 doc = {"dropped": name}
         except StoreError as exc:
             raise CtlError(

@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from kerneld.store import Store
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -137,7 +140,7 @@ def store_path(ctx: Ctx) -> Path:
 
 
 @contextmanager
-def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[Any]:
+def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[Store]:
     """Open the store named by `--store`: read-only (safe beside a running daemon) or as owner.
 
     Only `create` (a first mirror import on an air-gapped host) may make a new store.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from kerneld.mirror.documents import INFO, MirrorFormatError, MirrorWriter, blob_path, parse_info
-from kerneld.store import BlobProvider, Catalog
+from kerneld.store import BlobProvider
 from kerneld.store.manifest import ManifestEntry
 
 CHUNK = 1 << 20
@@ -47,7 +47,7 @@ class Target:
     def has_blob(self, sha256: str, size: int) -> bool:
         raise NotImplementedError
 
-    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
+    def put_blob(self, blobs: BlobProvider, entry: ManifestEntry) -> int:
         """Copy one blob out of the store, re-hashing it; returns its size."""
         raise NotImplementedError
 
@@ -73,8 +73,8 @@ class DirTarget(Target):
     def has_blob(self, sha256: str, size: int) -> bool:
         return self.writer.has_blob(sha256, size)
 
-    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
-        return _copy_blob(store, self.root, entry)
+    def put_blob(self, blobs: BlobProvider, entry: ManifestEntry) -> int:
+        return _copy_blob(blobs, self.root, entry)
 
 
 @dataclass(frozen=True)
@@ -121,12 +121,12 @@ class StreamTarget(Target):
     def has_blob(self, sha256: str, size: int) -> bool:
         return sha256 in self.present
 
-    def put_blob(self, store: Catalog, entry: ManifestEntry) -> int:
+    def put_blob(self, blobs: BlobProvider, entry: ManifestEntry) -> int:
         rel = blob_path(entry.sha256)
         h = hashlib.sha256()
         n = 0
         self.send(FileOp("file", rel, entry.size))
-        with _open_store_blob(store, entry) as src:
+        with _open_store_blob(blobs, entry) as src:
             while chunk := src.read(CHUNK):
                 h.update(chunk)
                 n += len(chunk)
@@ -155,9 +155,9 @@ def check_mirror_dir(root: Path) -> None:
         )
 
 
-def _open_store_blob(store: BlobProvider, f: ManifestEntry) -> IO[bytes]:
+def _open_store_blob(blobs: BlobProvider, f: ManifestEntry) -> IO[bytes]:
     try:
-        return store.open_blob(f.sha256)
+        return blobs.open_blob(f.sha256)
     except FileNotFoundError:
         raise ExportError(
             f"blob {f.sha256} ({f.path}) vanished from the store during export"
@@ -172,9 +172,9 @@ def _check_copied(f: ManifestEntry, digest: str, size: int) -> None:
         )
 
 
-def _copy_blob(store: Catalog, root: Path, f: ManifestEntry) -> int:
+def _copy_blob(blobs: BlobProvider, root: Path, f: ManifestEntry) -> int:
     """Copy one blob out of the store, re-hashing it; returns its size."""
-    with _open_store_blob(store, f) as src:
+    with _open_store_blob(blobs, f) as src:
         return copy_blob_into(root, f.sha256, src, lambda digest, n: _check_copied(f, digest, n))
 
 

@@ -37,11 +37,11 @@ from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.mirror.selection import ExportSpec, leased, select
 from kerneld.mirror.tarball import is_tar_destination, pack_tar, unpack_existing
 from kerneld.mirror.writing import ExportReport, write_export
-from kerneld.store import Catalog
+from kerneld.store import ExportSource
 
 
 def export_mirror(
-    store: Catalog,
+    store: ExportSource,
     dest: str | os.PathLike[str],
     specs: Iterable[ExportSpec],
     *,
@@ -100,7 +100,7 @@ def _finished(progress: ProgressFn | None, report: ExportReport, where: str) -> 
 
 
 def export_stream(
-    store: Catalog,
+    store: ExportSource,
     specs: Iterable[ExportSpec],
     send: Callable[[FileOp], None],
     *,

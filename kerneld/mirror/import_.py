@@ -62,8 +62,8 @@ from kerneld.store import (
     Hold,
     IntegrityError,
     ResourceExhaustedError,
-    Store,
     StoreError,
+    StoreHandle,
     TreeFile,
 )
 from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
@@ -222,7 +222,7 @@ def _parse(bundle: Bundle, docs: dict[str, bytes], rel: str) -> Manifest:
     return manifest
 
 
-def _check_space(store: Store, kernels: list[_Kernel]) -> None:
+def _check_space(store: StoreHandle, kernels: list[_Kernel]) -> None:
     """Refuse up front when the declared sizes cannot fit the store."""
     need: dict[str, int] = {}
     for k in kernels:
@@ -230,8 +230,8 @@ def _check_space(store: Store, kernels: list[_Kernel]) -> None:
             for f in files:
                 assert f.sha256 is not None
                 need[f.sha256] = f.size
-    missing = sum(size for sha, size in need.items() if not store.has_blob(sha))
-    usage = store.usage()
+    missing = sum(size for sha, size in need.items() if not store.blobs.has_blob(sha))
+    usage = store.space.usage()
     room = usage.free_bytes - usage.min_free_bytes - usage.bytes_reserved
     if usage.cap_bytes is not None:
         room = min(room, usage.cap_bytes - usage.bytes_used - usage.bytes_reserved)
@@ -243,10 +243,10 @@ def _check_space(store: Store, kernels: list[_Kernel]) -> None:
 
 
 def _ingest_blob(
-    store: Store, bundle: Bundle, sha: str, size: int, ctx: dict[str, str]
+    store: StoreHandle, bundle: Bundle, sha: str, size: int, ctx: dict[str, str]
 ) -> tuple[bool, str | None]:
     """(ingested now?, error or None)."""
-    if store.has_blob(sha):
+    if store.blobs.has_blob(sha):
         return False, None
     rel = blob_path(sha)
     entry = bundle.files.get(rel)
@@ -256,10 +256,10 @@ def _ingest_blob(
         return False, f"blob {sha} is {entry.size} bytes in the bundle, the manifest says {size}"
     try:
         if isinstance(bundle, DirBundle):
-            store.ingest_file(bundle.path(rel), sha256=sha, size=size, **ctx)
+            store.blobs.ingest_file(bundle.path(rel), sha256=sha, size=size, **ctx)
         else:
             with bundle.open_blob(rel) as fh:
-                store.ingest(fh, size=size, sha256=sha, **ctx)
+                store.blobs.ingest(fh, size=size, sha256=sha, **ctx)
     except IntegrityError as exc:
         return False, f"blob {sha} does not match the manifest: {exc}"
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, BundleError) as exc:
@@ -271,7 +271,7 @@ def _ingest_blob(
     return True, None
 
 
-def _check_variant_metadata(store: Store, manifest: Manifest, variant: str) -> str | None:
+def _check_variant_metadata(store: StoreHandle, manifest: Manifest, variant: str) -> str | None:
     """The metadata.json checks publish_tree will make, made before anything is published."""
     files = [
         TreeFile(path=f.path, sha256=str(f.sha256), size=f.size)
@@ -279,7 +279,7 @@ def _check_variant_metadata(store: Store, manifest: Manifest, variant: str) -> s
         if f.sha256
     ]
     try:
-        store.check_metadata(manifest.repo_id, manifest.commit, variant, files)
+        store.trees.check_files_metadata(manifest.repo_id, manifest.commit, variant, files)
     except StoreError as exc:
         return str(exc)
     except OSError as exc:
@@ -288,7 +288,7 @@ def _check_variant_metadata(store: Store, manifest: Manifest, variant: str) -> s
 
 
 def _import_kernel(
-    store: Store,
+    store: StoreHandle,
     bundle: Bundle,
     kernel: _Kernel,
     report: ImportReport,
@@ -305,7 +305,7 @@ def _import_kernel(
         emit(progress, MirrorProgress("refused", repo_id=repo, commit=commit, detail=reason))
 
     try:
-        store.check_denied(repo, commit, commit)
+        store.names.check_denied(repo, commit, commit)
     except DeniedError as exc:
         refuse(f"denied on this host: {exc}")
         return
@@ -370,7 +370,7 @@ def _import_kernel(
         ]
         hold.add(repo, commit, variant)
         try:
-            tree = store.publish_tree(repo, commit, variant, tree_files)
+            tree = store.trees.publish_tree(repo, commit, variant, tree_files)
         except (BlobMissingError, IntegrityError, DeniedError, ResourceExhaustedError) as exc:
             refuse(f"publishing {variant} failed after {len(published)} variant(s): {exc}")
             return
@@ -394,12 +394,12 @@ def _take_verdicts(manifest: Manifest, report: ImportReport) -> None:
                 report.exported_provenance[f"{repo}@{manifest.commit} [{variant}]"] = record
 
 
-def record_in_store(store: Store, vouched: Mapping[str, str]) -> None:
+def record_in_store(store: StoreHandle, vouched: Mapping[str, str]) -> None:
     """Record an import's publisher verdicts in the store's publishers.json (an import with
     no daemon: the daemon reads them back at start)."""
     if not vouched:
         return
-    doc = dict(store.read_document(PUBLISHERS_FILE) or {})
+    doc = dict(store.published.read_document(PUBLISHERS_FILE) or {})
     if doc.get("format") != PUBLISHERS_FORMAT:
         # No daemon has published its policy here yet: the default policy, which the daemon
         # rewrites at start (keeping these verdicts).
@@ -415,10 +415,10 @@ def record_in_store(store: Store, vouched: Mapping[str, str]) -> None:
     now = time.time()
     repos.update({repo_key(r): now for r in vouched})
     doc["repos"] = repos_entry(repos)
-    store.publish_document(PUBLISHERS_FILE, doc)
+    store.published.publish_document(PUBLISHERS_FILE, doc)
 
 
-def _apply_refs(store: Store, parsed: dict[str, _Refs], report: ImportReport) -> None:
+def _apply_refs(store: StoreHandle, parsed: dict[str, _Refs], report: ImportReport) -> None:
     imported = {(k["repo_id"], k["commit"]) for k in report.imported}
     now = time.time()
     for refs in parsed.values():
@@ -426,14 +426,14 @@ def _apply_refs(store: Store, parsed: dict[str, _Refs], report: ImportReport) ->
         when = min(refs.exported_at, now)
         for ref, commit in sorted(refs.refs.items()):
             label = f"{repo}@{ref}"
-            if (repo, commit) not in imported and not store.variants(repo, commit):
+            if (repo, commit) not in imported and not store.catalog.variants(repo, commit):
                 continue  # the ref points at a commit this bundle (or store) does not have
-            current = store.get_ref(repo, ref)
+            current = store.names.get_ref(repo, ref)
             if current is not None and current.commit != commit and current.fetched_at > when:
                 report.refs_kept.append(f"{label} -> {current.commit} (newer than the bundle)")
                 continue
             if current is None or current.commit != commit:
-                store.set_ref(repo, ref, commit, fetched_at=when)
+                store.names.set_ref(repo, ref, commit, fetched_at=when)
                 report.refs_set.append(f"{label} -> {commit}")
 
 
@@ -501,7 +501,7 @@ def _parse_refs(docs: dict[str, bytes], refs_rels: list[str]) -> dict[str, _Refs
 
 
 def import_mirror(
-    store: Store,
+    store: StoreHandle,
     source: str | os.PathLike[str],
     trusted_keys: Mapping[str, str] | Mapping[str, Ed25519PublicKey],
     *,
@@ -560,7 +560,7 @@ def import_mirror(
 
 
 def _import(
-    store: Store,
+    store: StoreHandle,
     bundle: Bundle,
     trusted: Mapping[str, Ed25519PublicKey],
     no_check_sigs: bool,
@@ -586,7 +586,7 @@ def _import(
         for files in k.manifest.variants.values():
             for f in files:
                 sha = str(f.sha256)
-                if sha not in seen and not store.has_blob(sha):
+                if sha not in seen and not store.blobs.has_blob(sha):
                     total += f.size
                 seen.add(sha)
     state: dict[str, Any] = {"bad": {}, "done": 0, "total": total, "manifests": 0}

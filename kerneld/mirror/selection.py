@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kerneld.mirror.destination import ExportError
-from kerneld.store import Catalog
+from kerneld.store import ExportSource
 from kerneld.store.manifest import ManifestEntry, parse_manifest
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.lockfile import LockFile
@@ -126,18 +126,18 @@ class SelectedKernel:
 
 
 def _tree_files(
-    store: Catalog, repo: str, commit: str, variant: str
+    store: ExportSource, repo: str, commit: str, variant: str
 ) -> tuple[str, list[SelectedFile]]:
-    tree = store.published_tree(repo, commit, variant)
+    tree = store.catalog.published_tree(repo, commit, variant)
     if tree is None:
         raise ExportError(f"{repo}@{commit} [{variant}]: vanished from the store during export")
-    ids = store.upstream_ids(repo, commit, variant)
+    ids = store.catalog.upstream_ids(repo, commit, variant)
     files = [SelectedFile(e, ids.get(e.path)) for e in parse_manifest(tree.manifest)]
     return tree.digest, files
 
 
 def select(
-    store: Catalog, specs: Sequence[ExportSpec], variants: Sequence[str] | None
+    store: ExportSource, specs: Sequence[ExportSpec], variants: Sequence[str] | None
 ) -> tuple[dict[tuple[str, str], SelectedKernel], dict[str, dict[str, str]], list[str]]:
     """(kernels by (repo, commit), refs by repo, variants asked for but not in the store).
 
@@ -155,15 +155,15 @@ def select(
     for spec in specs:
         repo = spec.repo_id
         if spec.commit is None and spec.ref is None:
-            commits = sorted({v.commit for v in store.variants_of(repo)})
+            commits = sorted({v.commit for v in store.catalog.variants_of(repo)})
             if not commits:
                 problems.append(f"{repo}: nothing of it is in the store (prefetch it first)")
                 continue
-            for r in store.refs_of(repo):
+            for r in store.names.refs_of(repo):
                 if r.commit in commits:
                     refs.setdefault(repo, {})[r.ref] = r.commit
         else:
-            commit = spec.commit or store.resolve_revision(repo, str(spec.ref))
+            commit = spec.commit or store.names.resolve_revision(repo, str(spec.ref))
             if commit is None:
                 problems.append(
                     f"{spec}: this store does not know that revision (prefetch it first)"
@@ -173,7 +173,7 @@ def select(
             if spec.ref is not None and spec.ref != commit:
                 refs.setdefault(repo, {})[spec.ref] = commit
         for commit in commits:
-            available = store.variants(repo, commit)
+            available = store.catalog.variants(repo, commit)
             if not available:
                 problems.append(
                     f"{repo}@{commit}: no variant of this commit is in the store "
@@ -201,16 +201,16 @@ def select(
 
 
 @contextmanager
-def leased(store: Catalog, kernels: dict[tuple[str, str], SelectedKernel]) -> Iterator[None]:
+def leased(store: ExportSource, kernels: dict[tuple[str, str], SelectedKernel]) -> Iterator[None]:
     """Keep the exported trees from GC while their files are copied."""
     leases = []
     try:
         if not store.read_only:
             for kernel in kernels.values():
                 leases += [
-                    store.acquire_lease(t, LEASE_S, holder="mirror-export") for t in kernel.trees
+                    store.leases.acquire(t, LEASE_S, holder="mirror-export") for t in kernel.trees
                 ]
         yield
     finally:
         for lease in leases:
-            store.release_lease(lease.id)
+            store.leases.release(lease.id)

@@ -22,21 +22,13 @@ serves.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from kerneld.store import ProvenanceRecord
+from kerneld.store import VerdictSource
 from kerneld_client.published_index import PUBLISHERS_FILE, PUBLISHERS_FORMAT, repo_matches
 from kerneld_client.vocabulary import repo_key
 
 PUBLISHER_BY = ("hub", "allow", "any")
-
-
-class VerdictSource(Protocol):
-    """What an export reads its verdicts from (the store)."""
-
-    def read_document(self, name: str) -> dict[str, Any] | None: ...
-
-    def provenance_of(self, digest: str) -> ProvenanceRecord | None: ...
 
 
 def publisher_verdict(doc: Mapping[str, Any] | None, repo: str) -> dict[str, Any]:
@@ -60,7 +52,7 @@ def export_verdicts(source: VerdictSource, repo: str, trees: Mapping[str, str]) 
     """The verdicts for one exported commit: `trees` is variant -> tree digest."""
     provenance: dict[str, Any] = {}
     for variant, digest in sorted(trees.items()):
-        record = source.provenance_of(digest)
+        record = source.signatures.record_of(digest)
         if record is not None:
             provenance[variant] = {
                 "status": record.status,
@@ -69,7 +61,7 @@ def export_verdicts(source: VerdictSource, repo: str, trees: Mapping[str, str]) 
                 "detail": record.detail,
             }
     return {
-        "publisher": publisher_verdict(source.read_document(PUBLISHERS_FILE), repo),
+        "publisher": publisher_verdict(source.published.read_document(PUBLISHERS_FILE), repo),
         "provenance": provenance,
     }
 

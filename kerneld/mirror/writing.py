@@ -37,7 +37,7 @@ from kerneld.mirror.keys import (
 from kerneld.mirror.progress import MirrorProgress, ProgressFn, emit
 from kerneld.mirror.selection import SelectedKernel
 from kerneld.mirror.verdicts import export_verdicts
-from kerneld.store import FILE_MODE_EXEC, Catalog
+from kerneld.store import FILE_MODE_EXEC, ExportSource
 from kerneld.store.manifest import ManifestEntry
 from kerneld.upstream.base import RemoteFile
 from kerneld_client.vocabulary import is_commit
@@ -144,7 +144,7 @@ def merged_signatures(
 
 
 def write_export(
-    store: Catalog,
+    store: ExportSource,
     target: Target,
     kernels: dict[tuple[str, str], SelectedKernel],
     refs: dict[str, dict[str, str]],
@@ -174,7 +174,7 @@ def write_export(
     done = 0
     report.blobs_present = len(todo) - len(missing)
     for _sha, entry in sorted(missing.items()):
-        done += target.put_blob(store, entry)
+        done += target.put_blob(store.blobs, entry)
         report.blobs_written += 1
         emit(
             progress,
@@ -191,7 +191,7 @@ def write_export(
     for (repo, commit), kernel in sorted(kernels.items()):
         trees = {}
         for variant in kernel.variants:
-            tree = store.published_tree(repo, commit, variant)
+            tree = store.catalog.published_tree(repo, commit, variant)
             if tree is not None:
                 trees[variant] = tree.digest
         verdicts = export_verdicts(store, repo, trees)

@@ -46,13 +46,13 @@ from kerneld.pipeline.request import (
     Resolution,
 )
 from kerneld.store import (
+    Catalog,
     Hold,
     LookupHit,
     MetadataError,
     Policy,
     ResourceExhaustedError,
     TreeNotFoundError,
-    TreePublisher,
 )
 from kerneld.upstream.base import Refs, RemoteFile, Upstream
 from kerneld.upstream.errors import EntryNotFound, UpstreamError
@@ -146,8 +146,15 @@ class Listings(Protocol):
     def upstreams(self) -> Sequence[Upstream]: ...
 
 
-class AcquireTarget(Policy, TreePublisher, Protocol):
-    """What the sequence reads of the store: denies and refs, and trees looked up."""
+class AcquireTarget(Protocol):
+    """What the sequence reads of the store: denies and refs (`names`), and trees looked up
+    (`catalog`)."""
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
 
 
 # ---- the path ------------------------------------------------------------------------------------
@@ -178,7 +185,7 @@ class Acquire:
 
     def check_denied(self, repo_id: str, ref: str, commit: str | None = None) -> None:
         """DeniedError when an admin denied the repo, the ref, or the commit it names."""
-        self.store.check_denied(repo_id, ref, commit)
+        self.store.names.check_denied(repo_id, ref, commit)
 
     def check_publisher(
         self, repo_id: str, *, trust_remote_code: bool, parents: Sequence[str] = ()
@@ -200,11 +207,11 @@ class Acquire:
         endpoint's revision answers). `record=False` leaves the recorded ref where it is
         (prefetch moves it itself once the commit's trees are here)."""
         self.check_fields(spec.repo_id, spec.ref)
-        self.store.check_denied(spec.repo_id, spec.ref)  # before any I/O
+        self.store.names.check_denied(spec.repo_id, spec.ref)  # before any I/O
         commit, stale = self.listings.commit_for(
             spec, allow_network=allow_network, refresh=refresh, record=record
         )
-        self.store.check_denied(spec.repo_id, spec.ref, commit)
+        self.store.names.check_denied(spec.repo_id, spec.ref, commit)
         return commit, stale
 
     def listing(
@@ -463,11 +470,11 @@ class Acquire:
     def _named(self, spec: KernelSpec, plan: Named[T], step: _Step) -> Got[T]:
         repo, commit = spec.repo_id, spec.ref
         self.check_fields(repo, commit, plan.variant)
-        self.store.check_denied(repo, commit, commit)
+        self.store.names.check_denied(repo, commit, commit)
         if plan.every_ref:  # rare (a scrub's re-fetch): every ref, filtered here
-            for row in self.store.all_refs():
+            for row in self.store.names.all_refs():
                 if row.repo == repo and row.commit == commit:
-                    self.store.check_denied(repo, row.ref, commit)
+                    self.store.names.check_denied(repo, row.ref, commit)
         found, fetched = step.variant(repo, commit, plan.variant, plan.find)
         if found is None:
             raise FetchNotAllowed(
@@ -506,7 +513,7 @@ class _Step:
     before_fetch: Callable[[], None] | None
 
     def lookup(self, repo: str, commit: str, variant: str) -> LookupHit | None:
-        return self.acquire.store.lookup(
+        return self.acquire.store.catalog.lookup(
             repo, commit, variant, lease_ttl_s=self.lease_ttl_s, holder=self.holder
         )
 

@@ -115,7 +115,7 @@ class Fetcher:
                 downloaded, nbytes = self._ingest_all(
                     upstream, repo_id, commit, variant, files, progress
                 )
-                tree = self.store.publish_tree(
+                tree = self.store.trees.publish_tree(
                     repo_id,
                     commit,
                     variant,
@@ -253,9 +253,9 @@ class Fetcher:
     ) -> tuple[BlobInfo, int]:
         """Download one file unless present; returns (blob, bytes downloaded)."""
         found = (
-            self.store.find_blob(sha256=f.sha256)
+            self.store.blobs.find_blob(sha256=f.sha256)
             if f.sha256
-            else self.store.find_blob(git_sha1=f.git_sha1)
+            else self.store.blobs.find_blob(git_sha1=f.git_sha1)
         )
         if found is not None:
             return found, 0
@@ -264,7 +264,7 @@ class Fetcher:
         last: Exception | None = None
         corrupt_seen = False
         for _attempt in range(self.attempts_per_file):
-            writer = self.store.open_writer(expected, **ctx)
+            writer = self.store.blobs.open_writer(expected, **ctx)
             with writer:
                 start = writer.offset
                 try:

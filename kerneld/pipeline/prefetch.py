@@ -489,9 +489,9 @@ class Prefetcher:
         it without downloading); until then they keep the commit they had."""
         if spec.locked_commit is not None or is_commit(spec.ref):
             return
-        known = self.store.get_ref(spec.repo_id, spec.ref)
+        known = self.store.names.get_ref(spec.repo_id, spec.ref)
         if complete or known is None or known.commit == commit:
-            self.store.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
+            self.store.names.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
         else:
             log.warning(
                 "not moving ref repo=%s ref=%s from %s to %s: some of its variants could not "

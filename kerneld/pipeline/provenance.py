@@ -91,7 +91,7 @@ def _signer(cert: Certificate) -> tuple[str, str]:
 
 
 class SigstoreCheck:
-    """`Store.provenance` for `[provenance]`: verify a variant's bundle against the trusted
+    """`store.signatures.check` for `[provenance]`: verify a variant's bundle against the trusted
     identities, with Sigstore's public-good trust root or the site's own (`trusted_root`)."""
 
     def __init__(

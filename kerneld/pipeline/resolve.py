@@ -150,12 +150,12 @@ class Resolver:
         TTL)? A front end asks before it charges a caller for a question upstream."""
         if spec.locked_commit is not None or is_commit(spec.ref):
             return True
-        row = self.store.get_ref(spec.repo_id, spec.ref)
+        row = self.store.names.get_ref(spec.repo_id, spec.ref)
         return row is not None and self.clock() - row.fetched_at < self.ref_ttl_s
 
     def lists_locally(self, repo_id: str, commit: str) -> bool:
         """Would `variant_names` answer without asking an upstream?"""
-        return self.store.upstream_variants(repo_id, commit) is not None
+        return self.store.names.upstream_variants(repo_id, commit) is not None
 
     def _recovered(self, upstream: str) -> None:
         """An upstream answered: end the outage, with one line if one was logged."""
@@ -187,7 +187,7 @@ class Resolver:
         ref = spec.ref
         if is_commit(ref):
             return ref, False
-        row = self.store.get_ref(spec.repo_id, ref)
+        row = self.store.names.get_ref(spec.repo_id, ref)
         if row is not None and not self.upstreams:
             # Import-only: the last `mirror import` is the authority; nothing to re-ask.
             return row.commit, False
@@ -198,7 +198,7 @@ class Resolver:
         recently_failed = failed_at is not None and self.clock() - failed_at < LISTING_RETRY_S
         if row is not None and recently_failed and not refresh:
             return row.commit, True  # asked moments ago, in vain: not again yet
-        negative = self.store.get_negative(spec.repo_id, ref)
+        negative = self.store.names.get_negative(spec.repo_id, ref)
         if negative is not None and row is None:
             cls = RepoNotFound if negative.reason.startswith("repo:") else RevisionNotFound
             raise cls(
@@ -248,7 +248,7 @@ class Resolver:
             self._failing.pop((spec.repo_id, ref), None)
             self._recovered(upstream.name)
             if record:
-                self.store.set_ref(
+                self.store.names.set_ref(
                     spec.repo_id, ref, commit, fetched_at=self.clock(), versions=versions
                 )
             return commit, False
@@ -279,7 +279,7 @@ class Resolver:
         if unavailable:
             raise every_upstream(failures, unavailable[0], **ctx)
         if all(isinstance(f, RepoNotFound) for f in failures):
-            self.store.put_negative(
+            self.store.names.put_negative(
                 spec.repo_id, ref, "", "repo:" + failures[0].message, self.negative_ttl_s
             )
             raise every_upstream(failures, failures[0], **ctx)
@@ -291,7 +291,7 @@ class Resolver:
         ):
             not_found = _version_not_found(spec.repo_id, spec.version, listed)
             failures = [not_found]
-        self.store.put_negative(
+        self.store.names.put_negative(
             spec.repo_id, ref, "", "rev:" + not_found.message, self.negative_ttl_s
         )
         raise every_upstream(failures, not_found, **ctx)
@@ -327,10 +327,10 @@ class Resolver:
         return result
 
     def _variant_names(self, repo_id: str, commit: str, *, allow_network: bool) -> list[str]:
-        names = self.store.upstream_variants(repo_id, commit)
+        names = self.store.names.upstream_variants(repo_id, commit)
         if names is not None:
             return names
-        published = self.store.variants(repo_id, commit)
+        published = self.store.catalog.variants(repo_id, commit)
         if not self.upstreams:  # import-only: what imports published is all there is
             if not published:
                 raise UpstreamUnavailable(
@@ -361,7 +361,7 @@ class Resolver:
                 failures.append(exc)
                 continue
             self._unlisted.pop((repo_id, commit), None)
-            self.store.set_upstream_variants(repo_id, commit, names)
+            self.store.names.set_upstream_variants(repo_id, commit, names)
             return names
         if not failures:
             raise UpstreamUnavailable("no upstream configured", repo_id=repo_id, revision=commit)

@@ -31,17 +31,17 @@ def publish_to_store(
     report = PublishReport(repo_id, commit, str(store.root), "store", list(variants), [])
     where = f"the store {store.root}"
     try:
-        store.check_denied(repo_id, commit, commit)
+        store.names.check_denied(repo_id, commit, commit)
     except StoreError as exc:
         raise PublishError(str(exc), hint=f"`kerneldctl allow {repo_id}` lifts a deny") from None
     for v in variants:
-        tree = store.published_tree(repo_id, commit, v.name)
+        tree = store.catalog.published_tree(repo_id, commit, v.name)
         if tree is not None:
             if f"sha256:{tree.digest}" != v.tree_digest:
                 raise immutable(repo_id, commit, v.name, where)
             report.unchanged.append(v.name)
     for ref in refs:
-        current = store.get_ref(repo_id, ref)
+        current = store.names.get_ref(repo_id, ref)
         report.refs.append(
             plan_ref(ref, current.commit if current else None, commit, ancestry, force=force_refs)
         )
@@ -54,14 +54,16 @@ def publish_to_store(
                     if f.sha256 in seen:
                         continue
                     seen.add(f.sha256)
-                    if store.has_blob(f.sha256):
+                    if store.blobs.has_blob(f.sha256):
                         report.blobs_present += 1
                         continue
-                    store.ingest_file(f.source, sha256=f.sha256, size=f.size, variant=v.name, **ctx)
+                    store.blobs.ingest_file(
+                        f.source, sha256=f.sha256, size=f.size, variant=v.name, **ctx
+                    )
                     report.blobs_written += 1
                     report.bytes_written += f.size
                 hold.add(repo_id, commit, v.name)
-                published = store.publish_tree(
+                published = store.trees.publish_tree(
                     repo_id,
                     commit,
                     v.name,
@@ -82,7 +84,7 @@ def publish_to_store(
                     )
             for move in report.refs:
                 if move.action != "unchanged":
-                    store.set_ref(repo_id, move.ref, commit)
+                    store.names.set_ref(repo_id, move.ref, commit)
     except StoreError as exc:
         raise PublishError(f"publishing into {where} failed: {exc}") from None
     except OSError as exc:

@@ -275,13 +275,12 @@ class AdminService(pb_grpc.AdminServicer):
     # ---- pins -----------------------------------------------------------------------------
 
     def _pin_commit(self, spec: KernelSpec, *, network: bool) -> str:
-        store = self.core.store
         if network:
             try:
                 return self.core.resolver.commit_for(spec)[0]
             except UpstreamError:
                 pass
-        commit = store.resolve_revision(spec.repo_id, spec.ref)
+        commit = self.core.names.resolve_revision(spec.repo_id, spec.ref)
         if commit is None:
             raise ValueError(
                 f"{spec} is not known on this host and no upstream could resolve it; "
@@ -290,7 +289,7 @@ class AdminService(pb_grpc.AdminServicer):
         return commit
 
     def _tree_count(self, repo: str, commit: str, variant: str) -> int:
-        rows = self.core.store.variants_of(repo, commit)
+        rows = self.core.catalog.variants_of(repo, commit)
         return len({r.tree for r in rows if variant in (ALL, r.variant)})
 
     @rpc_handler
@@ -298,7 +297,7 @@ class AdminService(pb_grpc.AdminServicer):
         spec = convert.spec_from_ref(request.kernel)
         commit = self._pin_commit(spec, network=True)
         variant = request.variant or ALL
-        self.core.store.pin(spec.repo_id, commit, variant)
+        self.core.names.pin(spec.repo_id, commit, variant)
         trees = self._tree_count(spec.repo_id, commit, variant)
         log.info(
             "admin: pin repo=%s ref=%s commit=%s variant=%s trees=%d reason=%s",
@@ -318,7 +317,7 @@ class AdminService(pb_grpc.AdminServicer):
         variant = request.variant or ALL
         removed = False
         for revision in dict.fromkeys((commit, spec.ref)):
-            removed = self.core.store.unpin(spec.repo_id, revision, variant) or removed
+            removed = self.core.names.unpin(spec.repo_id, revision, variant) or removed
         trees = self._tree_count(spec.repo_id, commit, variant) if removed else 0
         log.info(
             "admin: unpin repo=%s ref=%s commit=%s variant=%s removed=%s",
@@ -352,9 +351,9 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc_handler
     def Deny(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
-        target, store = self._deny_target(request, allow=False), self.core.store
-        before = {(d.revision, d.reason) for d in store.denies(target.repo)}
-        store.deny(target.repo, target.revision, request.reason)
+        target, names = self._deny_target(request, allow=False), self.core.names
+        before = {(d.revision, d.reason) for d in names.denies(target.repo)}
+        names.deny(target.repo, target.revision, request.reason)
         changed = (target.revision, request.reason) not in before
         log.info(
             "admin: deny %s changed=%s reason=%s", _fields(target), changed, request.reason or "-"
@@ -364,7 +363,7 @@ class AdminService(pb_grpc.AdminServicer):
     @rpc_handler
     def Allow(self, request: pb.DenyRequest, context: grpc.ServicerContext) -> pb.DenyResponse:
         target = self._deny_target(request, allow=True)
-        changed = self.core.store.allow(target.repo, target.revision)
+        changed = self.core.names.allow(target.repo, target.revision)
         log.info("admin: allow %s changed=%s", _fields(target), changed)
         return _deny_response(target, changed)
 
@@ -373,7 +372,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ListDeniesRequest, context: grpc.ServicerContext
     ) -> pb.ListDeniesResponse:
         store, entries = self.core.store, []
-        for d in store.denies():
+        for d in self.core.names.denies():
             kind = deny_kind(d.revision)
             commits = ref_commits(store, d.repo, d.revision) if kind == REF else []
             entries.append(
@@ -393,17 +392,17 @@ class AdminService(pb_grpc.AdminServicer):
 
     @rpc_handler
     def GarbageCollect(self, request: pb.GcRequest, context: grpc.ServicerContext) -> pb.GcResponse:
-        store = self.core.store
+        gc = self.core.collection
         self.core.leases.flush()
         with self._gc_lock:
-            policy = store.policy
+            policy = gc.policy
             if request.target_free_bytes:
-                free = store.usage().free_bytes
-                store.policy = replace(policy, free_target_bytes=free + request.target_free_bytes)
+                free = self.core.space.usage().free_bytes
+                gc.policy = replace(policy, free_target_bytes=free + request.target_free_bytes)
             try:
-                report = store.gc(dry_run=request.dry_run)
+                report = gc.collect(dry_run=request.dry_run)
             finally:
-                store.policy = policy
+                gc.policy = policy
         out = pb.GcResponse(
             freed_bytes=report.bytes_freed,
             orphan_blobs_removed=len(report.blobs_deleted),
@@ -441,11 +440,10 @@ class AdminService(pb_grpc.AdminServicer):
     def Verify(
         self, request: pb.VerifyRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.VerifyEvent]:
-        store = self.core.store
         wanted = {d.removeprefix("sha256:") for d in request.tree_digests}
         if wanted and request.repair:
             raise ValueError("repair applies to the whole store; give no tree_digests")
-        report = store.verify(repair=request.repair)
+        report = self.core.repair.verify(repair=request.repair)
         shown = 0
         for problem in report.problems:
             if wanted and not any(w in problem.id or w in problem.path for w in wanted):
@@ -459,7 +457,7 @@ class AdminService(pb_grpc.AdminServicer):
             )
         for repaired in report.repaired:
             yield pb.VerifyEvent(problem=pb.VerifyEvent.REPAIRED, detail=repaired)
-        for q in store.quarantine() if request.quarantine else []:
+        for q in self.core.quarantine.entries() if request.quarantine else []:
             if wanted and q.id not in wanted:
                 continue
             yield pb.VerifyEvent(
@@ -535,22 +533,22 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.GetStatusRequest, context: grpc.ServicerContext
     ) -> pb.AdminStatus:
         status = daemon_status(self.core)
-        store = self.core.store
+        names, quarantine = self.core.names, self.core.quarantine
         self.core.leases.flush()
         cfg = self.core.config
         now = time.time()
-        entries, held = store.quarantine_usage()
+        entries, held = quarantine.usage()
         out = pb.AdminStatus(
             status=status,
-            active_leases=sum(1 for lease in store.leases() if lease.expires_at > now),
-            pins=len(store.pins()),
-            denies=len(store.denies()),
+            active_leases=self.core.active_leases(),
+            pins=len(names.pins()),
+            denies=len(names.denies()),
             quarantine_entries=entries,
             quarantine_bytes=held,
-            quarantine_max_bytes=store.quarantine_max_bytes,
+            quarantine_max_bytes=quarantine.max_bytes,
         )
-        for repo in store.repos():
-            for ref in store.refs_of(repo):
+        for repo in names.repos():
+            for ref in names.refs_of(repo):
                 out.refs.append(
                     pb.RefState(
                         repo_id=repo,

@@ -373,7 +373,7 @@ class Daemon:
             started = time.monotonic()
             store = self.core.open()
             self.metrics.watch_quarantine(
-                lambda: (*store.quarantine_usage(), store.quarantine_max_bytes)
+                lambda: (*store.quarantine.usage(), store.quarantine.max_bytes)
             )
             apply_store_access(store.root, self.config.user_socket)
             self._start_metrics()
@@ -382,7 +382,7 @@ class Daemon:
             write_advert(
                 Advert(
                     store_root=store.root,
-                    index_dir=store.published_index_dir,
+                    index_dir=store.published.directory,
                     user_socket=self.config.user_socket.path,
                     admin_socket=self.config.admin_socket.path,
                     pid=os.getpid(),
@@ -391,7 +391,7 @@ class Daemon:
             )
             self.core.ready = True
             self._serving(True)
-            usage = store.usage()
+            usage = store.space.usage()
             summary = (
                 f"serving {usage.trees} trees ({usage.bytes_used} bytes) from "
                 f"{store.root} on {self.config.user_socket.path}"

@@ -48,7 +48,17 @@ from kerneld.server.reload import config_change
 from kerneld.server.scrubber import Scrubber
 from kerneld.server.serving import Serving
 from kerneld.server.statuses import NotReady
-from kerneld.store import Store
+from kerneld.store import (
+    Capacity,
+    Catalog,
+    Collection,
+    Policy,
+    PublishedIndex,
+    QuarantineArea,
+    Repair,
+    StoreHandle,
+    open_store,
+)
 from kerneld.upstream.errors import UpstreamError
 from kerneld_client.variants import PlatformFacts
 
@@ -74,7 +84,7 @@ class Core:
         self.hardware_root = hardware_root
         self.started_at = time.time()
         self.ready = False
-        self._store: Store | None = None
+        self._store: StoreHandle | None = None
         self._resolver: Resolver | None = None
         self._acquire: Acquire | None = None
         self._fetcher: Fetcher | None = None
@@ -104,25 +114,17 @@ class Core:
 
     # ---- opening and closing -------------------------------------------------------------
 
-    def open(self) -> Store:
+    def open(self) -> StoreHandle:
         """Open (lock and scan) the store and build resolution over the upstream chain."""
         cfg = self.config
         upstreams = build_upstreams(cfg)
         self.platforms = ClientPlatforms(
             platforms_file(cfg.store_path), on_change=self._publish_picks
         )
-        store = Store.open(
-            cfg.store_path,
-            cap_bytes=cfg.cap_bytes,
-            min_free_bytes=cfg.min_free_bytes,
-            min_age_s=cfg.gc_min_age_s,
-            orphan_grace_s=cfg.orphan_grace_s,
-            client_platforms=self.platforms.all(),  # their picks, in the index it republishes
+        # Their picks, in the index it republishes.
+        store = open_store(
+            cfg, client_platforms=self.platforms.all(), provenance=provenance_check(cfg)
         )
-        store.quarantine_max_bytes = cfg.quarantine_max_bytes
-        store.set_provenance(provenance_check(cfg))
-        if not cfg.system:
-            store.mark_as_cache()  # ~/.cache/kerneld/store: backups skip it
         try:
             self.hardware = detect(self.hardware_root)
             # The one fetcher, driven by the acquire path only: every download passes its gate.
@@ -136,9 +138,9 @@ class Core:
             )
             acquire = Acquire(store, resolver, fetcher, self.gate)
             self._leases = LeaseBook(
-                store, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
+                store.leases, per_client=cfg.lease_limit_per_client, total=cfg.lease_limit
             )
-            store.guard_from_gc(self._leases.unwritten_trees)
+            store.gc.guard(self._leases.unwritten_trees)
             self._prefetcher = Prefetcher(
                 store,
                 resolver,
@@ -150,8 +152,8 @@ class Core:
             trust = PublisherTrust(
                 cfg,
                 self._ask_hub,
-                lambda doc: store.publish_document(TRUST_FILE, doc),
-                saved=store.read_document(TRUST_FILE),
+                lambda doc: store.published.publish_document(TRUST_FILE, doc),
+                saved=store.published.read_document(TRUST_FILE),
             )
             trust.publish()
             self._refresher = RefRefresher(
@@ -185,7 +187,7 @@ class Core:
             if store is None:
                 return
             try:  # the latest set: a burst of new platforms rewrites once
-                store.set_client_platforms(self.platforms.all())
+                store.published.set_platforms(self.platforms.all())
             except Exception as exc:  # jobs without a pick rank for themselves: nothing breaks
                 log.warning("could not publish the picks of a new client platform: %r", exc)
 
@@ -204,10 +206,46 @@ class Core:
     # Gated on the store being open, not on `ready`: RPCs in flight when SIGTERM arrives must
     # finish (the servers stop accepting new ones themselves).
     @property
-    def store(self) -> Store:
+    def store(self) -> StoreHandle:
         if self._store is None:
             raise NotReady("kerneld is starting: the store is being opened and scanned")
         return self._store
+
+    # The store's parts, each as the protocol its users need (the services take these, not the
+    # store); gated like `store`.
+
+    @property
+    def names(self) -> Policy:
+        return self.store.names
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.store.catalog
+
+    @property
+    def space(self) -> Capacity:
+        return self.store.space
+
+    @property
+    def published(self) -> PublishedIndex:
+        return self.store.published
+
+    @property
+    def collection(self) -> Collection:
+        return self.store.gc
+
+    @property
+    def repair(self) -> Repair:
+        return self.store.repair
+
+    @property
+    def quarantine(self) -> QuarantineArea:
+        return self.store.quarantine
+
+    def active_leases(self) -> int:
+        """Leases recorded in the store that have not expired (flush first for the latest)."""
+        now = time.time()
+        return sum(1 for lease in self.store.leases.rows() if lease.expires_at > now)
 
     @property
     def acquire(self) -> Acquire:
@@ -267,7 +305,7 @@ class Core:
         store = self._store
         if store is None:
             return True  # still starting; systemd's start timeout covers that phase
-        store.get_meta("owner_uid")
+        store.meta.get("owner_uid")
         return True
 
     # ---- in-flight work (drained on SIGTERM) ---------------------------------------------
@@ -298,9 +336,8 @@ class Core:
         if store is None or not self.ready:
             return None
         self.flush_leases()
-        usage = store.usage()
-        now = time.time()
-        active = sum(1 for lease in store.leases() if lease.expires_at > now)
+        usage = store.space.usage()
+        active = self.active_leases()
         return StoreGauges(
             trees=usage.trees,
             blobs=usage.blobs,
@@ -389,17 +426,17 @@ class Core:
         if self._store is not None and change.touches(
             "cap_bytes", "min_free_bytes", "gc_min_age_s", "orphan_grace_s"
         ):
-            self._store.policy = replace(
-                self._store.policy,
+            self._store.gc.policy = replace(
+                self._store.gc.policy,
                 cap_bytes=effective.cap_bytes,
                 min_free_bytes=effective.min_free_bytes,
                 min_age_s=effective.gc_min_age_s,
                 orphan_grace_s=effective.orphan_grace_s,
             )
         if self._store is not None:
-            self._store.quarantine_max_bytes = effective.quarantine_max_bytes
+            self._store.quarantine.max_bytes = effective.quarantine_max_bytes
             if change.touches(prefixes=("provenance_",)):
-                self._store.set_provenance(provenance_check(effective))
+                self._store.signatures.install(provenance_check(effective))
         if self._trust is not None and change.touches(prefixes=("trust_",)):
             self._trust.reconfigure(effective)
         if self._prefetcher is not None:

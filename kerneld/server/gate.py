@@ -17,7 +17,7 @@ its policy that the front ends apply before they let a request reach the upstrea
    (`fetched`), whoever asked.
 
 Denies are the store's rows, checked by the acquire path; provenance is the store's readers'
-(`Store.lookup`, `published_files`), which refuse an unverified tree while signatures are
+(`store.catalog.lookup`, `published_files`), which refuse an unverified tree while signatures are
 required.
 """
 

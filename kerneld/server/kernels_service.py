@@ -83,11 +83,11 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
         import_only=cfg.import_only,
     )
     if core.ready:
-        usage = core.store.usage()
+        usage = core.space.usage()
         status.trees = usage.trees
         status.blobs = usage.blobs
         status.store_bytes = usage.bytes_used
-        status.index_path = str(core.store.published_index_dir)
+        status.index_path = str(core.published.directory)
     for up in core.upstreams:
         item = pb.UpstreamStatus(
             name=_shown(up.name),

@@ -99,7 +99,7 @@ class LeaseBook:
             if not pending and not resolved:
                 return 0
             try:
-                return self.store.record_leases(
+                return self.store.record(
                     pending,
                     resolved=resolved.items(),
                     per_holder=self.per_client,
@@ -114,7 +114,7 @@ class LeaseBook:
 
     def unwritten_trees(self) -> set[str]:
         """Trees of granted leases not yet in the index (pending or being written), still
-        valid: GC keeps them (`Store.guard_from_gc`), so a tree handed out a moment ago is not
+        valid: GC keeps them (`store.gc.guard`), so a tree handed out a moment ago is not
         evicted by a reservation before its lease row exists."""
         now = time.time()
         with self._lock:

@@ -105,10 +105,10 @@ class Notifier:
 
 def store_summary(store: Status, socket: Path) -> str:
     """What the daemon serves, from cheap index queries (runs every few seconds)."""
-    usage = store.usage()
+    usage = store.space.usage()
     trees, used = usage.trees, usage.bytes_used
     line = f"serving {trees} trees ({used} bytes) from {store.root} on {socket}"
-    held = store.quarantine_count()
+    held = store.quarantine.count()
     if held:
         line += f"; {held} quarantined (kerneldctl verify)"
     return line

@@ -31,7 +31,7 @@ from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.server.background import BackgroundThread
 from kerneld.server.statuses import NotReady
-from kerneld.store import Policy, RefRow
+from kerneld.store import RefRow, ResolveTarget
 
 log = logging.getLogger("kerneld.refresh")
 
@@ -55,7 +55,7 @@ class RefRefresher(BackgroundThread):
 
     def __init__(
         self,
-        store: Policy,
+        store: ResolveTarget,
         resolver: Resolver,
         prefetch: Prefetch,
         count: Callable[[str], None],
@@ -116,8 +116,8 @@ class RefRefresher(BackgroundThread):
         # A ref recorded after this pass is due a TTL after it was: looking again within a TTL
         # finds it in time (nothing needs to wake the refresher when a ref is set).
         next_at = now + min(IDLE_S, ttl)
-        for row in self.store.all_refs():
-            if not self.store.variants(row.repo, row.commit):
+        for row in self.store.names.all_refs():
+            if not self.store.catalog.variants(row.repo, row.commit):
                 continue  # nothing of it is served: no job uses this ref from the store
             at = max(row.fetched_at + ttl, self._retry_at.get((row.repo, row.ref), 0.0))
             if at <= now:
@@ -138,7 +138,7 @@ class RefRefresher(BackgroundThread):
         if stale:
             return self._failed(key, row, "failed", "every upstream failed; serving it stale")
         if commit == row.commit:
-            self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
+            self.store.names.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
             self._retry_at.pop(key, None)
             self._answered()
             self.count("unchanged")
@@ -148,7 +148,7 @@ class RefRefresher(BackgroundThread):
         if summary.kernels_failed:
             _, error = summary.errors[0]
             return self._failed(key, row, "failed", f"fetching {commit} failed: {error}")
-        self.store.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
+        self.store.names.set_ref(row.repo, row.ref, commit, fetched_at=asked_at)
         self._retry_at.pop(key, None)
         self._answered()
         self.count("moved")
@@ -168,7 +168,7 @@ class RefRefresher(BackgroundThread):
             names = set(self.resolver.variant_names(row.repo, commit))
         except Exception:
             return ["auto"]
-        kept = [v for v in self.store.variants(row.repo, row.commit) if v in names]
+        kept = [v for v in self.store.catalog.variants(row.repo, row.commit) if v in names]
         return kept or ["auto"]
 
     def _failed(self, key: tuple[str, str], row: RefRow, outcome: str, why: object) -> str:

@@ -25,9 +25,8 @@ from kerneld.pipeline.plans import Named
 from kerneld.pipeline.request import KernelSpec
 from kerneld.server.background import BackgroundThread
 from kerneld.server.metrics import Metrics
-from kerneld.store import DeniedError, Hold, Store
+from kerneld.store import DeniedError, Hold, StoreHandle
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
-from kerneld.store.scrub import scrub_pass as run_pass
 
 log = logging.getLogger("kerneld.scrub")
 
@@ -44,7 +43,7 @@ class ScrubHost(Protocol):
     def config(self) -> Config: ...
 
     @property
-    def store(self) -> Store: ...
+    def store(self) -> StoreHandle: ...
 
     @property
     def metrics(self) -> Metrics: ...
@@ -75,9 +74,9 @@ class Scrubber(BackgroundThread):
         if interval <= 0:
             return None
         store = self.core.store
-        if store.get_meta(META_CURSOR):
+        if store.meta.get(META_CURSOR):
             return 0.0  # a pass was cut short: finish it
-        last = store.get_meta(META_LAST) or store.get_meta("created_at")
+        last = store.meta.get(META_LAST) or store.meta.get("created_at")
         since = float(last) if last else time.time()
         return max(0.0, since + interval - time.time())
 
@@ -110,7 +109,7 @@ class Scrubber(BackgroundThread):
             f"{rate / (1 << 20):.1f}MiB/s" if rate else "unlimited",
         )
         try:
-            report = run_pass(store, rate=rate, stop=self._stop, on_damage=self.record_damage)
+            report = store.scrub.run_pass(rate=rate, stop=self._stop, on_damage=self.record_damage)
         except ScrubCancelled:
             metrics.scrub_runs.labels("cancelled").inc()
             log.info("scrub: pass cancelled (the daemon is stopping); it resumes at the next start")
@@ -153,7 +152,7 @@ class Scrubber(BackgroundThread):
         if not report.quarantined:
             return
         store = self.core.store
-        dropped = {q.name for q in store.prune_quarantine()}
+        dropped = {q.name for q in store.quarantine.prune()}
         for q in report.quarantined:
             if q.name in dropped:
                 log.info("scrub: %s was re-fetched; its quarantined copy is dropped", q.name)
@@ -189,7 +188,7 @@ class Scrubber(BackgroundThread):
             try:
                 got = acquire.acquire(
                     KernelSpec(repo, locked_commit=commit),
-                    Named(variant, store.lookup, every_ref=True),
+                    Named(variant, store.catalog.lookup, every_ref=True),
                     hold=hold,
                 )
             except DeniedError as exc:

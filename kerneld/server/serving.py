@@ -33,7 +33,7 @@ from kerneld.server.leases import LeaseBook
 from kerneld.server.metrics import Metrics
 from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
 from kerneld.server.statuses import RateLimited
-from kerneld.store import DeniedError, Hold, IntegrityError, Lease, Store
+from kerneld.store import DeniedError, Hold, IntegrityError, Lease, StoreHandle
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide
 from kerneld_client.vocabulary import is_commit
@@ -82,7 +82,7 @@ class ServingHost(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
-    def store(self) -> Store: ...
+    def store(self) -> StoreHandle: ...
 
     @property
     def trust(self) -> PublisherTrust: ...
@@ -116,17 +116,17 @@ class Serving:
     def lease_ttl(self, requested_s: float) -> float:
         return min(float(requested_s) or self.core.config.lease_ttl_s, self.core.config.lease_max_s)
 
-    def _generation(self, store: Store) -> int:
+    def _generation(self, store: StoreHandle) -> int:
         """The store's change counter (in memory: this daemon is the store's only writer)."""
-        return store.generation
+        return store.published.generation
 
-    def _fresh_until(self, store: Store, res: Resolution) -> float:
+    def _fresh_until(self, store: StoreHandle, res: Resolution) -> float:
         """Until when every ref in `res` (and its dependencies) is within its TTL."""
         until = float("inf")
         for r in _walk(res):
             if r.spec.locked_commit is not None or is_commit(r.spec.ref):
                 continue
-            row = store.get_ref(r.spec.repo_id, r.spec.ref)
+            row = store.names.get_ref(r.spec.repo_id, r.spec.ref)
             if row is None:
                 return 0.0
             until = min(until, row.fetched_at + self.core.config.ref_ttl_s)
@@ -290,7 +290,7 @@ class Serving:
         every kernel here, every commit's upstream listing known)?"""
         store = self.core.store
         for r in _walk(res):
-            if r.stale or store.upstream_variants(r.spec.repo_id, r.commit) is None:
+            if r.stale or store.names.upstream_variants(r.spec.repo_id, r.commit) is None:
                 return False
             best = next((d.variant for d in r.decisions if d.accepted), None)
             if r.variant != (variant if r is res and variant else best):
@@ -335,7 +335,7 @@ class Serving:
             self._hits.clear()
 
     def cached_variants(self, repo: str, commit: str) -> set[str]:
-        return set(self.core.store.variants(repo, commit))
+        return set(self.core.store.catalog.variants(repo, commit))
 
     def list_variants(
         self,
@@ -352,11 +352,11 @@ class Serving:
 
     def renew_lease(self, lease_id: str, seconds: float) -> Lease:
         self.core.leases.flush()
-        return self.core.store.renew_lease(lease_id, self.lease_ttl(seconds))
+        return self.core.store.leases.renew(lease_id, self.lease_ttl(seconds))
 
     def release_lease(self, lease_id: str) -> bool:
         self.core.leases.flush()
-        return self.core.store.release_lease(lease_id)
+        return self.core.store.leases.release(lease_id)
 
 
 def _outcome(exc: BaseException) -> str:

@@ -11,10 +11,10 @@ digest, with any reason. So the daemon
   token buckets of fetches (`identity.FetchGate`, a set of buckets of its own, so reports do
   not spend a user's download budget): a check may re-hash a whole tree;
 - re-hashes the tree itself against its own manifest, at full speed, as the scrub confirms a
-  finding (`kerneld.store.scrub.check_tree_now`). A tree checked within `RECHECK_AFTER_S` is
+  finding (`store.scrub.check_tree`). A tree checked within `RECHECK_AFTER_S` is
   not hashed again (the ranks of one job find the same damage together): the answer is that
   check's verdict. One check per tree at a time, at most `MAX_CHECKS` trees at once;
-- only for damage it confirmed takes the tree out of service (`Store.invalidate`: the rows go
+- only for damage it confirmed takes the tree out of service (`store.repair.invalidate`: the rows go
   dead, the files go into the quarantine, nothing is deleted) and hands the invalidated
   variants to the scrubber's `heal` (re-fetch from the upstreams, then drop the quarantined
   copies they replaced), on a thread of its own so the caller's answer never waits for a
@@ -39,8 +39,8 @@ from kerneld.server import convert
 from kerneld.server.bounds import clip
 from kerneld.server.identity import Caller, FetchGate, audit
 from kerneld.server.statuses import RateLimited, ReportsRateLimited
-from kerneld.store import InvalidInputError, Store
-from kerneld.store.scrub import ScrubReport, check_tree_now
+from kerneld.store import InvalidInputError, StoreHandle
+from kerneld.store.scrub import ScrubReport
 from kerneld_client.proto import kerneld_pb2 as pb
 
 if TYPE_CHECKING:
@@ -232,13 +232,13 @@ class SuspectDesk:
 
     # ---- checking --------------------------------------------------------------------------
 
-    def _recall(self, store: Store, hexd: str) -> Finding | None:
+    def _recall(self, store: StoreHandle, hexd: str) -> Finding | None:
         """The verdict of a recent check of this very tree, if it still holds."""
         with self._lock:
             memo = self._memo.get(hexd)
         if memo is None or self.clock() - memo.at >= RECHECK_AFTER_S:
             return None
-        row = store.tree(hexd)
+        row = store.catalog.tree(hexd)
         live = row is not None and row.state == "live"
         if live and (row is None or memo.created_at != row.created_at):
             return None  # published (again) since: a tree nobody has checked yet
@@ -247,15 +247,17 @@ class SuspectDesk:
         return replace(memo.finding, remembered=True)
 
     def _check(
-        self, store: Store, hexd: str, caller: Caller, reason: str
+        self, store: StoreHandle, hexd: str, caller: Caller, reason: str
     ) -> tuple[Finding, float | None]:
         """Re-hash the tree; on confirmed damage take it out of service and start the heal."""
-        row = store.tree(hexd)
+        row = store.catalog.tree(hexd)
         if row is None or row.state != "live":
             return self._unknown(store, hexd), None
-        variants = tuple((v.repo, v.commit, v.variant) for v in store.variants_of_tree(hexd))
+        variants = tuple(
+            (v.repo, v.commit, v.variant) for v in store.catalog.variants_of_tree(hexd)
+        )
         # The scrubber logs and counts each confirmed problem, as for damage a pass finds.
-        report = check_tree_now(store, hexd, on_damage=self.core.scrubber.record_damage)
+        report = store.scrub.check_tree(hexd, on_damage=self.core.scrubber.record_damage)
         if report.trees_checked == 0:  # collected between the lookup and the check
             return self._unknown(store, hexd), None
         if not report.damage:
@@ -279,7 +281,7 @@ class SuspectDesk:
         for q in report.quarantined:
             names.append(q.name)
             try:  # who told, and why: read with the entry before it is restored or dropped
-                store.annotate_quarantined(
+                store.quarantine.annotate(
                     q.name,
                     {
                         "by": "report",
@@ -301,8 +303,10 @@ class SuspectDesk:
         )
         return finding, row.created_at
 
-    def _unknown(self, store: Store, hexd: str) -> Finding:
-        held = tuple(q.name for q in store.quarantine() if q.object == "tree" and q.id == hexd)
+    def _unknown(self, store: StoreHandle, hexd: str) -> Finding:
+        held = tuple(
+            q.name for q in store.quarantine.entries() if q.object == "tree" and q.id == hexd
+        )
         if held:
             detail = (
                 f"not served: taken out of service earlier (quarantine entry {held[-1]}); its "

@@ -1,7 +1,8 @@
 """kerneld's content-addressed store: blobs, read-only variant trees, the SQLite index, GC.
 
-No gRPC here. The facade is :class:`Store`; the on-disk layout is documented in ``layout``, the
-index jobs read in ``published_index``, the error hierarchy in ``errors``.
+No gRPC here. :class:`Store` is composed of parts, each typed by a protocol in ``interfaces``
+(``open_store`` opens the daemon's); the on-disk layout is documented in ``layout``, the index
+jobs read in ``published_index``, the error hierarchy in ``errors``.
 """
 
 from .blobs import BlobInfo, BlobWriter, Expected
@@ -35,17 +36,28 @@ from .gc import GcPolicy, GcReport, TreeDecision
 from .holds import Hold
 from .interfaces import (
     BlobProvider,
+    Blobs,
+    Capacity,
     Catalog,
+    Collection,
+    ExportSource,
+    Facts,
     FetchTarget,
+    Holding,
     Ingester,
     Leases,
-    Maintenance,
     Policy,
     PrefetchTarget,
+    Provenance,
+    PublishedIndex,
     PublishTarget,
+    QuarantineArea,
+    Repair,
     ResolveTarget,
     Status,
-    TreePublisher,
+    StoreHandle,
+    Trees,
+    VerdictSource,
 )
 from .layout import FILE_MODE_EXEC
 from .leasing import Lease
@@ -55,15 +67,15 @@ from .manifest import TreeFile, VariantMetadata, tree_digest
 from .ownership import store_exists, store_in_use
 from .published_index import IndexHit
 from .publishing import TreeInfo
-from .signatures import ProvenanceCheck
 from .space import Usage
-from .store import Store
+from .store import Store, StoreSettings, open_store
 from .types import (
     ALL,
     DenyRow,
     LeaseRow,
     NegativeRow,
     PinRow,
+    ProvenanceCheck,
     ProvenanceRecord,
     RefRow,
     TreeRow,
@@ -78,16 +90,22 @@ __all__ = [
     "BlobMissingError",
     "BlobProvider",
     "BlobWriter",
+    "Blobs",
+    "Capacity",
     "Catalog",
+    "Collection",
     "DeniedError",
     "DenyRow",
     "DigestMismatchError",
     "DuplicatePathError",
     "Expected",
+    "ExportSource",
+    "Facts",
     "FetchTarget",
     "GcPolicy",
     "GcReport",
     "Hold",
+    "Holding",
     "IndexHit",
     "IngestInProgressError",
     "Ingester",
@@ -99,7 +117,6 @@ __all__ = [
     "LeaseRow",
     "Leases",
     "LookupHit",
-    "Maintenance",
     "MetadataDigestError",
     "MetadataError",
     "NegativeRow",
@@ -108,13 +125,17 @@ __all__ = [
     "Policy",
     "PrefetchTarget",
     "Problem",
+    "Provenance",
     "ProvenanceCheck",
     "ProvenanceError",
     "ProvenanceRecord",
     "PublishTarget",
     "PublishedFile",
+    "PublishedIndex",
+    "QuarantineArea",
     "ReadOnlyStoreError",
     "RefRow",
+    "Repair",
     "ResolveTarget",
     "ResourceExhaustedError",
     "SchemaError",
@@ -122,23 +143,27 @@ __all__ = [
     "Status",
     "Store",
     "StoreError",
+    "StoreHandle",
     "StoreLockedError",
     "StoreOwnershipError",
+    "StoreSettings",
     "TreeDecision",
     "TreeFile",
     "TreeGone",
     "TreeInfo",
     "TreeNotFoundError",
-    "TreePublisher",
     "TreeRow",
+    "Trees",
     "UnresolvedDenyError",
     "UnsupportedFileTypeError",
     "Usage",
     "VariantMetadata",
     "VariantRow",
+    "VerdictSource",
     "VerifyReport",
     "hold_tree_lock",
     "log_context",
+    "open_store",
     "store_exists",
     "store_in_use",
     "tree_digest",

@@ -157,7 +157,7 @@ def _open_partial(part_path: Path) -> int:
 class BlobWriter:
     """A resumable writer that commits against an expected digest.
 
-    Obtain one from ``Store.open_writer``. Call :meth:`write` with consecutive chunks starting at
+    Obtain one from ``store.blobs.open_writer``. Call :meth:`write` with consecutive chunks from
     :attr:`offset`, then :meth:`commit`. On any failure call :meth:`abort` (or use it as a context
     manager: leaving the block without a commit aborts and deletes the partial file, except for a
     plain interruption, which :meth:`close` keeps for a later resume).

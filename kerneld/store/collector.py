@@ -47,10 +47,23 @@ class Collector:
         must not call back into the store."""
         self._guards.append(trees)
 
-    def collect(self, *, dry_run: bool, extra_bytes: int) -> gc_mod.GcReport:
-        """One GC run; ``extra_bytes`` is a reservation that has to fit afterwards (then the
-        plan is all or nothing)."""
+    @property
+    def policy(self) -> gc_mod.GcPolicy:
+        """The GC policy; callers replace it for one collection with a target."""
+        return self._state.policy
+
+    @policy.setter
+    def policy(self, policy: gc_mod.GcPolicy) -> None:
+        self._state.policy = policy
+
+    def collect(self, *, dry_run: bool = False, extra_bytes: int = 0) -> gc_mod.GcReport:
+        """Collect garbage and, under pressure, evict least-recently-resolved trees; ``dry_run``
+        reports what would be freed and why each tree is kept, changing nothing.
+        ``extra_bytes`` is a reservation that has to fit afterwards (then the plan is all or
+        nothing)."""
         state, index = self._state, self._state.index
+        if not dry_run:
+            state.writable()
         now = time.time()
         with state.lock:
             expired = 0

@@ -40,38 +40,51 @@ AskUpstream = Callable[[str], str | None]
 """The daemon's resolver: the commit a ref or prefix names upstream now, or None."""
 
 
-class NamesView(Protocol):
-    """The store's reads a deny is planned and explained with (`kerneld.store.Store`)."""
-
+class _Names(Protocol):
     def repos(self) -> list[str]: ...
 
     def refs_of(self, repo: str) -> list[RefRow]: ...
 
-    def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]: ...
-
     def denies(self, repo: str | None = None) -> list[DenyRow]: ...
 
 
-def spellings(names: NamesView, repo: str) -> list[str]:
+class _Variants(Protocol):
+    def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]: ...
+
+
+class NamesView(Protocol):
+    """The store's reads a deny is planned and explained with: its names (refs, denies) and
+    the commits it holds trees of (``store.names``, ``store.catalog``)."""
+
+    @property
+    def names(self) -> _Names: ...
+
+    @property
+    def catalog(self) -> _Variants: ...
+
+
+def spellings(store: NamesView, repo: str) -> list[str]:
     """Every repo of the store that is `repo` in some case."""
     key = repo_key(repo)
-    return [r for r in names.repos() if repo_key(r) == key]
+    return [r for r in store.names.repos() if repo_key(r) == key]
 
 
-def ref_commits(names: NamesView, repo: str, ref: str) -> list[str]:
+def ref_commits(store: NamesView, repo: str, ref: str) -> list[str]:
     """Where `ref` points for `repo` in any spelling (one commit, unless the spellings were
     resolved at different times)."""
-    found = {r.commit for s in spellings(names, repo) for r in names.refs_of(s) if r.ref == ref}
+    found = {
+        r.commit for s in spellings(store, repo) for r in store.names.refs_of(s) if r.ref == ref
+    }
     return sorted(found)
 
 
-def known_commits(names: NamesView, repo: str, prefix: str) -> list[str]:
+def known_commits(store: NamesView, repo: str, prefix: str) -> list[str]:
     """The commits of `repo` (any spelling) the store has a tree or a ref of, that start with
     `prefix`."""
     found: set[str] = set()
-    for s in spellings(names, repo):
-        found.update(v.commit for v in names.variants_of(s))
-        found.update(r.commit for r in names.refs_of(s))
+    for s in spellings(store, repo):
+        found.update(v.commit for v in store.catalog.variants_of(s))
+        found.update(r.commit for r in store.names.refs_of(s))
     return sorted(c for c in found if c.startswith(prefix))
 
 
@@ -131,7 +144,7 @@ class DenyTarget:
 
 
 def plan_deny(
-    names: NamesView,
+    store: NamesView,
     repo: str,
     revision: str,
     *,
@@ -162,13 +175,13 @@ def plan_deny(
     if is_commit(revision):
         return DenyTarget(repo, revision, COMMIT)
     if is_commit_prefix(revision):
-        found = known_commits(names, repo, revision)
+        found = known_commits(store, repo, revision)
         return _resolve_prefix(repo, revision, found, ask_upstream)
-    return _resolve_ref(repo, revision, lambda r: ref_commits(names, repo, r), ask_upstream)
+    return _resolve_ref(repo, revision, lambda r: ref_commits(store, repo, r), ask_upstream)
 
 
 def plan_allow(
-    names: NamesView,
+    store: NamesView,
     repo: str,
     revision: str,
     *,
@@ -179,14 +192,14 @@ def plan_allow(
     kind, rows of an older kerneld included), else the one denied commit the prefix
     abbreviates, else the row `deny` of the same words would write (`plan_deny`)."""
     revision = revision or ALL
-    stored = [d.revision for d in names.denies(repo)]
+    stored = [d.revision for d in store.names.denies(repo)]
     if revision in stored or ref:
         return DenyTarget(repo, revision, deny_kind(revision))
     if is_commit_prefix(revision):
         denied = [r for r in stored if deny_kind(r) == COMMIT and r.startswith(revision)]
         if len(denied) == 1:
             return DenyTarget(repo, denied[0], COMMIT, asked=revision)
-    return plan_deny(names, repo, revision, ask_upstream=ask_upstream)
+    return plan_deny(store, repo, revision, ask_upstream=ask_upstream)
 
 
 def _resolve_prefix(

@@ -33,6 +33,11 @@ class Ingest:
         self._state = state
         self._space = space
 
+    def has_blob(self, sha256: str) -> bool:
+        """True if the blob is present. A hit also claims it: GC leaves it alone for
+        ``orphan_grace_s``, so the fetcher can skip the download and publish with it."""
+        return self.find_blob(sha256=sha256) is not None
+
     def find_blob(
         self, *, sha256: str | None = None, git_sha1: str | None = None
     ) -> BlobInfo | None:

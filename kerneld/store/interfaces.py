@@ -1,29 +1,52 @@
-"""What the store's consumers need of it, each as a few methods (containerd's content store is
-`Provider + Ingester + Manager`, and each consumer takes the one it uses).
+"""The store's parts, each as a protocol, and what each consumer takes of them (containerd's
+content store is `Provider + Ingester + Manager`, and each consumer takes the one it uses).
 
-`Store` implements all of them; a consumer names the narrowest one, so reading its signature says
-what it can do to the store (the fetcher writes blobs and publishes trees; it never pins, denies
-or collects), and a test can hand it something smaller than a whole store. mypy checks that
-`Store` keeps satisfying each protocol wherever one is passed.
+A store is composed, not forwarded: `Store` holds one object per part (``store.blobs``,
+``store.trees``, ``store.names``, ``store.catalog``, ``store.leases``, ``store.gc``,
+``store.repair``, ``store.quarantine``, ``store.space``, ``store.published``,
+``store.signatures``, ``store.meta``, ``store.scrub``), each typed by its protocol here. A
+consumer names the part it uses, or a protocol below that lists the few parts it uses, so its
+signature says what it can do to the store (the fetcher writes blobs and publishes trees; it
+never pins, denies or collects). `StoreHandle` is a whole store: what `open_store` returns, the
+socket for a second backend. mypy checks that `Store` keeps satisfying each protocol (the end
+of ``store``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
+
+from kerneld_client.variants import PlatformFacts
 
 from .blobs import BlobInfo, BlobWriter, Expected
-from .gc import GcReport
+from .gc import GcPolicy, GcReport
 from .holds import Holds
 from .leasing import Lease
-from .lookup import LookupHit
-from .manifest import TreeFile
+from .lookup import LookupHit, PublishedFile
+from .manifest import TreeFile, VariantMetadata
 from .publishing import TreeInfo
+from .scrub import Damage, ScrubReport
 from .space import Usage
-from .types import LeaseRow, NegativeRow, ProvenanceRecord, RefRow, TreeRow, VariantRow
+from .types import (
+    ALL,
+    DenyRow,
+    LeaseRow,
+    NegativeRow,
+    PinRow,
+    ProvenanceCheck,
+    ProvenanceRecord,
+    RefRow,
+    TreeRow,
+    VariantRow,
+)
 from .verify import Problem, Quarantined, VerifyReport
+
+# ---- the parts ---------------------------------------------------------------------------------
 
 
 class BlobProvider(Protocol):
@@ -65,31 +88,29 @@ class Ingester(Protocol):
     ) -> BlobInfo: ...
 
 
-class TreePublisher(Protocol):
-    """Turns ingested blobs into a published variant tree, and finds one."""
+class Blobs(BlobProvider, Ingester, Protocol):
+    """``store.blobs``: blobs in and out (kerneld.store.ingest.Ingest)."""
+
+
+class Trees(Protocol):
+    """``store.trees``: turns ingested blobs into a published variant tree
+    (kerneld.store.publishing.Publisher)."""
 
     def publish_tree(
         self, repo: str, commit: str, variant: str, files: Iterable[TreeFile]
     ) -> TreeInfo: ...
 
-    def lookup(
-        self,
-        repo: str,
-        revision: str,
-        variant: str,
-        *,
-        lease_ttl_s: float | None = None,
-        holder: str = "",
-    ) -> LookupHit | None: ...
-
-
-class FetchTarget(Ingester, TreePublisher, Protocol):
-    """What a download needs: blobs in, a tree out (kerneld.pipeline.fetch.Fetcher)."""
+    def check_files_metadata(
+        self, repo: str, commit: str, variant: str, files: Iterable[TreeFile]
+    ) -> VariantMetadata: ...
 
 
 class Policy(Protocol):
-    """What the store remembers about names rather than bytes: refs, the upstream's variant
-    lists, failed lookups (the negative cache) and denies (kerneld.pipeline.resolve.Resolver)."""
+    """``store.names``: what the store remembers about names rather than bytes: refs, the
+    upstream's listings, failed lookups (the negative cache), pins and denies
+    (kerneld.store.names.Names)."""
+
+    def resolve_revision(self, repo: str, revision: str) -> str | None: ...
 
     def check_denied(self, repo: str, revision: str, commit: str | None = None) -> None: ...
 
@@ -105,6 +126,14 @@ class Policy(Protocol):
         versions: Iterable[int] | None = None,
     ) -> None: ...
 
+    def refs_of(self, repo: str) -> list[RefRow]: ...
+
+    def all_refs(self) -> list[RefRow]: ...
+
+    def repos(self) -> list[str]: ...
+
+    def upstream_versions(self, repo: str) -> list[int] | None: ...
+
     def get_negative(self, repo: str, revision: str, variant: str = ...) -> NegativeRow | None: ...
 
     def put_negative(
@@ -115,84 +144,67 @@ class Policy(Protocol):
 
     def set_upstream_variants(self, repo: str, commit: str, names: Iterable[str]) -> None: ...
 
-    def variants(self, repo: str, commit: str) -> list[str]: ...
+    def pin(self, repo: str, revision: str = ALL, variant: str = ALL) -> None: ...
 
-    def all_refs(self) -> list[RefRow]: ...
+    def unpin(self, repo: str, revision: str = ALL, variant: str = ALL) -> bool: ...
 
+    def pins(self) -> list[PinRow]: ...
 
-class ResolveTarget(Policy, FetchTarget, Protocol):
-    """What resolution needs: the names, and a tree for them, fetched if need be."""
+    def deny(self, repo: str, revision: str = ALL, reason: str = "") -> None: ...
 
+    def allow(self, repo: str, revision: str = ALL) -> bool: ...
 
-class Holding(Protocol):
-    """Holds (repo, commit, variant) against GC while a job of several steps runs: trees a
-    prefetch or an import made stay until it is done, even under a full store."""
-
-    @property
-    def holds(self) -> Holds: ...
+    def denies(self, repo: str | None = None) -> list[DenyRow]: ...
 
 
-class PrefetchTarget(Policy, TreePublisher, Holding, Protocol):
-    """What a prefetch needs: the names and denies, its trees looked up, each held until the
-    whole job is done (kerneld.pipeline.prefetch.Prefetcher; the downloads go through the fetch
-    function it is given)."""
+class Catalog(Protocol):
+    """``store.catalog``: which live tree a (repo, revision, variant) names, and what the store
+    holds, read-only but for the resolve time and lease a lookup records
+    (kerneld.store.lookup.Lookups)."""
 
-
-class PublishTarget(Policy, Ingester, TreePublisher, BlobProvider, Holding, Protocol):
-    """What publishing straight into a stopped daemon's store needs: blobs in, trees out, refs
-    moved, and the trees already there (kerneld.publish.to_store)."""
-
-    @property
-    def root(self) -> Path: ...
+    def lookup(
+        self,
+        repo: str,
+        revision: str,
+        variant: str,
+        *,
+        lease_ttl_s: float | None = None,
+        holder: str = "",
+    ) -> LookupHit | None: ...
 
     def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None: ...
 
+    def published_files(
+        self, repo: str, commit: str, variant: str
+    ) -> tuple[Path, list[PublishedFile]] | None: ...
 
-class Catalog(BlobProvider, Protocol):
-    """What is in the store, read-only: refs, published variants and their trees, the blobs
-    behind them (mirror export), and whether this handle may take leases."""
-
-    read_only: bool
-
-    def refs_of(self, repo: str) -> list[RefRow]: ...
-
-    def read_document(self, name: str) -> dict[str, Any] | None: ...
-
-    def provenance_of(self, digest: str) -> ProvenanceRecord | None: ...
-
-    def resolve_revision(self, repo: str, revision: str) -> str | None: ...
+    def published_listing(
+        self, repo: str, commit: str, variant: str
+    ) -> list[PublishedFile] | None: ...
 
     def variants(self, repo: str, commit: str) -> list[str]: ...
 
     def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]: ...
 
-    def published_tree(self, repo: str, commit: str, variant: str) -> TreeRow | None: ...
+    def variants_of_tree(self, digest: str) -> list[VariantRow]: ...
+
+    def tree(self, digest: str) -> TreeRow | None: ...
+
+    def tree_path(self, digest: str) -> Path: ...
 
     def upstream_ids(self, repo: str, commit: str, variant: str) -> dict[str, str]: ...
 
-    def acquire_lease(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
-
-    def release_lease(self, lease_id: str) -> bool: ...
-
-
-class Status(Protocol):
-    """How full and how healthy the store is, for readiness lines and gauges."""
-
-    @property
-    def root(self) -> Path: ...
-
-    def usage(self) -> Usage: ...
-
-    def quarantine_count(self) -> int: ...
+    def live_tree_digests(self) -> list[str]: ...
 
 
 class Leases(Protocol):
-    """Time-bounded GC roots on trees: taken at lookup or ahead of the write, recorded in
-    batches, renewed, released (kerneld.server.leases.LeaseBook)."""
+    """``store.leases``: time-bounded GC roots on trees: taken at lookup or ahead of the write,
+    recorded in batches, renewed, released (kerneld.store.leasing.LeaseManager; the daemon's
+    kerneld.server.leases.LeaseBook writes behind through it)."""
 
-    def acquire_lease(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
+    def acquire(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
 
-    def record_leases(
+    def record(
         self,
         leases: Sequence[Lease],
         *,
@@ -201,20 +213,27 @@ class Leases(Protocol):
         total: int = 0,
     ) -> int: ...
 
-    def renew_lease(self, lease_id: str, ttl_s: float) -> Lease: ...
+    def renew(self, lease_id: str, ttl_s: float) -> Lease: ...
 
-    def release_lease(self, lease_id: str) -> bool: ...
+    def release(self, lease_id: str) -> bool: ...
 
-    def leases(self) -> list[LeaseRow]: ...
-
-    def guard_from_gc(self, trees: Callable[[], Iterable[str]]) -> None: ...
+    def rows(self) -> list[LeaseRow]: ...
 
 
-class Maintenance(Protocol):
-    """Keeping the store sound: GC, verification, invalidating damage and the quarantine it
-    goes to (``kerneldctl gc``/``verify``, the scrub, suspect reports)."""
+class Collection(Protocol):
+    """``store.gc``: garbage collection under the site's policy, and the daemon's extra roots
+    (kerneld.store.collector.Collector)."""
 
-    def gc(self, *, dry_run: bool = False) -> GcReport: ...
+    policy: GcPolicy
+
+    def collect(self, *, dry_run: bool = False, extra_bytes: int = 0) -> GcReport: ...
+
+    def guard(self, trees: Callable[[], Iterable[str]]) -> None: ...
+
+
+class Repair(Protocol):
+    """``store.repair``: re-hashing what the store holds, and taking damage out of service
+    (kerneld.store.repair.Repairer)."""
 
     def verify(
         self,
@@ -231,41 +250,237 @@ class Maintenance(Protocol):
         problems: Sequence[Problem] = (),
     ) -> tuple[list[tuple[str, str, str]], set[str], list[Quarantined]]: ...
 
-    def live_tree_digests(self) -> list[str]: ...
 
-    def quarantine(self) -> list[Quarantined]: ...
+class QuarantineArea(Protocol):
+    """``store.quarantine``: where damaged trees and blobs go, bounded by ``max_bytes``
+    (kerneld.store.quarantine.Quarantine)."""
 
-    def prune_quarantine(self) -> list[Quarantined]: ...
+    max_bytes: int
 
-    def drop_quarantined(self, name: str) -> Quarantined: ...
+    def entries(self) -> list[Quarantined]: ...
 
-    def restore_quarantined(self, name: str) -> list[TreeInfo]: ...
+    def prune(self) -> list[Quarantined]: ...
 
-    def annotate_quarantined(self, name: str, extra: dict[str, Any]) -> Quarantined: ...
+    def drop(self, name: str) -> Quarantined: ...
 
-    def quarantine_count(self) -> int: ...
+    def restore(self, name: str) -> list[TreeInfo]: ...
 
-    def quarantine_usage(self) -> tuple[int, int]: ...
+    def annotate(self, name: str, extra: dict[str, Any]) -> Quarantined: ...
+
+    def count(self) -> int: ...
+
+    def usage(self) -> tuple[int, int]: ...
 
 
-if TYPE_CHECKING:
-    from .store import Store
+class Capacity(Protocol):
+    """``store.space``: how full the store is (kerneld.store.space.Space)."""
 
-    def _store_implements_every_protocol(
-        store: Store,
-    ) -> tuple[
-        BlobProvider,
-        Catalog,
-        Status,
-        Ingester,
-        TreePublisher,
-        FetchTarget,
-        Policy,
-        ResolveTarget,
-        PrefetchTarget,
-        PublishTarget,
-        Leases,
-        Maintenance,
-    ]:
-        """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
-        return store, store, store, store, store, store, store, store, store, store, store, store
+    def usage(self) -> Usage: ...
+
+
+class PublishedIndex(Protocol):
+    """``store.published``: the published index clients read without the daemon, its
+    generation, and the store-wide documents beside it
+    (kerneld.store.published_index_writer.PublishedIndexWriter)."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+    def set_platforms(self, platforms: Iterable[PlatformFacts]) -> None: ...
+
+    def publish_document(self, name: str, doc: dict[str, Any]) -> None: ...
+
+    def read_document(self, name: str) -> dict[str, Any] | None: ...
+
+
+class Provenance(Protocol):
+    """``store.signatures``: the installed signature check and its records
+    (kerneld.store.signatures.Signatures)."""
+
+    check: ProvenanceCheck | None
+
+    def install(self, check: ProvenanceCheck | None) -> None: ...
+
+    def record_of(self, digest: str) -> ProvenanceRecord | None: ...
+
+
+class Scrubbing(Protocol):
+    """``store.scrub``: re-hashing the store slowly in the background, or one reported tree
+    now, taking confirmed damage out of service (kerneld.store.scrub.Scrub)."""
+
+    def run_pass(
+        self,
+        *,
+        rate: int,
+        stop: threading.Event,
+        on_damage: Callable[[Damage], None] | None = None,
+    ) -> ScrubReport: ...
+
+    def check_tree(
+        self, digest: str, *, on_damage: Callable[[Damage], None] | None = None
+    ) -> ScrubReport: ...
+
+
+class Facts(Protocol):
+    """``store.meta``: small store-level facts (kerneld.store.meta.Meta)."""
+
+    def get(self, key: str) -> str | None: ...
+
+    def set(self, key: str, value: str | None) -> None: ...
+
+
+# ---- what consumers take: a few parts each ----------------------------------------------------
+
+
+class Holding(Protocol):
+    """Holds (repo, commit, variant) against GC while a job of several steps runs: trees a
+    prefetch or an import made stay until it is done, even under a full store."""
+
+    @property
+    def holds(self) -> Holds: ...
+
+
+class FetchTarget(Protocol):
+    """What a download needs: blobs in, a tree out (kerneld.pipeline.fetch.Fetcher)."""
+
+    @property
+    def blobs(self) -> Ingester: ...
+
+    @property
+    def trees(self) -> Trees: ...
+
+
+class ResolveTarget(FetchTarget, Protocol):
+    """What resolution needs: the names, the trees they find, and what a store tool's resolver
+    downloads into (kerneld.pipeline.resolve.Resolver, the ref refresher, the acquire gate)."""
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+
+class PrefetchTarget(ResolveTarget, Holding, Protocol):
+    """What a prefetch needs: the names and denies, its trees looked up, each held until the
+    whole job is done (kerneld.pipeline.prefetch.Prefetcher)."""
+
+
+class PublishTarget(ResolveTarget, Holding, Protocol):
+    """What publishing straight into a stopped daemon's store needs: blobs in, trees out, refs
+    moved, and the trees already there (kerneld.publish.to_store)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def blobs(self) -> Blobs: ...
+
+    @property
+    def trees(self) -> Trees: ...
+
+
+class VerdictSource(Protocol):
+    """What an export reads its verdicts from: signature records and published documents."""
+
+    @property
+    def signatures(self) -> Provenance: ...
+
+    @property
+    def published(self) -> PublishedIndex: ...
+
+
+class ExportSource(VerdictSource, Protocol):
+    """What a mirror export reads, read-only: refs, published variants and their trees, the
+    blobs behind them, verdicts, and leases on what it exports (unless this handle may take
+    none)."""
+
+    read_only: bool
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def blobs(self) -> BlobProvider: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+
+class Status(Protocol):
+    """How full and how healthy the store is, for readiness lines and gauges."""
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def space(self) -> Capacity: ...
+
+    @property
+    def quarantine(self) -> QuarantineArea: ...
+
+
+class StoreHandle(Protocol):
+    """A whole store, as a daemon or a tool holds it: every part, and opening's counterpart.
+    `open_store` returns one; a second backend implements this."""
+
+    read_only: bool
+
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def blobs(self) -> Blobs: ...
+
+    @property
+    def trees(self) -> Trees: ...
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+    @property
+    def gc(self) -> Collection: ...
+
+    @property
+    def repair(self) -> Repair: ...
+
+    @property
+    def quarantine(self) -> QuarantineArea: ...
+
+    @property
+    def space(self) -> Capacity: ...
+
+    @property
+    def published(self) -> PublishedIndex: ...
+
+    @property
+    def signatures(self) -> Provenance: ...
+
+    @property
+    def meta(self) -> Facts: ...
+
+    @property
+    def scrub(self) -> Scrubbing: ...
+
+    @property
+    def holds(self) -> Holds: ...
+
+    def scratch_file(self, name: str) -> AbstractContextManager[Path]: ...
+
+    def owner_is_running(self) -> bool: ...
+
+    def mark_as_cache(self) -> None: ...
+
+    def close(self) -> None: ...

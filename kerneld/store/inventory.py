@@ -18,7 +18,7 @@ from .gc import pinned_trees
 from .types import ALL, ProvenanceRecord
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .interfaces import StoreHandle
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,17 @@ class KernelItem:
     denied: bool
 
 
-def inventory(store: Store, repos: list[str] | None = None) -> list[KernelItem]:
+def inventory(store: StoreHandle, repos: list[str] | None = None) -> list[KernelItem]:
     """Every kernel of the store (or of `repos`), its commits with their refs, and each
     commit's published variants whose tree is live."""
     now = time.time()
-    every_repo = store.repos()
-    all_variants = [v for r in every_repo for v in store.variants_of(r)]
-    all_refs = store.all_refs()
-    pins = store.pins()
+    every_repo = store.names.repos()
+    all_variants = [v for r in every_repo for v in store.catalog.variants_of(r)]
+    all_refs = store.names.all_refs()
+    pins = store.names.pins()
     pinned = pinned_trees(pins, all_refs, all_variants)
     leases: dict[str, int] = {}
-    for lease in store.leases():
+    for lease in store.leases.rows():
         if lease.expires_at > now:
             leases[lease.tree] = leases.get(lease.tree, 0) + 1
     wanted = set(repos or [])
@@ -77,24 +77,24 @@ def inventory(store: Store, repos: list[str] | None = None) -> list[KernelItem]:
     for repo in every_repo:
         if wanted and repo not in wanted:
             continue
-        refs = store.refs_of(repo)
-        denies = store.denies(repo)
+        refs = store.names.refs_of(repo)
+        denies = store.names.denies(repo)
         by_commit: dict[str, RevisionItem] = {}
-        for v in store.variants_of(repo):
-            tree = store.tree(v.tree)
+        for v in store.catalog.variants_of(repo):
+            tree = store.catalog.tree(v.tree)
             if tree is None or tree.state != "live":
                 continue
             by_commit.setdefault(v.commit, RevisionItem(v.commit)).variants.append(
                 VariantItem(
                     variant=v.variant,
                     tree_digest=f"sha256:{v.tree}",
-                    path=str(store.tree_path(v.tree)),
+                    path=str(store.catalog.tree_path(v.tree)),
                     size_bytes=tree.size,
                     files=tree.files,
                     last_resolved=tree.last_resolved,
                     pinned=v.tree in pinned,
                     active_leases=leases.get(v.tree, 0),
-                    provenance=store.provenance_of(v.tree),
+                    provenance=store.signatures.record_of(v.tree),
                 )
             )
         for r in refs:

@@ -100,3 +100,7 @@ class LeaseManager:
         state.writable()
         with state.lock, state.index.tx() as conn:
             return state.index.delete_lease(conn, lease_id)
+
+    def rows(self) -> list[LeaseRow]:
+        """Every recorded lease, expired ones included until GC drops them."""
+        return self._state.index.leases()

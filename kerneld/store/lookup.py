@@ -12,15 +12,15 @@ from pathlib import Path
 from .leasing import Lease, LeaseManager
 from .manifest import parse_manifest
 from .names import Names
-from .paths import validate_ref, validate_repo
+from .paths import tree_hex, validate_ref, validate_repo
 from .signatures import Signatures
 from .state import StoreState
-from .types import TreeRow
+from .types import TreeRow, VariantRow
 
 
 @dataclass(frozen=True)
 class LookupHit:
-    """A published tree `Store.lookup` found for (repo, revision, variant)."""
+    """A published tree `store.catalog.lookup` found for (repo, revision, variant)."""
 
     repo: str
     commit: str
@@ -66,8 +66,8 @@ class Lookups:
         lease_ttl_s: float | None = None,
         holder: str = "",
     ) -> LookupHit | None:
-        """`Store.lookup`: a signature check first if required (outside the lock), then under
-        the lock the ref, the denies, the live tree, its LRU time and the lease."""
+        """`store.catalog.lookup`: a signature check first if required (outside the lock), then
+        under the lock the ref, the denies, the live tree, its LRU time and the lease."""
         validate_repo(repo)
         validate_ref(revision, repo_id=repo)
         state, index, layout = self._state, self._state.index, self._state.layout
@@ -143,6 +143,36 @@ class Lookups:
                 return None
             ids = self._state.index.upstream_ids(repo, commit, variant)
         return _files(tree, ids)
+
+    # ---- what the store holds, read from the index ----
+
+    def variants(self, repo: str, commit: str) -> list[str]:
+        """Published variant names of a commit."""
+        return [v.variant for v in self._state.index.variants_of(repo, commit)]
+
+    def variants_of(self, repo: str, commit: str | None = None) -> list[VariantRow]:
+        """The published variants of `repo` (of one commit), live trees or not."""
+        return self._state.index.variants_of(repo, commit)
+
+    def variants_of_tree(self, digest: str) -> list[VariantRow]:
+        """Every (repo, commit, variant) that publishes this tree."""
+        return self._state.index.variants_of_tree(tree_hex(digest))
+
+    def tree(self, digest: str) -> TreeRow | None:
+        """A tree's row (any state; None: unknown)."""
+        return self._state.index.get_tree(tree_hex(digest))
+
+    def tree_path(self, digest: str) -> Path:
+        """The folder of a tree (``sha256:<hex>`` or hex), whether or not it is live."""
+        return self._state.layout.tree_path(tree_hex(digest))
+
+    def upstream_ids(self, repo: str, commit: str, variant: str) -> dict[str, str]:
+        """The ids the upstream announced for each file (LFS sha256 or git blob sha1)."""
+        return self._state.index.upstream_ids(repo, commit, variant)
+
+    def live_tree_digests(self) -> list[str]:
+        """Hex digests of every live tree, sorted (the scrub walks them in this order)."""
+        return self._state.index.tree_digests("live")
 
 
 def _files(tree: TreeRow, ids: dict[str, str]) -> list[PublishedFile]:

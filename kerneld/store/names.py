@@ -71,6 +71,25 @@ class Names:
         """The recorded ref with its fetch time (for TTL and serve-stale decisions)."""
         return self._state.index.get_ref(repo, ref)
 
+    def refs_of(self, repo: str) -> list[RefRow]:
+        """Every ref of `repo` this store has recorded (what it can answer without upstreams)."""
+        return self._state.index.refs_of(repo)
+
+    def all_refs(self) -> list[RefRow]:
+        return self._state.index.all_refs()
+
+    def repos(self) -> list[str]:
+        """Every repo with a variant, a ref or a deny in the store."""
+        return self._state.index.repos()
+
+    def upstream_versions(self, repo: str) -> list[int] | None:
+        """Every `vN` of the last upstream refs listing recorded with `set_ref`, or None."""
+        return self._state.index.upstream_versions(repo)
+
+    def upstream_variants(self, repo: str, commit: str) -> list[str] | None:
+        """Every variant the upstream listed for this commit, or None if never recorded."""
+        return self._state.index.get_upstream_variants(repo, commit)
+
     def set_upstream_variants(self, repo: str, commit: str, names: Iterable[str]) -> None:
         """Record every variant the upstream has for this commit (published in the client
         index, so a client knows whether a better variant than the cached ones exists)."""

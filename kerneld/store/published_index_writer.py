@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from kerneld_client.variants import PlatformFacts
@@ -30,6 +31,11 @@ class PublishedIndexWriter:
         self.generation = int(state.index.get_meta("generation") or 0)
         """The published index generation: bumped by every change a resolution depends on (refs,
         variants, denies, GC, repair), so the daemon can tell cheaply whether anything moved."""
+
+    @property
+    def directory(self) -> Path:
+        """Where the published index lives (``index/v1``), for the status RPC."""
+        return self._state.layout.published_index
 
     def publish(
         self, repos: Iterable[str], *, denies: bool = False, skip_unchanged: bool = False

@@ -11,7 +11,7 @@ that rots does not wait for an admin, so the daemon also walks the store in the 
 
 A finding is confirmed by checking the tree (or blob) again at full speed before anything is
 changed: a tree that GC removed or replaced during the slow pass, or a transient read error,
-is not a reason to drop a good tree. Confirmed damage is handed to :meth:`Store.invalidate`:
+is not a reason to drop a good tree. Confirmed damage is handed to ``store.repair.invalidate``:
 the rows go dead at once (clients see a miss from then on), the files are moved into the
 quarantine (never deleted: on an air-gapped host they may be the only copy), and the caller
 re-fetches the invalidated variants from upstream, dropping the quarantined copy once the
@@ -20,6 +20,8 @@ variants are served again.
 No store lock is held while hashing: resolves, publishes and GC go on during a scrub. Progress
 (the last digest finished) is kept in the index, so a daemon restarted in the middle of a long
 pass resumes it instead of starting over and never finishing.
+
+The store holds one `Scrub` as ``store.scrub`` (``interfaces.Scrubbing``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,60 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .store import Store
+from .index import Index
+from .layout import Layout
+from .lookup import Lookups
+from .meta import Meta
+from .repair import Repairer
 from .verify import Problem, Quarantined, VerifyReport, verify_blob, verify_tree
 
 log = logging.getLogger("kerneld.store.scrub")
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What a scrub reads and changes: the files and rows themselves (it re-hashes them), the
+    owner every file must have, and the parts it records progress and repairs through."""
+
+    index: Index
+    layout: Layout
+    owner_uid: int
+    meta: Meta
+    catalog: Lookups
+    repair: Repairer
+
+
+class Scrub:
+    """``store.scrub``: a slow pass over the store, or one tree checked now."""
+
+    def __init__(
+        self,
+        index: Index,
+        layout: Layout,
+        *,
+        owner_uid: int,
+        meta: Meta,
+        catalog: Lookups,
+        repair: Repairer,
+    ) -> None:
+        self._parts = _Parts(index, layout, owner_uid, meta, catalog, repair)
+
+    def run_pass(
+        self,
+        *,
+        rate: int,
+        stop: threading.Event,
+        on_damage: Callable[[Damage], None] | None = None,
+    ) -> ScrubReport:
+        """`scrub_pass` on this store."""
+        return scrub_pass(self._parts, rate=rate, stop=stop, on_damage=on_damage)
+
+    def check_tree(
+        self, digest: str, *, on_damage: Callable[[Damage], None] | None = None
+    ) -> ScrubReport:
+        """`check_tree_now` on this store."""
+        return check_tree_now(self._parts, digest, on_damage=on_damage)
+
 
 #: Index meta keys.
 META_LAST = "scrub_last_completed_at"
@@ -100,7 +152,7 @@ class RateLimiter:
             raise ScrubCancelled
 
 
-def _variants_of_tree(store: Store, hexd: str) -> tuple[tuple[str, str, str], ...]:
+def _variants_of_tree(store: _Parts, hexd: str) -> tuple[tuple[str, str, str], ...]:
     return tuple((v.repo, v.commit, v.variant) for v in store.index.variants_of_tree(hexd))
 
 
@@ -108,7 +160,7 @@ def _damaged(report: VerifyReport) -> list[Problem]:
     return [p for p in report.problems if p.kind != "unknown"]
 
 
-def _check_tree(store: Store, hexd: str) -> VerifyReport:
+def _check_tree(store: _Parts, hexd: str) -> VerifyReport:
     """A full-speed check of one tree (the confirmation); empty when it is no longer live."""
     report = VerifyReport(log_problems=False)
     row = store.index.get_tree(hexd)
@@ -125,7 +177,7 @@ def _check_tree(store: Store, hexd: str) -> VerifyReport:
 
 
 def scrub_pass(
-    store: Store,
+    store: _Parts,
     *,
     rate: int,
     stop: threading.Event,
@@ -140,8 +192,8 @@ def scrub_pass(
     started = time.monotonic()
     out = ScrubReport()
     limiter = RateLimiter(rate, stop)
-    cursor = store.get_meta(META_CURSOR) or ""
-    digests = store.live_tree_digests()
+    cursor = store.meta.get(META_CURSOR) or ""
+    digests = store.catalog.live_tree_digests()
     if cursor:
         out.resumed_after = cursor
         digests = [d for d in digests if d > cursor]
@@ -169,7 +221,7 @@ def scrub_pass(
                     _confirm_tree(store, hexd, out, on_damage)
             done = hexd
             if time.monotonic() - last_write > CURSOR_EVERY_S:
-                store.set_meta(META_CURSOR, done)
+                store.meta.set(META_CURSOR, done)
                 last_write = time.monotonic()
         done = TREES_DONE
         bad_blobs: list[str] = []
@@ -191,7 +243,7 @@ def scrub_pass(
                 bad_blobs.extend(_confirm_blob(store, blob.sha256, blob.size, out, on_damage))
         if bad_blobs:
             problems = [d.problem for d in out.damage]
-            invalidated, dead, kept = store.invalidate(blobs=bad_blobs, problems=problems)
+            invalidated, dead, kept = store.repair.invalidate(blobs=bad_blobs, problems=problems)
             out.invalidated.extend(invalidated)
             out.dead_trees |= dead
             out.quarantined.extend(kept)
@@ -202,13 +254,13 @@ def scrub_pass(
     finally:
         out.seconds = time.monotonic() - started
     out.completed = True
-    store.set_meta(META_CURSOR, None)
-    store.set_meta(META_LAST, repr(time.time()))
+    store.meta.set(META_CURSOR, None)
+    store.meta.set(META_LAST, repr(time.time()))
     return out
 
 
 def check_tree_now(
-    store: Store,
+    store: _Parts,
     digest: str,
     *,
     on_damage: Callable[[Damage], None] | None = None,
@@ -236,15 +288,15 @@ def _check_stop(stop: threading.Event) -> None:
         raise ScrubCancelled
 
 
-def _save_cursor(store: Store, value: str) -> None:
+def _save_cursor(store: _Parts, value: str) -> None:
     try:
-        store.set_meta(META_CURSOR, value)
+        store.meta.set(META_CURSOR, value)
     except Exception as exc:  # the store is closing: the next pass starts over, no harm
         log.debug("could not save the scrub cursor: %r", exc)
 
 
 def _confirm_tree(
-    store: Store,
+    store: _Parts,
     hexd: str,
     out: ScrubReport,
     on_damage: Callable[[Damage], None] | None,
@@ -280,14 +332,14 @@ def _confirm_tree(
             if on_damage is not None:
                 on_damage(damage)
     found = problems + [d.problem for d in out.damage if d.problem.id in bad_blobs]
-    invalidated, dead, kept = store.invalidate(trees=[hexd], blobs=bad_blobs, problems=found)
+    invalidated, dead, kept = store.repair.invalidate(trees=[hexd], blobs=bad_blobs, problems=found)
     out.invalidated.extend(invalidated)
     out.dead_trees |= dead
     out.quarantined.extend(kept)
 
 
 def _confirm_blob(
-    store: Store,
+    store: _Parts,
     sha: str,
     size: int,
     out: ScrubReport,

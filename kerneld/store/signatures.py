@@ -9,37 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Protocol
 
 from .errors import ProvenanceError
 from .manifest import METADATA_FILE, ManifestEntry
 from .paths import tree_hex
 from .published_index_writer import PublishedIndexWriter
 from .state import StoreState
-from .types import ProvenanceRecord
+from .types import ProvenanceCheck, ProvenanceRecord
 
 #: Why a tree without a provenance record is refused while signatures are required.
 UNCHECKED = ("unchecked", "its signature was never checked")
-
-
-class ProvenanceCheck(Protocol):
-    """The ingest check a daemon installs (``Store.provenance``): who signed a variant.
-
-    The store stays free of any signing scheme; it hands over a variant's files by path, once
-    per new tree, after the files and the metadata digest have been verified.
-    """
-
-    @property
-    def required(self) -> bool:
-        """Refuse (ProvenanceError) every tree that is not "verified"?"""
-        ...
-
-    def check(
-        self, read: Callable[[str], bytes | None], *, digest_checked: bool, **ctx: str | None
-    ) -> ProvenanceRecord:
-        """The record for one variant: `read(path)` gives a file's bytes (None: no such file);
-        `digest_checked` says metadata.json's digest was there and matched every file."""
-        ...
 
 
 class Signatures:
@@ -54,6 +33,17 @@ class Signatures:
         self._state = state
         self._writer = writer
         self._resolve = resolve
+
+    @property
+    def check(self) -> ProvenanceCheck | None:
+        """Who signed a variant, checked once per new tree at publish (``[provenance]``; the
+        daemon installs kerneld.pipeline.provenance.SigstoreCheck). None: no check, nothing
+        recorded. Setting it republishes nothing (`install` does)."""
+        return self._state.check
+
+    @check.setter
+    def check(self, check: ProvenanceCheck | None) -> None:
+        self._state.check = check
 
     def install(self, check: ProvenanceCheck | None) -> None:
         """Install the ingest check and republish the published index, which leaves out

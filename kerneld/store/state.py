@@ -2,8 +2,8 @@
 whether it may be changed, the site's GC policy and signature check, and the platforms whose
 picks the published index carries.
 
-`Store` is a facade over small parts (ingest, publishing, names, leasing, the collector, the
-quarantine, repair), each holding this state and only the other parts it uses. Every index
+`Store` is composed of small parts (ingest, publishing, names, lookups, leasing, the collector,
+the quarantine, repair, ...), each holding this state and only the other parts it uses. Every index
 access and every rename into or out of ``blobs/``/``trees/`` happens under ``lock``; hashing,
 downloads, staging builds and file deletion happen outside it.
 """
@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .errors import ReadOnlyStoreError
 from .gc import GcPolicy
 from .index import Index
 from .layout import Layout
 from .picks import Picker
-
-if TYPE_CHECKING:
-    from .signatures import ProvenanceCheck
+from .types import ProvenanceCheck
 
 
 @dataclass(eq=False)
@@ -30,9 +27,9 @@ class StoreState:
     index: Index
     read_only: bool
     policy: GcPolicy
-    """The GC policy; callers replace it (``Store.policy``) for one collection with a target."""
+    """The GC policy; callers replace it (``store.gc.policy``) for one collection with a target."""
     check: ProvenanceCheck | None = None
-    """Who signed a variant, checked once per new tree at publish (``Store.provenance``)."""
+    """Who signed a variant, checked once per new tree at publish (``store.signatures.check``)."""
     picker: Picker = field(default_factory=Picker)
     """The platforms clients showed, whose picks the published index carries (``picks``)."""
     lock: threading.RLock = field(default_factory=threading.RLock)

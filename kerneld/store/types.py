@@ -1,10 +1,13 @@
-"""The index's rows, as the rest of the store sees them: frozen dataclasses, no SQL."""
+"""The index's rows, as the rest of the store sees them: frozen dataclasses, no SQL; and the
+protocol of the provenance check a daemon installs (here, so that `state` needs no part)."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 ALL = "*"
 
@@ -130,3 +133,23 @@ class NegativeRow:
     reason: str
     created_at: float
     expires_at: float
+
+
+class ProvenanceCheck(Protocol):
+    """The ingest check a daemon installs (``store.signatures.check``): who signed a variant.
+
+    The store stays free of any signing scheme; it hands over a variant's files by path, once
+    per new tree, after the files and the metadata digest have been verified.
+    """
+
+    @property
+    def required(self) -> bool:
+        """Refuse (ProvenanceError) every tree that is not "verified"?"""
+        ...
+
+    def check(
+        self, read: Callable[[str], bytes | None], *, digest_checked: bool, **ctx: str | None
+    ) -> ProvenanceRecord:
+        """The record for one variant: `read(path)` gives a file's bytes (None: no such file);
+        `digest_checked` says metadata.json's digest was there and matched every file."""
+        ...

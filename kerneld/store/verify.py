@@ -15,7 +15,7 @@ an upstream still has a damaged tree (an air-gapped host has none), so the tree,
 file is moved into ``v1/quarantine/`` as a :class:`Quarantined` entry that an admin restores
 (``kerneldctl verify --restore NAME``: re-hashed, only intact bytes come back) or drops
 (``--drop NAME``). An entry whose variants the daemon has fetched again is dropped by itself.
-The quarantine is bounded (``Store.quarantine_max_bytes``, ``[store] quarantine_max``): an entry
+The quarantine is bounded (``store.quarantine.max_bytes``, ``[store] quarantine_max``): an entry
 that puts it over the bound drops the oldest entries first, never itself.
 
 Ownership findings name the store's owner, which is the owner of its root directory: after a

@@ -124,13 +124,15 @@ def publish_synthetic(
         for variant, files in variants.items():
             tree_files = []
             for path, data in files.items():
-                info = store.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+                info = store.blobs.ingest(
+                    data, size=len(data), sha256=hashlib.sha256(data).hexdigest()
+                )
                 tree_files.append(TreeFile(path, info.sha256, len(data)))
-            paths[variant] = store.publish_tree(repo, commit, variant, tree_files).path
+            paths[variant] = store.trees.publish_tree(repo, commit, variant, tree_files).path
         for ref, target in (refs or {}).items():
-            store.set_ref(repo, ref, target)
+            store.names.set_ref(repo, ref, target)
         if upstream_variants is not None:
-            store.set_upstream_variants(repo, commit, upstream_variants)
+            store.names.set_upstream_variants(repo, commit, upstream_variants)
     return paths
 
 

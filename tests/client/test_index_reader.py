@@ -28,7 +28,7 @@ def test_reader_matches_the_store(shared_store: Populated) -> None:
     layout = Layout(root)
     with Store.open(root, read_only=True) as store:
         for name, v in entry.variants.items():
-            hit = store.lookup(ACTIVATION, "v1", name)
+            hit = store.catalog.lookup(ACTIVATION, "v1", name)
             assert hit is not None
             assert root / v.tree == hit.path and v.digest == hit.digest
             assert published_index.lock_path_for(root, v.digest) == layout.lock_path(v.digest[7:])

@@ -195,13 +195,13 @@ def test_denies_in_the_index_are_honoured(
     store_copy: Populated, example_server: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Store.open(store_copy.root) as store:
-        store.deny(ACTIVATION, "v2", reason="broken build")
+        store.names.deny(ACTIVATION, "v2", reason="broken build")
     with pytest.raises(KernelDenied, match="broken build"):
         get_kernel(ACTIVATION, version=2, policy="error")
     assert has_kernel(ACTIVATION, version=2) is False
     assert has_kernel(ACTIVATION, version=1) is True
     with Store.open(store_copy.root) as store:
-        store.deny(ACTIVATION, reason="all of it")
+        store.names.deny(ACTIVATION, reason="all of it")
     # Not even the `hub` fallback may fetch a denied kernel, by any spelling of its id (the Hub
     # resolves them all to it): the caller's fallback is returned.
     monkeypatch.setenv("HF_ENDPOINT", example_server.url)
@@ -340,7 +340,7 @@ def test_better_variant_upstream_is_a_miss(env: Path) -> None:
         get_kernel(repo, version=1, policy="error")
     assert "_better_u1" not in sys.modules
     with Store.open(env) as store:  # the upstream has nothing better after all
-        store.set_upstream_variants(repo, COMMIT, ["torch-universal"])
+        store.names.set_upstream_variants(repo, COMMIT, ["torch-universal"])
     _reset()
     assert get_kernel(repo, version=1, policy="error").KID == "_better_u1"
 

@@ -100,10 +100,13 @@ def test_signed_air_gapped_round_trip(
     assert f"{ACTIVATION}@v1 -> {commit}" in report["refs_set"]
 
     with Store.open(source, read_only=True) as a, Store.open(dest, read_only=True) as b:
-        names = a.variants(ACTIVATION, commit)
-        assert names and b.variants(ACTIVATION, commit) == names
+        names = a.catalog.variants(ACTIVATION, commit)
+        assert names and b.catalog.variants(ACTIVATION, commit) == names
         for name in names:
-            ta, tb = a.lookup(ACTIVATION, commit, name), b.lookup(ACTIVATION, commit, name)
+            ta, tb = (
+                a.catalog.lookup(ACTIVATION, commit, name),
+                b.catalog.lookup(ACTIVATION, commit, name),
+            )
             assert ta is not None and tb is not None
             assert ta.digest == tb.digest
             assert tree_bytes(ta.path) == tree_bytes(tb.path)

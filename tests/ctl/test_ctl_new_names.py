@@ -30,8 +30,8 @@ def test_prefetch_ls_and_info_of_new_format_builds(
         (kernel,) = doc["kernels"]
         assert [v["variant"] for v in kernel["variants"]] == [name], kernel
     with Store.open(store, read_only=True) as s:
-        assert s.lookup(NEXT, "v1", name) is not None
-        assert s.lookup(NEXT, "v2", name) is not None
+        assert s.catalog.lookup(NEXT, "v1", name) is not None
+        assert s.catalog.lookup(NEXT, "v2", name) is not None
 
     # The new name is taken as it is by --variants.
     again = run_ctl("prefetch", *args, f"{NEXT}:2", "--variants", name, "--json", home=home)

@@ -438,3 +438,31 @@ def test_an_offline_change_keeps_the_daemons_picks(tmp_path: Path, store_dir: Pa
     assert r.rc == 0, r.stderr
     doc = json.loads((store_dir / "index" / "v1" / "org" / "j.json").read_text())
     assert doc["commits"][CJ]["picks"] == {fingerprint(facts.to_dict()): "torch-cpu"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
+def test_a_store_mounted_read_only_elsewhere_is_read(tmp_path: Path, store_dir: Path) -> None:
+    """The store as a container sees it (docs/containers.md): bind-mounted read-only at another
+    path, its daemon stopped. `--store` reads it there: SQLite cannot create the index's
+    ``-shm`` on that file system, so the index is opened immutable (before: "unable to open
+    database file")."""
+    view = tmp_path / "container-view"
+    view.mkdir()
+    subprocess.run(["mount", "--bind", str(store_dir), str(view)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        r = ctl(tmp_path, "ls", "--store", str(view), "--json")
+        assert r.rc == 0, r.stderr
+        kernels = {k["repo_id"]: k for k in r.json()["kernels"]}
+        variant = kernels[K]["revisions"][0]["variants"][0]
+        assert Path(variant["path"]).is_relative_to(view)  # paths where this reader sees them
+        assert Path(variant["path"], "k.py").read_bytes() == b"K = 1\n"
+        r = ctl(tmp_path, "status", "--store", str(view), "--json")
+        assert r.rc == 0 and r.json()["trees"] == 2, r.stderr
+        r = ctl(tmp_path, "verify", "--store", str(view), "--json")
+        assert r.rc == 0, r.stderr
+        r = ctl(tmp_path, "pin", "--store", str(view), K)  # writing needs the owner's store
+        assert r.rc != 0
+    finally:
+        subprocess.run(["umount", str(view)], check=False)
+    assert not list(store_dir.rglob("*-shm"))  # nothing was written into the store

@@ -55,7 +55,7 @@ def test_prefetch_quiet_lines_json_and_partial_failure(
     assert by_repo["kerneld-trusted/missing"]["error"]
     assert doc["kernels_ok"] == 1 and doc["kernels_failed"] == 1 and doc["ok"] is False
     with Store.open(store, read_only=True) as s:
-        assert s.lookup(DEP_B, "v2", "torch-universal") is not None
+        assert s.catalog.lookup(DEP_B, "v2", "torch-universal") is not None
 
 
 def test_prefetch_progress_bar_on_a_terminal(
@@ -83,9 +83,9 @@ def test_prefetch_progress_bar_on_a_terminal(
     assert f"ok {TOP}@" in text
     # kernel-depends were followed: top's dependencies are in the store too
     with Store.open(tmp_path / "store", read_only=True) as s:
-        fetched = s.variants(TOP, lock_hub.commits[TOP]["v1"])  # auto: what this host runs
+        fetched = s.catalog.variants(TOP, lock_hub.commits[TOP]["v1"])  # auto: what this host runs
         assert fetched
         if "torch-cpu" in fetched:  # depends on dep-b at a pinned commit
-            assert s.variants(DEP_B, lock_hub.commits[DEP_B]["v1"])
+            assert s.catalog.variants(DEP_B, lock_hub.commits[DEP_B]["v1"])
         if "torch-universal" in fetched:  # depends on dep-a v1
-            assert s.lookup(DEP_A, "v1", "torch-universal") is not None
+            assert s.catalog.lookup(DEP_A, "v1", "torch-universal") is not None

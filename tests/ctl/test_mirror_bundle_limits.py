@@ -232,7 +232,9 @@ def test_a_signed_refs_file_without_export_time_cannot_roll_a_ref_back(
     dest = tmp_path / "m"
     export_mirror(source, dest, [ExportSpec(J)], sign_keys=[key])
     publish(target, J, CK2, "torch-cpu", variant_files("_j_2"))
-    target.set_ref(J, "v2", CK2, fetched_at=time.time() - 60)  # newer than CJ, but older than now
+    target.names.set_ref(
+        J, "v2", CK2, fetched_at=time.time() - 60
+    )  # newer than CJ, but older than now
     rel = refs_path(J)
     old = refs_json(J, {"v2": CJ}, {})  # validly signed, no exported_at
     assert "exported_at" not in json.loads(old)
@@ -240,8 +242,8 @@ def test_a_signed_refs_file_without_export_time_cannot_roll_a_ref_back(
     (dest / sig_path(rel)).write_bytes(make_signature_file(rel, old, [key]))
     with pytest.raises(MirrorImportRefused, match="no 'exported_at' time"):
         import_mirror(target, dest, trust(key))
-    assert target.resolve_revision(J, "v2") == CK2
-    assert target.variants(J, CJ) == []  # refused before anything was imported
+    assert target.names.resolve_revision(J, "v2") == CK2
+    assert target.catalog.variants(J, CJ) == []  # refused before anything was imported
 
     # Re-exporting into that mirror stamps the refs again, and the import works.
     export_mirror(source, dest, [ExportSpec(J)], sign_keys=[key])

@@ -82,7 +82,7 @@ def everything() -> list[ExportSpec]:
 
 def assert_nothing_imported(store: Store) -> None:
     assert store.index.repos() == []
-    assert store.usage().blobs == 0
+    assert store.space.usage().blobs == 0
 
 
 # ---- keys and signature files -------------------------------------------------------------------
@@ -147,17 +147,17 @@ def test_round_trip(
         (K, CK, "torch-cpu"),
         (J, CJ, "torch-cpu"),
     ):
-        a = source.lookup(repo, commit, variant)
-        b = target.lookup(repo, commit, variant)
+        a = source.catalog.lookup(repo, commit, variant)
+        b = target.catalog.lookup(repo, commit, variant)
         assert a is not None and b is not None
         assert a.digest == b.digest  # same paths, modes and bytes
         assert tree_bytes(a.path) == tree_bytes(b.path)
-        assert source.upstream_ids(repo, commit, variant) == target.upstream_ids(
+        assert source.catalog.upstream_ids(repo, commit, variant) == target.catalog.upstream_ids(
             repo, commit, variant
         )
-    hit = target.lookup(K, "v1", "torch-universal")
+    hit = target.catalog.lookup(K, "v1", "torch-universal")
     assert hit is not None and os.access(hit.path / "tool.sh", os.X_OK)
-    assert target.resolve_revision(J, "v2") == CJ
+    assert target.names.resolve_revision(J, "v2") == CJ
     # idempotent: a second import changes nothing and ingests nothing
     again = import_mirror(target, dest, trust(key))
     assert again.ok and again.blobs_ingested == 0 and again.blobs_present > 0
@@ -175,7 +175,7 @@ def test_an_export_is_a_mirror_upstream(tmp_path: Path, source: Store, target: S
     resolver = Resolver(target, [MirrorDirUpstream(dest)])
     facts = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)
     got = resolver.resolve(KernelSpec(K, version=1), facts, variant="torch-universal")
-    want = source.lookup(K, "v1", "torch-universal")
+    want = source.catalog.lookup(K, "v1", "torch-universal")
     assert want is not None and got.commit == CK
     # same bytes; (the fetcher does not carry the manifest's exec bits, so the digest may not)
     assert tree_bytes(got.hit.path) == tree_bytes(want.path)
@@ -311,7 +311,7 @@ def test_unsigned_bundle_refused_unless_asked(
         import_mirror(target, dest, {})
     report = import_mirror(target, dest, {}, no_check_sigs=True)
     assert report.ok and not report.signatures_checked
-    assert target.lookup(J, "v2", "torch-cpu") is not None
+    assert target.catalog.lookup(J, "v2", "torch-cpu") is not None
 
 
 def test_wrong_key_refused(tmp_path: Path, source: Store, target: Store, key: SigningKey) -> None:
@@ -360,9 +360,9 @@ def test_tampered_blob_refuses_only_its_kernel(
     assert [r["repo_id"] for r in report.refused] == [K]
     assert "does not match" in report.refused[0]["reason"]
     # nothing of K is published, not even its intact torch-cpu variant; J is complete
-    assert target.variants(K, CK) == []
-    assert target.get_ref(K, "v1") is None
-    assert target.lookup(J, "v2", "torch-cpu") is not None
+    assert target.catalog.variants(K, CK) == []
+    assert target.names.get_ref(K, "v1") is None
+    assert target.catalog.lookup(J, "v2", "torch-cpu") is not None
 
 
 def test_missing_blob_refuses_its_kernel(
@@ -374,7 +374,10 @@ def test_missing_blob_refuses_its_kernel(
     report = import_mirror(target, dest, trust(key))
     assert [r["repo_id"] for r in report.refused] == [J]
     assert "missing from the bundle" in report.refused[0]["reason"]
-    assert target.variants(J, CJ) == [] and target.lookup(K, "v1", "torch-cpu") is not None
+    assert (
+        target.catalog.variants(J, CJ) == []
+        and target.catalog.lookup(K, "v1", "torch-cpu") is not None
+    )
 
 
 def test_huge_declared_sizes_refused_before_copying(
@@ -404,9 +407,9 @@ def test_ref_never_rolled_back(
     dest = tmp_path / "m"
     export_mirror(source, dest, [ExportSpec(J)], sign_keys=[key])
     publish(target, J, CK2, "torch-cpu", variant_files("_j_2"))
-    target.set_ref(J, "v2", CK2, fetched_at=time.time() + 60)  # learned after the export
+    target.names.set_ref(J, "v2", CK2, fetched_at=time.time() + 60)  # learned after the export
     report = import_mirror(target, dest, trust(key))
-    assert report.ok and report.refs_kept and target.resolve_revision(J, "v2") == CK2
+    assert report.ok and report.refs_kept and target.names.resolve_revision(J, "v2") == CK2
 
 
 def test_interrupted_import_resumes(
@@ -421,7 +424,7 @@ def test_interrupted_import_resumes(
 
     with pytest.raises(KeyboardInterrupt):
         import_mirror(target, dest, trust(key), progress=stop_after_first_blob)
-    assert target.index.repos() == [] and target.usage().blobs == 1
+    assert target.index.repos() == [] and target.space.usage().blobs == 1
     report = import_mirror(target, dest, trust(key))
     assert report.ok and report.blobs_present == 1
 

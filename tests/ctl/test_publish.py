@@ -62,7 +62,7 @@ def _mirror_refs(mirror: Path, repo: str = REPO) -> dict[str, str]:
 
 def _store_ref(store: Path, ref: str = "v1") -> str | None:
     with Store.open(store, read_only=True) as s:
-        row = s.get_ref(REPO, ref)
+        row = s.names.get_ref(REPO, ref)
     return row.commit if row is not None else None
 
 

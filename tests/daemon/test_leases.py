@@ -1,4 +1,4 @@
-"""Leases written behind (LeaseBook + Store.record_leases) against a real store."""
+"""Leases written behind (LeaseBook + store.leases.record) against a real store."""
 
 from __future__ import annotations
 
@@ -26,21 +26,21 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def publish(store: Store, ident: str, name: str = "torch-universal") -> str:
     entries = []
     for path, data in variant(ident).items():
-        blob = store.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        blob = store.blobs.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
         entries.append(TreeFile(path=path, sha256=blob.sha256, size=len(data)))
-    return store.publish_tree("org/k", COMMIT, name, entries).digest
+    return store.trees.publish_tree("org/k", COMMIT, name, entries).digest
 
 
 def test_leases_are_recorded_in_one_batch(store: Store) -> None:
     tree = publish(store, "_k_one")
-    book = LeaseBook(store, interval=3600)
+    book = LeaseBook(store.leases, interval=3600)
     try:
         leases = [book.grant(tree, 60, f"rank{i}") for i in range(100)]
-        assert store.leases() == []  # written behind, not yet
+        assert store.leases.rows() == []  # written behind, not yet
         assert book.flush() == 100
-        assert {row.id for row in store.leases()} == {lease.id for lease in leases}
+        assert {row.id for row in store.leases.rows()} == {lease.id for lease in leases}
         assert len({lease.id for lease in leases}) == 100 and all(len(x.id) == 32 for x in leases)
-        assert store.renew_lease(leases[0].id, 120).expires_at > time.time() + 100
+        assert store.leases.renew(leases[0].id, 120).expires_at > time.time() + 100
     finally:
         book.close()
 
@@ -50,15 +50,17 @@ def test_gc_respects_a_flushed_lease_and_skips_dead_trees(store: Store) -> None:
     gone = publish(store, "_k_gone", name="torch-cpu")
     lease = Lease("a" * 32, kept, time.time() + 60, "job")
     expired = Lease("b" * 32, kept, time.time() - 1, "job")
-    store.pin("org/k", COMMIT, "torch-cpu")
-    store.unpin("org/k", COMMIT, "torch-cpu")
-    assert store.record_leases([lease, expired]) == 1
-    store.policy = type(store.policy)(free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0)
-    report = store.gc()
+    store.names.pin("org/k", COMMIT, "torch-cpu")
+    store.names.unpin("org/k", COMMIT, "torch-cpu")
+    assert store.leases.record([lease, expired]) == 1
+    store.gc.policy = type(store.gc.policy)(
+        free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0
+    )
+    report = store.gc.collect()
     assert {t.digest for t in report.deleted_trees} == {gone.removeprefix("sha256:")}
     assert [t.reason for t in report.kept_trees] == ["leased"]
     # A lease on a tree that is gone by the time the batch is written is dropped.
-    assert store.record_leases([Lease("c" * 32, gone, time.time() + 60)]) == 0
+    assert store.leases.record([Lease("c" * 32, gone, time.time() + 60)]) == 0
 
 
 def test_gc_keeps_trees_of_leases_not_yet_written(store: Store) -> None:
@@ -67,14 +69,16 @@ def test_gc_keeps_trees_of_leases_not_yet_written(store: Store) -> None:
     once the lease expired."""
     handed_out = publish(store, "_k_handed_out")
     other = publish(store, "_k_other", name="torch-cpu")
-    book = LeaseBook(store, interval=3600)
-    store.guard_from_gc(book.unwritten_trees)
+    book = LeaseBook(store.leases, interval=3600)
+    store.gc.guard(book.unwritten_trees)
     try:
         book.grant(handed_out, 60, "job")
         book.grant(other, -1, "job")  # already expired: protects nothing
-        assert store.leases() == []
-        store.policy = type(store.policy)(free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0)
-        report = store.gc()
+        assert store.leases.rows() == []
+        store.gc.policy = type(store.gc.policy)(
+            free_target_bytes=1 << 62, min_age_s=0, orphan_grace_s=0
+        )
+        report = store.gc.collect()
         assert {t.digest for t in report.deleted_trees} == {other.removeprefix("sha256:")}
         assert [t.reason for t in report.kept_trees] == [
             "held (a request in flight is fetching or serving it)"
@@ -88,7 +92,7 @@ def test_resolve_times_are_written_behind(store: Store) -> None:
     hexd = tree.removeprefix("sha256:")
     before = store.index.get_tree(hexd)
     assert before is not None
-    book = LeaseBook(store, interval=3600)
+    book = LeaseBook(store.leases, interval=3600)
     try:
         time.sleep(0.01)
         book.resolved(tree)

@@ -66,12 +66,12 @@ class StoreHarness:
         with self.sandbox.guard():
             tree_files = []
             for path, data in files.items():
-                info = self.store.ingest(
+                info = self.store.blobs.ingest(
                     data, size=len(data), sha256=hashlib.sha256(data).hexdigest()
                 )
                 tree_files.append(TreeFile(path=path, sha256=info.sha256, size=len(data)))
             out = typed(
-                lambda: self.store.publish_tree(REPO, commit, variant, tree_files),
+                lambda: self.store.trees.publish_tree(REPO, commit, variant, tree_files),
                 (StoreError,),
                 "publish_tree",
             )
@@ -90,7 +90,7 @@ class StoreHarness:
                 expect(real.read_bytes() == data, f"{path!r} differs from what was published")
                 expect(not os.access(real, os.W_OK) or os.geteuid() == 0, f"{path!r} writable")
             typed(lambda: metadata_to_proto(tree.path / "metadata.json"), (), "metadata_to_proto")
-            hit = self.store.lookup(REPO, commit, variant)
+            hit = self.store.catalog.lookup(REPO, commit, variant)
             expect(hit is not None and hit.path == tree.path, "published tree not found by lookup")
             assert hit is not None
             resolver = Resolver(self.store, [MirrorDirUpstream(self._empty_mirror)])
@@ -148,7 +148,7 @@ class BundleHarness:
             for v in kernel["variants"]:
                 tree = Path(v["path"])
                 expect(inside(tree, self.sandbox.target), f"imported tree {tree} outside the store")
-                hit = self.store.lookup(kernel["repo_id"], kernel["commit"], v["variant"])
+                hit = self.store.catalog.lookup(kernel["repo_id"], kernel["commit"], v["variant"])
                 expect(hit is not None and hit.path == tree, "imported variant not in the store")
                 for file in tree.rglob("*"):
                     expect(not file.is_symlink(), f"symlink {file} in an imported tree")
@@ -292,7 +292,7 @@ class HubHarness:
                     f"{f.path!r}: no valid content id ({f.sha256!r}, {f.git_sha1!r})",
                 )
             fetcher = Fetcher(self.store, [up], attempts_per_file=1)
-            blobs_before = self.store.usage().blobs
+            blobs_before = self.store.space.usage().blobs
             fetched = typed(
                 lambda: fetcher.fetch_variant(REPO, COMMIT, variant),
                 (UpstreamError, StoreError),
@@ -302,7 +302,7 @@ class HubHarness:
         if isinstance(fetched.error, InvalidInputError):
             # "rejected ...: the upstream manifest is malformed or hostile, nothing was written"
             expect(
-                self.store.usage().blobs == blobs_before,
+                self.store.space.usage().blobs == blobs_before,
                 f"a hostile listing was refused ({fetched.error}) after downloading its files",
             )
         if fetched.value is not None:

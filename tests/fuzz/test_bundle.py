@@ -193,4 +193,4 @@ def test_valid_bundles_import(harness: harnesses.BundleHarness) -> None:
     root = harness.sandbox.inputs / "valid-dir"
     b.build_dir(root, b.members_of(b.mirror_files(variants)), harness.sandbox)
     harness.check_path(root)
-    assert harness.store.lookup(inv.REPO, inv.COMMIT, "torch-universal") is not None
+    assert harness.store.catalog.lookup(inv.REPO, inv.COMMIT, "torch-universal") is not None

@@ -176,4 +176,4 @@ def test_valid_listing_fetches(harness: harnesses.HubHarness) -> None:
         files,
         b.variants_listing([VARIANT]),
     )
-    assert harness.store.lookup(inv.REPO, inv.COMMIT, VARIANT) is not None
+    assert harness.store.catalog.lookup(inv.REPO, inv.COMMIT, VARIANT) is not None

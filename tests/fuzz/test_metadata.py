@@ -94,6 +94,6 @@ def test_publish_accepts_a_valid_variant(store_harness: harnesses.StoreHarness) 
     """The harness reaches the success path (a fuzzer that only ever sees refusals is blind)."""
     files = {"__init__.py": b"X = 1\n"}
     meta = {"id": "_ok", "digest": {"algorithm": "sha256", "files": inv.metadata_digest(files)}}
-    before = store_harness.store.usage().trees
+    before = store_harness.store.space.usage().trees
     store_harness.publish({**files, "metadata.json": json.dumps(meta).encode()})
-    assert store_harness.store.usage().trees == before + 1
+    assert store_harness.store.space.usage().trees == before + 1

@@ -133,7 +133,7 @@ def test_disable_by_commit(store: Path, v2_store: tuple[Path, str], tmp_path: Pa
 
 def test_denied_by_the_administrator(store: Path, tmp_path: Path) -> None:
     with Store.open(store, min_age_s=0) as s:
-        s.deny(REPO, reason="security advisory 42")
+        s.names.deny(REPO, reason="security advisory 42")
     result = child(store, tmp_path)
     layers = result["report"]["layers"]
     assert {(e["status"], e["cause"]) for e in layers} == {("fallback", "denied")}

@@ -38,10 +38,10 @@ def example_store(built_examples: BuiltExamples, tmp_path_factory: pytest.TempPa
                 path = built.path / rel
                 data = path.read_bytes()
                 sha = hashlib.sha256(data).hexdigest()
-                store.ingest(data, size=len(data), sha256=sha)
+                store.blobs.ingest(data, size=len(data), sha256=sha)
                 mode = 0o100755 if path.stat().st_mode & 0o111 else 0o100644
                 files.append(TreeFile(rel, sha, len(data), mode=mode))
-            store.publish_tree(kernel.repo_id, COMMIT, built.variant, files)
+            store.trees.publish_tree(kernel.repo_id, COMMIT, built.variant, files)
     return root
 
 

@@ -95,9 +95,9 @@ def _variant(kid: str, name: object) -> dict[str, bytes]:
 def _publish(store: Store, files: dict[str, bytes], variant: str = VARIANT) -> Path:
     tree_files = []
     for path, data in files.items():
-        info = store.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        info = store.blobs.ingest(data, size=len(data), sha256=hashlib.sha256(data).hexdigest())
         tree_files.append(TreeFile(path, info.sha256, len(data)))
-    return store.publish_tree(REPO, COMMIT, variant, tree_files).path
+    return store.trees.publish_tree(REPO, COMMIT, variant, tree_files).path
 
 
 # ------------------------------------------------------------------------------- at publish

@@ -23,7 +23,7 @@ from kerneld.config import (
     load_config,
 )
 from kerneld.store import Store, TreeFile
-from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, scrub_pass
+from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, http_get_unix, metric, resolve_req
@@ -76,9 +76,11 @@ def _publish_trees(root: Path, n: int) -> list[Path]:
             tree = []
             for rel, data in files.items():
                 sha = hashlib.sha256(data).hexdigest()
-                store.ingest(data, size=len(data), sha256=sha)
+                store.blobs.ingest(data, size=len(data), sha256=sha)
                 tree.append(TreeFile(rel, sha, len(data)))
-            paths.append(store.publish_tree(f"sec/k{i}", f"{i:040x}", "torch-universal", tree).path)
+            paths.append(
+                store.trees.publish_tree(f"sec/k{i}", f"{i:040x}", "torch-universal", tree).path
+            )
     return paths
 
 
@@ -97,17 +99,17 @@ def test_an_interrupted_scrub_resumes_where_it_stopped(tmp_path: Path) -> None:
             stop.set()
 
         with pytest.raises(ScrubCancelled):
-            scrub_pass(store, rate=0, stop=stop, on_damage=on_damage)
-        assert store.get_meta(META_CURSOR) == victim.name
+            store.scrub.run_pass(rate=0, stop=stop, on_damage=on_damage)
+        assert store.meta.get(META_CURSOR) == victim.name
         assert {d.problem.kind for d in damage} == {"corrupt"}
         # Invalidated and deleted before the pass stopped.
         assert not victim.exists()
-        assert store.lookup("sec/k1", f"{1:040x}", "torch-universal") is None
-        report = scrub_pass(store, rate=0, stop=threading.Event())
+        assert store.catalog.lookup("sec/k1", f"{1:040x}", "torch-universal") is None
+        report = store.scrub.run_pass(rate=0, stop=threading.Event())
         assert report.completed and report.resumed_after == victim.name
         assert report.trees_checked == 3  # only the trees after the cursor
-        assert store.get_meta(META_CURSOR) is None and store.get_meta(META_LAST)
-        assert store.verify().clean
+        assert store.meta.get(META_CURSOR) is None and store.meta.get(META_LAST)
+        assert store.repair.verify().clean
 
 
 # ------------------------------------------------------------------------------- the daemon

@@ -81,7 +81,7 @@ def test_root_neither_changes_nor_creates_a_store_that_belongs_to_another_user(b
     assert "belongs to kerneld" in str(info.value) and "runuser -u kerneld --" in str(info.value)
     assert _owners(root) == {KERNELD.pw_uid}  # root left nothing behind
     with Store.open(root, read_only=True) as ro:
-        assert ro.owner_uid == KERNELD.pw_uid and ro.verify().clean
+        assert ro.owner_uid == KERNELD.pw_uid and ro.repair.verify().clean
 
 
 def test_a_store_owned_by_someone_else_is_refused_with_the_fix(base: Path) -> None:
@@ -121,13 +121,17 @@ def test_chown_r_is_the_one_command_that_moves_a_store_to_another_owner(base: Pa
     root = base / "store"
     with Store.open(root) as store:
         data = b"x"
-        sha = store.ingest(data, size=1, sha256=hashlib.sha256(data).hexdigest()).sha256
+        sha = store.blobs.ingest(data, size=1, sha256=hashlib.sha256(data).hexdigest()).sha256
     subprocess.run(["chown", "-R", "kerneld:", str(root)], check=True)
 
     def reopen() -> dict[str, object]:
         with Store.open(root) as store:
-            report = store.verify()
-            return {"owner": store.owner_uid, "clean": report.clean, "has": store.has_blob(sha)}
+            report = store.repair.verify()
+            return {
+                "owner": store.owner_uid,
+                "clean": report.clean,
+                "has": store.blobs.has_blob(sha),
+            }
 
     got = as_user(KERNELD.pw_uid, KERNELD.pw_gid, reopen)
     assert got == {"owner": KERNELD.pw_uid, "clean": True, "has": True}
@@ -186,9 +190,9 @@ def _make_as_root(base: Path) -> Path:
             files = []
             for rel, data in variant(f"_own{i}").items():
                 sha = hashlib.sha256(data).hexdigest()
-                store.ingest(data, size=len(data), sha256=sha)
+                store.blobs.ingest(data, size=len(data), sha256=sha)
                 files.append(TreeFile(rel, sha, len(data)))
-            store.publish_tree(repo, commit, VARIANT, files)
+            store.trees.publish_tree(repo, commit, VARIANT, files)
     assert _owners(root) == {0}
     return root
 
@@ -295,7 +299,7 @@ def test_the_admins_air_gapped_day_loses_nothing(base: Path, tmp_path: Path) -> 
 
     def restore(name: str) -> list[str]:
         with Store.open(root) as store:
-            return [t.digest for t in store.restore_quarantined(name)]
+            return [t.digest for t in store.quarantine.restore(name)]
 
     assert as_user(KERNELD.pw_uid, KERNELD.pw_gid, lambda: restore(tree_entry.name)) == [
         f"sha256:{trees[1].name}"
@@ -314,7 +318,7 @@ def test_the_admins_air_gapped_day_loses_nothing(base: Path, tmp_path: Path) -> 
                 for v in restored["variants"]
             ]
             return {
-                "clean": store.verify().clean,
+                "clean": store.repair.verify().clean,
                 "served": [row.tree if row else None for row in served],
             }
 

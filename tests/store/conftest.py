@@ -78,7 +78,7 @@ def ingest_variant(
         )
     out = []
     for path, data in all_files.items():
-        info = store.ingest(data, size=len(data), sha256=sha256(data))
+        info = store.blobs.ingest(data, size=len(data), sha256=sha256(data))
         out.append(TreeFile(path, info.sha256, len(data), upstream_id=info.sha256))
     return out
 
@@ -92,7 +92,7 @@ def publish(
     **kw: object,
 ):
     tree_files = ingest_variant(store, files if files is not None else variant_files(), **kw)
-    return store.publish_tree(repo, commit, variant, tree_files)
+    return store.trees.publish_tree(repo, commit, variant, tree_files)
 
 
 def walk_all(root: Path) -> set[str]:

@@ -61,7 +61,7 @@ def _workload(store: Store, rnd: random.Random) -> None:
         try:
             _one_round(store, rnd, shared, n)
         except ResourceExhaustedError:
-            store.gc()  # legitimate under the small cap: collect and go on
+            store.gc.collect()  # legitimate under the small cap: collect and go on
 
 
 def _one_round(store: Store, rnd: random.Random, shared: bytes, n: int) -> None:
@@ -70,18 +70,18 @@ def _one_round(store: Store, rnd: random.Random, shared: bytes, n: int) -> None:
     tf = []
     for path, data in files.items():
         exp = Expected(len(data), sha256=sha256(data))
-        if not store.has_blob(exp.sha256 or ""):
-            with store.open_writer(exp) as w:
+        if not store.blobs.has_blob(exp.sha256 or ""):
+            with store.blobs.open_writer(exp) as w:
                 w.write(data[w.offset :])
                 w.commit()
         tf.append(TreeFile(path, sha256(data), len(data), upstream_id=sha256(data)))
-    store.publish_tree(REPO, commit, rnd.choice(["torch-cpu", "torch-cuda"]), tf)
-    store.set_ref(REPO, "main", commit)
+    store.trees.publish_tree(REPO, commit, rnd.choice(["torch-cpu", "torch-cuda"]), tf)
+    store.names.set_ref(REPO, "main", commit)
     if n % 3 == 0:
-        store.gc()
+        store.gc.collect()
     if n % 5 == 0:
         data = os.urandom(50_000)
-        w = store.open_writer(Expected(len(data), sha256=sha256(data)))
+        w = store.blobs.open_writer(Expected(len(data), sha256=sha256(data)))
         w.write(data[:20_000])
         w.close()  # a resumable partial download left behind
 
@@ -144,26 +144,26 @@ def _read(path) -> str:
 
 def _check(root, rnd: random.Random) -> None:
     with Store.open(root, **OPTIONS) as store:
-        report = store.verify()
+        report = store.repair.verify()
         assert report.clean, report.problems
         assert list(store.layout.staging.iterdir()) == []
         assert list(store.layout.trash.iterdir()) == []
-        head = store.get_ref(REPO, "main")
+        head = store.names.get_ref(REPO, "main")
         if head is not None:
             # every published variant of the recorded head is usable
-            for v in store.variants(REPO, head.commit):
-                hit = store.lookup(REPO, "main", v)
+            for v in store.catalog.variants(REPO, head.commit):
+                hit = store.catalog.lookup(REPO, "main", v)
                 assert hit is not None and hit.path.is_dir()
         # still ingests and publishes
         files = _variant(rnd, b"after-crash")
         tf = []
         for path, data in files.items():
-            info = store.ingest(data, size=len(data), sha256=sha256(data))
+            info = store.blobs.ingest(data, size=len(data), sha256=sha256(data))
             tf.append(TreeFile(path, info.sha256, len(data)))
         commit = f"{rnd.getrandbits(160):040x}"
-        store.publish_tree(REPO, commit, "torch-cpu", tf)
-        assert store.lookup(REPO, commit, "torch-cpu") is not None
-        assert store.verify().clean
+        store.trees.publish_tree(REPO, commit, "torch-cpu", tf)
+        assert store.catalog.lookup(REPO, commit, "torch-cpu") is not None
+        assert store.repair.verify().clean
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def _alive(store, info):
 
 def test_gc_without_pressure_keeps_everything(store):
     infos = _publish_n(store, 3)
-    report = store.gc()
+    report = store.gc.collect()
     assert report.deleted_trees == [] and report.blobs_deleted == []
     assert all(_alive(store, i) for i in infos)
     assert {t.reason for t in report.kept_trees} == {
@@ -56,46 +56,46 @@ def test_unreferenced_tree_and_orphan_blobs_collected(store):
     old = publish(store, files=variant_files(seed="old"))
     new = publish(store, files=variant_files(seed="new"))  # same (repo, commit, variant)
     assert old.digest != new.digest
-    report = store.gc()
+    report = store.gc.collect()
     assert [t.digest for t in report.deleted_trees] == [old.digest.removeprefix("sha256:")]
     assert not old.path.exists() and not old.lock_path.exists()
     assert report.blobs_deleted
     assert all(not store.layout.blob_path(b).exists() for b in report.blobs_deleted)
     assert _alive(store, new)
-    assert store.verify().clean
+    assert store.repair.verify().clean
 
 
 def test_young_orphan_blobs_survive_grace(store_root):
     with Store.open(store_root, orphan_grace_s=3600) as s:
         data = b"ingested for a publish that has not happened yet"
-        s.ingest(data, size=len(data), sha256=sha256(data))
-        assert s.gc().blobs_deleted == []
-        assert s.has_blob(sha256(data))
+        s.blobs.ingest(data, size=len(data), sha256=sha256(data))
+        assert s.gc.collect().blobs_deleted == []
+        assert s.blobs.has_blob(sha256(data))
 
 
 def test_lru_eviction_under_cap(store_root):
     with Store.open(store_root, min_age_s=0, orphan_grace_s=0) as s:
         infos = _publish_n(s, 4)
-        per_tree = s.usage().bytes_used // 4
-        s.policy = type(s.policy)(
+        per_tree = s.space.usage().bytes_used // 4
+        s.gc.policy = type(s.gc.policy)(
             cap_bytes=per_tree * 3, min_age_s=0, orphan_grace_s=0, target_fraction=0.9
         )
-        report = s.gc()
+        report = s.gc.collect()
         deleted = [t.digest for t in report.deleted_trees]
         # oldest two go: usage must drop to <= 90% of 3 trees
         assert deleted == [i.digest.removeprefix("sha256:") for i in infos[:2]]
         assert all(t.reason.startswith("evicted") for t in report.deleted_trees)
         assert not _alive(s, infos[0]) and _alive(s, infos[2]) and _alive(s, infos[3])
-        assert s.usage().bytes_used <= per_tree * 3 * 0.9
-        assert s.verify().clean
+        assert s.space.usage().bytes_used <= per_tree * 3 * 0.9
+        assert s.repair.verify().clean
 
 
 def test_roots_are_kept_and_dry_run_explains(store_root, monkeypatch):
     with Store.open(store_root, min_age_s=0, orphan_grace_s=0) as s:
         infos = _publish_n(s, 5)
-        s.set_ref(REPO, "v1", infos[0].commit)
-        s.pin(REPO, "v1")  # pins via a ref
-        s.acquire_lease(infos[1].digest, 600)
+        s.names.set_ref(REPO, "v1", infos[0].commit)
+        s.names.pin(REPO, "v1")  # pins via a ref
+        s.leases.acquire(infos[1].digest, 600)
         fd = os.open(infos[2].lock_path, os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_SH)  # a client older than OFD locks: GC still respects it
         with s.index.tx() as conn:  # infos[3] was resolved just now
@@ -103,8 +103,8 @@ def test_roots_are_kept_and_dry_run_explains(store_root, monkeypatch):
                 "UPDATE trees SET last_resolved = ? WHERE digest = ?",
                 (time.time(), infos[3].digest.removeprefix("sha256:")),
             )
-        s.policy = type(s.policy)(cap_bytes=1, min_age_s=300, orphan_grace_s=0)
-        dry = s.gc(dry_run=True)
+        s.gc.policy = type(s.gc.policy)(cap_bytes=1, min_age_s=300, orphan_grace_s=0)
+        dry = s.gc.collect(dry_run=True)
         reasons = {t.digest: (t.action, t.reason) for t in dry.trees}
         h = [i.digest.removeprefix("sha256:") for i in infos]
         assert reasons[h[0]][0] == "keep" and reasons[h[0]][1].startswith("pinned")
@@ -114,18 +114,18 @@ def test_roots_are_kept_and_dry_run_explains(store_root, monkeypatch):
         assert reasons[h[4]][0] == "delete"
         assert dry.dry_run and dry.bytes_freed > 0
         assert all(_alive(s, i) for i in infos)  # dry run changed nothing
-        report = s.gc()
+        report = s.gc.collect()
         assert [t.digest for t in report.deleted_trees] == [h[4]]
         assert all(_alive(s, i) for i in infos[:4]) and not _alive(s, infos[4])
         os.close(fd)
-        s.unpin(REPO, "v1")
+        s.names.unpin(REPO, "v1")
         with s.index.tx() as conn:
             conn.execute("DELETE FROM leases")
             conn.execute("UPDATE trees SET last_resolved = 0")
-        report = s.gc()
+        report = s.gc.collect()
         assert len(report.deleted_trees) == 4
-        assert s.usage().bytes_used == 0
-        assert s.verify().clean
+        assert s.space.usage().bytes_used == 0
+        assert s.repair.verify().clean
 
 
 @pytest.fixture
@@ -162,8 +162,8 @@ def test_lock_held_by_other_user_is_respected(public_root):
         os.close(w)
         try:
             assert os.read(r, 200) == b"locked"
-            s.policy = type(s.policy)(cap_bytes=1, min_age_s=0, orphan_grace_s=0)
-            report = s.gc()
+            s.gc.policy = type(s.gc.policy)(cap_bytes=1, min_age_s=0, orphan_grace_s=0)
+            report = s.gc.collect()
             assert report.deleted_trees == []
             assert report.kept_trees[0].reason == "in use (a process holds its lock)"
             assert info.path.is_dir()
@@ -171,7 +171,7 @@ def test_lock_held_by_other_user_is_respected(public_root):
             os.kill(pid, 9)
             os.waitpid(pid, 0)
             os.close(r)
-        assert len(s.gc().deleted_trees) == 1
+        assert len(s.gc.collect().deleted_trees) == 1
         assert not info.path.exists()
         with pytest.raises(FileNotFoundError), hold_tree_lock(info.lock_path, info.path):
             pass
@@ -180,19 +180,19 @@ def test_lock_held_by_other_user_is_respected(public_root):
 def test_cap_enforced_before_writing(store_root):
     with Store.open(store_root, cap_bytes=10_000, min_age_s=0, orphan_grace_s=0) as s:
         (info,) = _publish_n(s, 1, size=500)
-        s.pin(REPO)
+        s.names.pin(REPO)
         data = os.urandom(20_000)
-        before = s.usage().bytes_used
+        before = s.space.usage().bytes_used
         with pytest.raises(ResourceExhaustedError) as exc:
-            s.ingest(data, size=len(data), sha256=sha256(data))
+            s.blobs.ingest(data, size=len(data), sha256=sha256(data))
         assert exc.value.limit == "size cap"
         assert "resource exhausted" in str(exc.value)
         assert list(s.layout.ingest.iterdir()) == []
-        assert s.usage().bytes_used == before and s.usage().bytes_reserved == 0
+        assert s.space.usage().bytes_used == before and s.space.usage().bytes_reserved == 0
         # unpinned, the automatic GC makes room by evicting the old tree
-        s.unpin(REPO)
+        s.names.unpin(REPO)
         data = os.urandom(8_000)
-        s.ingest(data, size=len(data), sha256=sha256(data))
+        s.blobs.ingest(data, size=len(data), sha256=sha256(data))
         assert not info.path.exists()
 
 
@@ -201,7 +201,7 @@ def test_free_space_watermark(store_root):
     free = shutil.disk_usage(store_root.parent).free
     with Store.open(store_root, min_free_bytes=free - 1000) as s:
         with pytest.raises(ResourceExhaustedError) as exc:
-            s.ingest(iter([b""]), size=64 << 20, sha256="0" * 64)
+            s.blobs.ingest(iter([b""]), size=64 << 20, sha256="0" * 64)
         assert exc.value.limit == "free-space watermark"
 
 
@@ -241,30 +241,30 @@ def test_enospc_is_typed_and_leaves_nothing_half_done(small_fs, monkeypatch):
         # 1) the reservation sees the real free space (statvfs) and refuses up front
         big = os.urandom(3 << 20)
         with pytest.raises(ResourceExhaustedError):
-            s.ingest(big, size=len(big), sha256=sha256(big))
+            s.blobs.ingest(big, size=len(big), sha256=sha256(big))
         # 2) if the disk fills behind our back, the write's ENOSPC becomes the same error
         monkeypatch.setattr(Space, "free_bytes", lambda self: 1 << 40)
         with pytest.raises(ResourceExhaustedError):
-            s.ingest(big, size=len(big), sha256=sha256(big))
+            s.blobs.ingest(big, size=len(big), sha256=sha256(big))
         assert list(s.layout.ingest.iterdir()) == []
         # 3) a publish that must copy and runs out of space publishes nothing
         filler = os.urandom(1 << 20)
-        s.ingest(filler, size=len(filler), sha256=sha256(filler))
+        s.blobs.ingest(filler, size=len(filler), sha256=sha256(filler))
         files = ingest_variant(s, {**variant_files(seed="exe", size=100), "big.bin": filler})
         exe = [
             TreeFile(f.path, f.sha256, f.size, mode=0o100755 if f.path == "big.bin" else 0o644)
             for f in files
         ]
         with pytest.raises(ResourceExhaustedError):
-            s.publish_tree(REPO, COMMIT_B, "torch-cpu", exe)
-        assert s.lookup(REPO, COMMIT_B, "torch-cpu") is None
+            s.trees.publish_tree(REPO, COMMIT_B, "torch-cpu", exe)
+        assert s.catalog.lookup(REPO, COMMIT_B, "torch-cpu") is None
         assert list(s.layout.staging.iterdir()) == []
         assert len(os.listdir(s.layout.trees)) == 1
-        assert s.lookup(REPO, COMMIT_A, "torch-cpu").path == info.path
-        assert s.verify().clean
+        assert s.catalog.lookup(REPO, COMMIT_A, "torch-cpu").path == info.path
+        assert s.repair.verify().clean
         monkeypatch.undo()
     with Store.open(root) as s:
-        assert s.verify().clean
+        assert s.repair.verify().clean
 
 
 def test_gc_does_not_block_lookups_for_long(store_root):
@@ -274,8 +274,8 @@ def test_gc_does_not_block_lookups_for_long(store_root):
     with Store.open(store_root, min_age_s=0, orphan_grace_s=0) as s:
         infos = _publish_n(s, 6, size=20_000)
         keep = infos[-1]
-        s.pin(REPO, keep.commit)
-        s.policy = type(s.policy)(cap_bytes=1, min_age_s=0, orphan_grace_s=0)
+        s.names.pin(REPO, keep.commit)
+        s.gc.policy = type(s.gc.policy)(cap_bytes=1, min_age_s=0, orphan_grace_s=0)
         worst = 0.0
         stop = threading.Event()
 
@@ -283,12 +283,12 @@ def test_gc_does_not_block_lookups_for_long(store_root):
             nonlocal worst
             while not stop.is_set():
                 t0 = time.perf_counter()
-                assert s.lookup(REPO, keep.commit, "torch-cpu") is not None
+                assert s.catalog.lookup(REPO, keep.commit, "torch-cpu") is not None
                 worst = max(worst, time.perf_counter() - t0)
 
         t = threading.Thread(target=resolver)
         t.start()
-        report = s.gc()
+        report = s.gc.collect()
         stop.set()
         t.join()
         assert len(report.deleted_trees) == 5
@@ -297,12 +297,12 @@ def test_gc_does_not_block_lookups_for_long(store_root):
 
 def test_expected_writer_releases_reservation_on_error(store_root):
     with Store.open(store_root, cap_bytes=1000) as s:
-        w = s.open_writer(Expected(800, sha256="0" * 64))
-        assert s.usage().bytes_reserved == 800
+        w = s.blobs.open_writer(Expected(800, sha256="0" * 64))
+        assert s.space.usage().bytes_reserved == 800
         with pytest.raises(ResourceExhaustedError):
-            s.open_writer(Expected(800, sha256="1" * 64))
+            s.blobs.open_writer(Expected(800, sha256="1" * 64))
         w.abort()
-        assert s.usage().bytes_reserved == 0
+        assert s.space.usage().bytes_reserved == 0
 
 
 def test_a_hold_keeps_a_variant_from_reservation_gc(store_root):
@@ -314,14 +314,14 @@ def test_a_hold_keeps_a_variant_from_reservation_gc(store_root):
         with s.holds.hold() as hold:
             hold.add(REPO, info.commit, info.variant)
             with pytest.raises(ResourceExhaustedError) as exc:
-                s.ingest(data, size=len(data), sha256=sha256(data))
+                s.blobs.ingest(data, size=len(data), sha256=sha256(data))
             assert exc.value.limit == "size cap"
             assert _alive(s, info)
-            report = s.gc(dry_run=True)
+            report = s.gc.collect(dry_run=True)
             (kept,) = [t for t in report.trees if t.digest == info.digest.removeprefix("sha256:")]
             assert kept.reason.startswith("held")
         assert s.holds.held() == set()
-        s.ingest(data, size=len(data), sha256=sha256(data))  # released: GC makes room
+        s.blobs.ingest(data, size=len(data), sha256=sha256(data))  # released: GC makes room
         assert not _alive(s, info)
 
 
@@ -339,7 +339,7 @@ def test_a_hold_counts_every_holder(store_root):
             assert s.holds.held() == {key}
             data = os.urandom(8_000)
             with pytest.raises(ResourceExhaustedError):
-                s.ingest(data, size=len(data), sha256=sha256(data))
+                s.blobs.ingest(data, size=len(data), sha256=sha256(data))
         assert s.holds.held() == set()
 
 
@@ -349,13 +349,13 @@ def test_gc_guards_keep_unwritten_leases(store_root):
     with Store.open(store_root, cap_bytes=10_000, min_age_s=0, orphan_grace_s=0) as s:
         (info,) = _publish_n(s, 1, size=500)
         granted = {info.digest}
-        s.guard_from_gc(lambda: granted)
+        s.gc.guard(lambda: granted)
         data = os.urandom(8_000)
         with pytest.raises(ResourceExhaustedError):
-            s.ingest(data, size=len(data), sha256=sha256(data))
+            s.blobs.ingest(data, size=len(data), sha256=sha256(data))
         assert _alive(s, info)
         granted.clear()
-        s.ingest(data, size=len(data), sha256=sha256(data))
+        s.blobs.ingest(data, size=len(data), sha256=sha256(data))
         assert not _alive(s, info)
 
 
@@ -365,8 +365,8 @@ def test_gc_purges_more_dead_trees_and_blobs_than_one_batch(store):
     infos = [
         publish(store, files=variant_files(seed=f"batch-{i}", size=64)) for i in range(70)
     ]  # each publish replaces the last: 69 unreferenced trees
-    report = store.gc()
+    report = store.gc.collect()
     assert len(report.deleted_trees) == 69
     assert not any(i.path.exists() for i in infos[:-1]) and _alive(store, infos[-1])
     assert store.index.tree_digests("dead") == [] and store.index.blob_digests("dead") == []
-    assert store.verify().clean
+    assert store.repair.verify().clean

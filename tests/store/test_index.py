@@ -89,19 +89,19 @@ def test_second_owner_gets_typed_error_with_pid(store, store_root):
 
 def test_read_only_open_needs_no_lock_and_refuses_mutation(store, store_root):
     publish(store)
-    store.set_ref(REPO, "v1", COMMIT_A)
+    store.names.set_ref(REPO, "v1", COMMIT_A)
     ro = Store.open(store_root, read_only=True)
     try:
-        hit = ro.lookup(REPO, "v1", "torch-cpu")
+        hit = ro.catalog.lookup(REPO, "v1", "torch-cpu")
         assert hit is not None
-        assert ro.verify().clean
+        assert ro.repair.verify().clean
         with pytest.raises(ReadOnlyStoreError):
-            ro.set_ref(REPO, "v1", COMMIT_B)
+            ro.names.set_ref(REPO, "v1", COMMIT_B)
         with pytest.raises(ReadOnlyStoreError):
-            ro.gc()
+            ro.gc.collect()
         with pytest.raises(ReadOnlyStoreError):
-            ro.verify(repair=True)
-        assert ro.gc(dry_run=True).bytes_freed == 0
+            ro.repair.verify(repair=True)
+        assert ro.gc.collect(dry_run=True).bytes_freed == 0
     finally:
         ro.close()
 
@@ -113,16 +113,16 @@ def test_read_only_open_of_missing_store(tmp_path):
 
 def test_refs_and_lookup(store):
     publish(store)
-    assert store.lookup(REPO, "v1", "torch-cpu") is None  # unknown ref
-    store.set_ref(REPO, "v1", COMMIT_A, fetched_at=123.0)
-    hit = store.lookup(REPO, "v1", "torch-cpu")
+    assert store.catalog.lookup(REPO, "v1", "torch-cpu") is None  # unknown ref
+    store.names.set_ref(REPO, "v1", COMMIT_A, fetched_at=123.0)
+    hit = store.catalog.lookup(REPO, "v1", "torch-cpu")
     assert hit.commit == COMMIT_A and hit.metadata_id == "_activation_0123abc"
     assert hit.archs == ["8.0", "9.0a"]
-    assert store.get_ref(REPO, "v1").fetched_at == 123.0
-    assert store.lookup(REPO, COMMIT_A, "torch-cpu").digest == hit.digest
-    assert store.lookup(REPO, COMMIT_A, "torch-cuda") is None
-    assert store.lookup(REPO, COMMIT_B, "torch-cpu") is None
-    assert store.variants(REPO, COMMIT_A) == ["torch-cpu"]
+    assert store.names.get_ref(REPO, "v1").fetched_at == 123.0
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cpu").digest == hit.digest
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cuda") is None
+    assert store.catalog.lookup(REPO, COMMIT_B, "torch-cpu") is None
+    assert store.catalog.variants(REPO, COMMIT_A) == ["torch-cpu"]
 
 
 def test_lookup_records_resolve_time(store):
@@ -130,23 +130,23 @@ def test_lookup_records_resolve_time(store):
     hexd = info.digest.removeprefix("sha256:")
     before = store.index.get_tree(hexd).last_resolved
     time.sleep(1.1)
-    store.lookup(REPO, COMMIT_A, "torch-cpu")
+    store.catalog.lookup(REPO, COMMIT_A, "torch-cpu")
     assert store.index.get_tree(hexd).last_resolved > before
 
 
 def test_denies(store):
     publish(store)
-    store.set_ref(REPO, "v1", COMMIT_A)
-    store.deny(REPO, COMMIT_A, reason="CVE-1234")
+    store.names.set_ref(REPO, "v1", COMMIT_A)
+    store.names.deny(REPO, COMMIT_A, reason="CVE-1234")
     with pytest.raises(DeniedError, match="CVE-1234"):
-        store.lookup(REPO, "v1", "torch-cpu")
+        store.catalog.lookup(REPO, "v1", "torch-cpu")
     with pytest.raises(DeniedError):
         publish(store, variant="torch-cuda")
-    assert store.allow(REPO, COMMIT_A)
-    assert store.lookup(REPO, "v1", "torch-cpu") is not None
-    store.deny(REPO, reason="whole repo")
+    assert store.names.allow(REPO, COMMIT_A)
+    assert store.catalog.lookup(REPO, "v1", "torch-cpu") is not None
+    store.names.deny(REPO, reason="whole repo")
     with pytest.raises(DeniedError):
-        store.lookup(REPO, "main", "torch-cpu")
+        store.catalog.lookup(REPO, "main", "torch-cpu")
     denies = json.loads((store.layout.published_index / "denies.json").read_text())
     assert denies["denies"] == [
         {
@@ -164,22 +164,22 @@ def test_a_deny_or_pin_names_the_repo_in_any_case(store):
     whatever its case, and a pin keeps every spelling's trees."""
     upper = REPO.upper()
     publish(store, repo=upper)
-    store.set_ref(upper, "v1", COMMIT_A)
-    store.deny(REPO, reason="advisory")
+    store.names.set_ref(upper, "v1", COMMIT_A)
+    store.names.deny(REPO, reason="advisory")
     for repo in (REPO, upper, "Kernels-Community/Activation"):
         with pytest.raises(DeniedError, match="advisory"):
-            store.check_denied(repo, "v1")
+            store.names.check_denied(repo, "v1")
     with pytest.raises(DeniedError):
-        store.lookup(upper, "v1", "torch-cpu")
+        store.catalog.lookup(upper, "v1", "torch-cpu")
     with pytest.raises(published_index.Denied, match="advisory"):
         published_index.lookup(store.root, upper, "v1", "torch-cpu")
-    store.deny(upper, reason="again")  # the same repo: its row is replaced
-    assert [(d.repo, d.reason) for d in store.denies(REPO)] == [(upper, "again")]
-    assert store.allow("kernels-community/ACTIVATION")
-    assert store.denies() == [] and store.lookup(upper, "v1", "torch-cpu") is not None
-    store.pin(REPO, COMMIT_A)
-    (tree,) = {v.tree for v in store.variants_of(upper)}
-    held = pinned_trees(store.pins(), store.all_refs(), store.index.all_variants())
+    store.names.deny(upper, reason="again")  # the same repo: its row is replaced
+    assert [(d.repo, d.reason) for d in store.names.denies(REPO)] == [(upper, "again")]
+    assert store.names.allow("kernels-community/ACTIVATION")
+    assert store.names.denies() == [] and store.catalog.lookup(upper, "v1", "torch-cpu") is not None
+    store.names.pin(REPO, COMMIT_A)
+    (tree,) = {v.tree for v in store.catalog.variants_of(upper)}
+    held = pinned_trees(store.names.pins(), store.names.all_refs(), store.index.all_variants())
     assert held == {tree: f"pinned ({REPO}@{COMMIT_A}/*)"}
 
 
@@ -190,61 +190,61 @@ def test_deny_rows_of_an_older_kerneld_keep_their_meaning(store_root):
     rebuilds at open. A new prefix row is refused: resolve it first."""
     with Store.open(store_root) as store:
         publish(store)
-        store.set_ref(REPO, "v1", COMMIT_A)
-        store.set_ref(REPO, "main", COMMIT_A)
+        store.names.set_ref(REPO, "v1", COMMIT_A)
+        store.names.set_ref(REPO, "main", COMMIT_A)
         with store.index.tx() as conn:  # the row as an older kerneld wrote it
             store.index.put_deny(conn, REPO, COMMIT_A[:8], "old prefix")
     with Store.open(store_root) as store:
         for revision in ("main", "v1", COMMIT_A):
             with pytest.raises(DeniedError, match="old prefix"):
-                store.lookup(REPO, revision, "torch-cpu")
+                store.catalog.lookup(REPO, revision, "torch-cpu")
             with pytest.raises(published_index.Denied, match="old prefix"):
                 published_index.lookup(store.root, REPO, revision, "torch-cpu")
-        assert store.allow(REPO, COMMIT_A[:8])
+        assert store.names.allow(REPO, COMMIT_A[:8])
         with pytest.raises(UnresolvedDenyError, match="full commit"):
-            store.deny(REPO, COMMIT_A[:8])
-        store.deny(REPO, "v1", reason="old ref")  # a ref name: the requests that name it
+            store.names.deny(REPO, COMMIT_A[:8])
+        store.names.deny(REPO, "v1", reason="old ref")  # a ref name: the requests that name it
         with pytest.raises(DeniedError, match="old ref"):
-            store.lookup(REPO, "v1", "torch-cpu")
-        assert store.lookup(REPO, "main", "torch-cpu") is not None
+            store.catalog.lookup(REPO, "v1", "torch-cpu")
+        assert store.catalog.lookup(REPO, "main", "torch-cpu") is not None
 
 
 def test_leases(store):
     info = publish(store)
-    lease = store.acquire_lease(info.digest, 60, holder="pid 1")
+    lease = store.leases.acquire(info.digest, 60, holder="pid 1")
     assert lease.expires_at > time.time()
-    renewed = store.renew_lease(lease.id, 120)
+    renewed = store.leases.renew(lease.id, 120)
     assert renewed.expires_at > lease.expires_at
-    assert store.release_lease(lease.id)
+    assert store.leases.release(lease.id)
     with pytest.raises(LeaseNotFoundError):
-        store.renew_lease(lease.id, 10)
+        store.leases.renew(lease.id, 10)
     with pytest.raises(TreeNotFoundError):
-        store.acquire_lease("sha256:" + "0" * 64, 10)
-    hit = store.lookup(REPO, COMMIT_A, "torch-cpu", lease_ttl_s=30, holder="x")
+        store.leases.acquire("sha256:" + "0" * 64, 10)
+    hit = store.catalog.lookup(REPO, COMMIT_A, "torch-cpu", lease_ttl_s=30, holder="x")
     assert hit.lease is not None and hit.lease.tree == info.digest
 
 
 def test_negative_cache(store):
-    store.put_negative(REPO, "v9", "*", "RevisionNotFound", ttl_s=60)
-    row = store.get_negative(REPO, "v9")
+    store.names.put_negative(REPO, "v9", "*", "RevisionNotFound", ttl_s=60)
+    row = store.names.get_negative(REPO, "v9")
     assert row is not None and row.reason == "RevisionNotFound"
-    store.put_negative(REPO, "v8", "*", "RevisionNotFound", ttl_s=-1)
-    assert store.get_negative(REPO, "v8") is None
+    store.names.put_negative(REPO, "v8", "*", "RevisionNotFound", ttl_s=-1)
+    assert store.names.get_negative(REPO, "v8") is None
     publish(store)  # a successful publish clears the repo's negative entries
-    assert store.get_negative(REPO, "v9") is None
+    assert store.names.get_negative(REPO, "v9") is None
 
 
 def test_pins_roundtrip(store):
-    store.pin(REPO, "v1")
-    assert [(p.repo, p.revision, p.variant) for p in store.pins()] == [(REPO, "v1", "*")]
-    assert store.unpin(REPO, "v1")
-    assert not store.unpin(REPO, "v1")
+    store.names.pin(REPO, "v1")
+    assert [(p.repo, p.revision, p.variant) for p in store.names.pins()] == [(REPO, "v1", "*")]
+    assert store.names.unpin(REPO, "v1")
+    assert not store.names.unpin(REPO, "v1")
 
 
 def test_published_index_document(store):
     publish(store)
-    store.set_ref(REPO, "v1", COMMIT_A)
-    store.set_upstream_variants(REPO, COMMIT_A, ["torch-cpu", "torch-cuda"])
+    store.names.set_ref(REPO, "v1", COMMIT_A)
+    store.names.set_upstream_variants(REPO, COMMIT_A, ["torch-cpu", "torch-cuda"])
     path = store.layout.repo_index_path(REPO)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     doc = json.loads(path.read_text())
@@ -258,7 +258,7 @@ def test_published_index_document(store):
     assert v["digest"].startswith("sha256:") and v["metadata_id"] == "_activation_0123abc"
     assert not os.path.isabs(v["tree"])
     gen = doc["generation"]
-    store.set_ref(REPO, "main", COMMIT_A)
+    store.names.set_ref(REPO, "main", COMMIT_A)
     assert json.loads(path.read_text())["generation"] > gen
     leftovers = [p for p in path.parent.iterdir() if p.name.startswith(".")]
     assert leftovers == []
@@ -266,7 +266,7 @@ def test_published_index_document(store):
 
 def test_client_lookup_is_fast_and_honours_denies(store):
     publish(store)
-    store.set_ref(REPO, "v1", COMMIT_A)
+    store.names.set_ref(REPO, "v1", COMMIT_A)
     root = store.layout.root
     hit = published_index.lookup(root, REPO, "v1", "torch-cpu")
     assert hit is not None and hit.tree.is_dir() and hit.commit == COMMIT_A
@@ -278,7 +278,7 @@ def test_client_lookup_is_fast_and_honours_denies(store):
         published_index.lookup(root, REPO, "v1", "torch-cpu")
     per_call = (time.perf_counter() - t0) / n
     assert per_call < 1e-3, f"{per_call * 1e6:.0f} µs per lookup"
-    store.deny(REPO, "v1", reason="bad build")
+    store.names.deny(REPO, "v1", reason="bad build")
     with pytest.raises(published_index.Denied):
         published_index.lookup(root, REPO, "v1", "torch-cpu")
 
@@ -286,7 +286,7 @@ def test_client_lookup_is_fast_and_honours_denies(store):
 def test_client_index_rebuilt_at_open(store_root):
     with Store.open(store_root) as s:
         publish(s)
-        s.set_ref(REPO, "v1", COMMIT_A)
+        s.names.set_ref(REPO, "v1", COMMIT_A)
         path = s.layout.repo_index_path(REPO)
     path.unlink()
     (path.parent.parent / "ghost").mkdir()
@@ -302,7 +302,7 @@ def test_reopen_rewrites_only_client_index_files_that_differ(store_root):
     """A restart leaves correct index files alone (no write, no fsync) and repairs the rest."""
     with Store.open(store_root) as s:
         publish(s)
-        s.set_ref(REPO, "v1", COMMIT_A)
+        s.names.set_ref(REPO, "v1", COMMIT_A)
         path = s.layout.repo_index_path(REPO)
         denies = s.layout.published_index / "denies.json"
     before = {p: p.stat().st_ino for p in (path, denies)}

@@ -30,9 +30,9 @@ CODE = textwrap.dedent(
     part.write_bytes(data[:4000])
     os.chmod(part, 0o444)  # what BlobWriter.commit leaves when killed before the rename
     with Store.open(root) as store:
-        info = store.ingest(data, size=len(data), sha256=sha)
-        assert info.sha256 == sha and store.has_blob(sha)
-        assert store.open_blob(sha).read() == data
+        info = store.blobs.ingest(data, size=len(data), sha256=sha)
+        assert info.sha256 == sha and store.blobs.has_blob(sha)
+        assert store.blobs.open_blob(sha).read() == data
     print("ok")
     """
 )

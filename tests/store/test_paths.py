@@ -81,22 +81,22 @@ def test_publish_rejects_bad_paths_and_writes_nothing(store, path, _why):
     before = walk_all(store.layout.root)
     bad = [*files, TreeFile(path, files[0].sha256)]
     with pytest.raises(InvalidPathError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", bad)
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", bad)
     assert walk_all(store.layout.root) == before
-    assert store.lookup(REPO, COMMIT_A, "torch-cpu") is None
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cpu") is None
 
 
 def test_publish_rejects_duplicates(store):
     files = ingest_variant(store, variant_files())
     with pytest.raises(DuplicatePathError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, files[1]])
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, files[1]])
 
 
 def test_publish_rejects_file_dir_conflict(store):
     files = ingest_variant(store, variant_files())
     conflict = [*files, TreeFile("_ops.py/inner", files[0].sha256)]
     with pytest.raises(PathConflictError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", conflict)
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", conflict)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_publish_rejects_special_files(store, mode, what):
     files = ingest_variant(store, variant_files())
     bad = [*files, TreeFile("link", files[0].sha256, mode=mode)]
     with pytest.raises(UnsupportedFileTypeError, match=what):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", bad)
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", bad)
 
 
 def test_publish_rejects_lying_size(store):
@@ -122,7 +122,7 @@ def test_publish_rejects_lying_size(store):
     f0 = files[0]
     liar = TreeFile(f0.path, f0.sha256, (f0.size or 0) + 1)
     with pytest.raises(SizeMismatchError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", [liar, *files[1:]])
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", [liar, *files[1:]])
 
 
 @pytest.mark.parametrize(
@@ -138,13 +138,13 @@ def test_publish_rejects_lying_size(store):
 def test_publish_rejects_bad_names(store, repo, commit, variant, exc):
     files = ingest_variant(store, variant_files())
     with pytest.raises(exc):
-        store.publish_tree(repo, commit, variant, files)
+        store.trees.publish_tree(repo, commit, variant, files)
 
 
 def test_publish_rejects_bad_sha(store):
     files = ingest_variant(store, variant_files())
     with pytest.raises(InvalidInputError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, TreeFile("x", "zz")])
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, TreeFile("x", "zz")])
 
 
 def test_ingest_file_rejects_symlink_device_fifo(store, tmp_path):
@@ -158,6 +158,8 @@ def test_ingest_file_rejects_symlink_device_fifo(store, tmp_path):
     os.mkfifo(fifo)
     for path in (link, fifo, "/dev/null"):
         with pytest.raises(UnsupportedFileTypeError):
-            store.ingest_file(path, sha256="0" * 64)
-    info = store.ingest_file(target, sha256=__import__("hashlib").sha256(b"hello").hexdigest())
+            store.blobs.ingest_file(path, sha256="0" * 64)
+    info = store.blobs.ingest_file(
+        target, sha256=__import__("hashlib").sha256(b"hello").hexdigest()
+    )
     assert info.size == 5

@@ -34,17 +34,17 @@ def test_new_platforms_rewrite_every_repo_and_a_restart_keeps_them(store_root: P
         for i, repo in enumerate(REPOS):
             publish(store, repo, variant="torch-cpu", kid=f"_k{i}_cpu")
             publish(store, repo, variant="torch-universal", kid=f"_k{i}_universal")
-        store.set_upstream_variants(REPOS[0], COMMIT_A, ["torch-cpu", "torch-cuda"])
+        store.names.set_upstream_variants(REPOS[0], COMMIT_A, ["torch-cpu", "torch-cuda"])
         assert _picks(store_root, REPOS[-1]) == {}  # no platform shown yet: no picks
-        store.set_client_platforms([CPU213, CUDA])
+        store.published.set_platforms([CPU213, CUDA])
         cpu, cuda = fingerprint(CPU213.to_dict()), fingerprint(CUDA.to_dict())
         for repo in REPOS[1:]:
             assert _picks(store_root, repo) == {cpu: "torch-cpu", cuda: "torch-universal"}
         # Known upstream variants decide: the CUDA platform's pick is not fetched yet.
         assert _picks(store_root, REPOS[0]) == {cpu: "torch-cpu", cuda: "torch-cuda"}
-        generation = store.generation
-        store.set_client_platforms([CUDA, CPU213])  # the same set: nothing to rewrite
-        assert store.generation == generation
+        generation = store.published.generation
+        store.published.set_platforms([CUDA, CPU213])  # the same set: nothing to rewrite
+        assert store.published.generation == generation
     path = store_root / "index" / "v1" / "org" / "kernel5.json"
     before = path.stat().st_mtime_ns
     Store.open(store_root, min_age_s=0, client_platforms=[CPU213, CUDA]).close()

@@ -48,18 +48,18 @@ def _signed(
 
 
 def test_a_variant_signed_by_a_trusted_identity_is_recorded_verified(store, sigstore, trusted_root):
-    store.provenance = _check(trusted_root)
+    store.signatures.check = _check(trusted_root)
     info = publish(store, files=_signed(sigstore))
     assert info.provenance is not None and info.provenance.status == "verified"
     assert (info.provenance.signer, info.provenance.issuer) == (ME.identity, ME.issuer)
-    assert store.provenance_of(info.digest) == info.provenance
+    assert store.signatures.record_of(info.digest) == info.provenance
 
 
 def test_kernels_own_signers_are_trusted_unless_turned_off(store, sigstore, trusted_root):
     files = _signed(
         sigstore, signer=Signer.github_workflow("huggingface/kernels-community", COMMUNITY_BUILD)
     )
-    store.provenance = _check(trusted_root, identities=())
+    store.signatures.check = _check(trusted_root, identities=())
     assert publish(store, files=files).provenance.status == "verified"  # type: ignore[union-attr]
 
     other = _signed(
@@ -67,7 +67,7 @@ def test_kernels_own_signers_are_trusted_unless_turned_off(store, sigstore, trus
         seed="y",
         signer=Signer.github_workflow("huggingface/kernels-community", COMMUNITY_BUILD),
     )
-    store.provenance = _check(trusted_root, identities=(ME,), kernels_defaults=False)
+    store.signatures.check = _check(trusted_root, identities=(ME,), kernels_defaults=False)
     record = publish(store, commit="c" * 40, files=other).provenance
     assert record is not None and record.status == "invalid"
     assert COMMUNITY_BUILD in record.detail and ME.identity in record.detail
@@ -77,17 +77,17 @@ def test_a_workflow_of_another_repository_is_not_kernels_community(store, sigsto
     # The same workflow path in a fork: the source repository claim decides, not the file name.
     fork = COMMUNITY_BUILD.replace("huggingface/", "someone/")
     files = _signed(sigstore, signer=Signer.github_workflow("someone/kernels-community", fork))
-    store.provenance = _check(trusted_root, identities=())
+    store.signatures.check = _check(trusted_root, identities=())
     record = publish(store, files=files).provenance
     assert record is not None and record.status == "invalid"
 
 
 def test_unsigned_is_recorded_and_served_under_warn_refused_under_require(store, trusted_root):
-    store.provenance = _check(trusted_root)
+    store.signatures.check = _check(trusted_root)
     info = publish(store)
     assert info.provenance is not None and info.provenance.status == "unsigned"
 
-    store.provenance = _check(trusted_root, "require")
+    store.signatures.check = _check(trusted_root, "require")
     with pytest.raises(ProvenanceError, match=r"no sigstore signature.*\[provenance\] identities"):
         publish(store, commit="c" * 40, files=variant_files(seed="other"))
     assert store.index.get_variant(REPO, "c" * 40, "torch-cpu") is None
@@ -100,7 +100,7 @@ def test_a_signature_over_other_bytes_is_invalid(store, sigstore, trusted_root):
     files = variant_files()
     meta = metadata_for(files)
     bundle = sigstore.sign(metadata_for(files, extra={"version": 2}))
-    store.provenance = _check(trusted_root)
+    store.signatures.check = _check(trusted_root)
     record = publish(
         store, files={**files, "metadata.json": meta, "metadata.json.sigstore": bundle}
     ).provenance
@@ -110,13 +110,13 @@ def test_a_signature_over_other_bytes_is_invalid(store, sigstore, trusted_root):
 
 def test_a_signature_from_another_sigstore_instance_is_invalid(store, trusted_root):
     files = _signed(LocalSigstore())  # a CA, CT log and tlog this site does not trust
-    store.provenance = _check(trusted_root, "require")
+    store.signatures.check = _check(trusted_root, "require")
     with pytest.raises(ProvenanceError, match="does not verify"):
         publish(store, files=files)
 
 
 def test_signed_metadata_without_a_digest_vouches_for_no_file(store, sigstore, trusted_root):
-    store.provenance = _check(trusted_root)
+    store.signatures.check = _check(trusted_root)
     record = publish(store, files=_signed(sigstore, algorithm=None)).provenance
     assert record is not None and record.status == "invalid"
     assert "no digest" in record.detail
@@ -125,30 +125,32 @@ def test_signed_metadata_without_a_digest_vouches_for_no_file(store, sigstore, t
 def test_a_garbage_bundle_is_invalid_and_says_so(store, trusted_root):
     files = variant_files()
     files = {**files, "metadata.json": metadata_for(files), "metadata.json.sigstore": b"{not json"}
-    store.provenance = _check(trusted_root)
+    store.signatures.check = _check(trusted_root)
     record = publish(store, files=files).provenance
     assert record is not None and record.status == "invalid"
     assert "cannot be parsed" in record.detail
 
 
 def test_an_unreadable_trust_root_is_unchecked_and_refused_under_require(store, sigstore, tmp_path):
-    store.provenance = _check(tmp_path / "missing.json", "require")
+    store.signatures.check = _check(tmp_path / "missing.json", "require")
     with pytest.raises(ProvenanceError, match=r"could not be checked.*missing\.json"):
         publish(store, files=_signed(sigstore))
 
 
 def test_the_record_lives_and_dies_with_its_tree(store_root, sigstore, trusted_root):
     with Store.open(store_root, min_age_s=0, orphan_grace_s=0) as s:
-        s.provenance = _check(trusted_root)
+        s.signatures.check = _check(trusted_root)
         old = publish(s, files=_signed(sigstore, seed="old"))
         new = publish(s, files=_signed(sigstore, seed="new"))  # replaces old at the same commit
     with Store.open(store_root, min_age_s=0, orphan_grace_s=0) as s:
-        assert s.provenance_of(old.digest) is not None  # recorded in the index, not in memory
-        s.gc()
-        assert s.provenance_of(old.digest) is None
-        assert s.provenance_of(new.digest) == new.provenance
+        assert (
+            s.signatures.record_of(old.digest) is not None
+        )  # recorded in the index, not in memory
+        s.gc.collect()
+        assert s.signatures.record_of(old.digest) is None
+        assert s.signatures.record_of(new.digest) == new.provenance
     with Store.open(store_root, read_only=True) as s:
-        assert s.provenance_of(new.digest) == new.provenance
+        assert s.signatures.record_of(new.digest) == new.provenance
 
 
 def test_a_tree_is_checked_once(store, sigstore, trusted_root):
@@ -161,7 +163,7 @@ def test_a_tree_is_checked_once(store, sigstore, trusted_root):
         return real(*args, **kw)
 
     check.check = counting  # type: ignore[method-assign]
-    store.provenance = check
+    store.signatures.check = check
     files = _signed(sigstore)
     publish(store, files=files)
     publish(store, commit="c" * 40, files=files)  # the same tree under another revision
@@ -208,11 +210,11 @@ def test_a_tree_from_before_the_check_is_checked_on_its_first_lookup(store, sigs
     first lookup checks it (and records the answer); unsigned is refused, signed is served."""
     signed = publish(store, files=_signed(sigstore, seed="signed"))
     unsigned = publish(store, commit="c" * 40, files=variant_files(seed="plain"))
-    assert store.provenance_of(signed.digest) is None
-    store.set_provenance(_check(trusted_root, "require"))
-    hit = store.lookup(REPO, signed.commit, "torch-cpu")
+    assert store.signatures.record_of(signed.digest) is None
+    store.signatures.install(_check(trusted_root, "require"))
+    hit = store.catalog.lookup(REPO, signed.commit, "torch-cpu")
     assert hit is not None and hit.digest == signed.digest
-    assert store.provenance_of(signed.digest).status == "verified"  # type: ignore[union-attr]
+    assert store.signatures.record_of(signed.digest).status == "verified"  # type: ignore[union-attr]
     with pytest.raises(ProvenanceError, match="no sigstore signature"):
-        store.lookup(REPO, unsigned.commit, "torch-cpu")
-    assert store.provenance_of(unsigned.digest).status == "unsigned"  # type: ignore[union-attr]
+        store.catalog.lookup(REPO, unsigned.commit, "torch-cpu")
+    assert store.signatures.record_of(unsigned.digest).status == "unsigned"  # type: ignore[union-attr]

@@ -89,8 +89,8 @@ def test_identical_content_is_stored_once(store):
     assert a.created and not b.created and not c.created
     assert a.digest == b.digest == c.digest
     assert len(os.listdir(store.layout.trees)) == 1
-    assert store.lookup(REPO, COMMIT_B, "torch-cpu").digest == a.digest
-    assert store.lookup("other-org/fork", COMMIT_A, "torch-cuda").path == a.path
+    assert store.catalog.lookup(REPO, COMMIT_B, "torch-cpu").digest == a.digest
+    assert store.catalog.lookup("other-org/fork", COMMIT_A, "torch-cuda").path == a.path
 
 
 def test_executable_files_are_copied_0555(store):
@@ -99,12 +99,12 @@ def test_executable_files_are_copied_0555(store):
         TreeFile(f.path, f.sha256, f.size, mode=0o100755 if f.path == "_ops.py" else 0o100644)
         for f in files
     ]
-    info = store.publish_tree(REPO, COMMIT_A, "torch-cpu", exe)
+    info = store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", exe)
     st_ = os.stat(info.path / "_ops.py")
     assert stat.S_IMODE(st_.st_mode) == 0o555
     assert st_.st_ino != os.stat(store.layout.blob_path(files[1].sha256)).st_ino
-    assert store.usage().bytes_used > sum(f.size for f in files)
-    assert store.verify().clean
+    assert store.space.usage().bytes_used > sum(f.size for f in files)
+    assert store.repair.verify().clean
 
 
 def test_copy_fallback_when_links_fail(store, monkeypatch):
@@ -119,21 +119,21 @@ def test_copy_fallback_when_links_fail(store, monkeypatch):
     for f in info.path.iterdir():
         assert os.stat(f).st_nlink == 1
         assert stat.S_IMODE(os.stat(f).st_mode) == 0o444
-    assert store.verify().clean
+    assert store.repair.verify().clean
 
 
 def test_copy_mode_option(store_root):
     with Store.open(store_root, use_hardlinks=False) as s:
         info = publish(s)
         assert all(os.stat(f).st_nlink == 1 for f in info.path.iterdir())
-        assert s.verify().clean
+        assert s.repair.verify().clean
 
 
 def test_missing_blob(store):
     files = ingest_variant(store, variant_files())
     ghost = TreeFile("ghost.so", "f" * 64, 10)
     with pytest.raises(BlobMissingError) as info:
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, ghost])
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", [*files, ghost])
     assert info.value.missing == ["f" * 64]
 
 
@@ -141,10 +141,10 @@ def test_metadata_required(store):
     files = variant_files()
     tf = []
     for path, data in files.items():
-        store.ingest(data, size=len(data), sha256=sha256(data))
+        store.blobs.ingest(data, size=len(data), sha256=sha256(data))
         tf.append(TreeFile(path, sha256(data), len(data)))
     with pytest.raises(MetadataError, match="no metadata.json"):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", tf)
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", tf)
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b"\xff\xfe"])
@@ -187,7 +187,7 @@ def test_metadata_digest_failures(store, algorithm, kw, field):
         publish(store, files=files, metadata=_digest_doc(files, algorithm, **kw))
     assert getattr(info.value, field)
     assert "re-run the build's hash step" in str(info.value)  # issue 18: the author's next step
-    assert store.lookup(REPO, COMMIT_A, "torch-cpu") is None
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cpu") is None
     assert os.listdir(store.layout.trees) == []
 
 
@@ -237,11 +237,11 @@ def test_failed_publish_leaves_no_staging(store, monkeypatch):
     exe = [TreeFile(f.path, f.sha256, f.size, mode=0o100755) for f in files]
     before = walk_all(store.layout.root)
     with pytest.raises(RuntimeError):
-        store.publish_tree(REPO, COMMIT_A, "torch-cpu", exe)
+        store.trees.publish_tree(REPO, COMMIT_A, "torch-cpu", exe)
     assert walk_all(store.layout.root) == before
 
 
 def test_upstream_ids_recorded(store):
     info = publish(store)
-    ids = store.upstream_ids(REPO, COMMIT_A, "torch-cpu")
+    ids = store.catalog.upstream_ids(REPO, COMMIT_A, "torch-cpu")
     assert len(ids) == info.files

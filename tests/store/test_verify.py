@@ -19,7 +19,7 @@ def _writable(path):
 
 def test_clean_store(store):
     publish(store)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.clean and report.exit_code == 0
     assert report.blobs_checked == 6 and report.trees_checked == 1
 
@@ -30,24 +30,24 @@ def test_corrupt_blob_detected_and_repaired(store):
     os.chmod(victim, 0o644)
     victim.write_bytes(b"evil = True\n")  # same inode as the blob: both are corrupt now
     os.chmod(victim, 0o444)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code & verify_mod.CORRUPT
     assert {p.object for p in report.problems} >= {"blob"}
     seen = []
-    report = store.verify(repair=True, on_invalidated=lambda *a: seen.append(a))
+    report = store.repair.verify(repair=True, on_invalidated=lambda *a: seen.append(a))
     assert seen == [(REPO, COMMIT_A, "torch-cpu")]
-    assert store.lookup(REPO, COMMIT_A, "torch-cpu") is None
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cpu") is None
     assert not info.path.exists()
-    assert store.verify().clean
+    assert store.repair.verify().clean
     # re-fetch works: publishing again restores the tree
     again = publish(store)
-    assert again.created and store.verify().clean
+    assert again.created and store.repair.verify().clean
 
 
 def test_missing_blob_and_tree_file(store):
     info = publish(store)
     os.unlink(store.layout.blob_path(info.metadata and _sha(info, "__init__.py")))
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code == verify_mod.CORRUPT
     assert any(p.kind == "missing" and p.object == "blob" for p in report.problems)
 
@@ -61,7 +61,7 @@ def _sha(info, rel):
 def test_untrusted_modes_and_symlinks(store):
     info = publish(store)
     os.chmod(info.path, 0o755)  # writable tree dir
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code == verify_mod.UNTRUSTED
     os.chmod(info.path, 0o555)
     target = info.path / "_ops.py"
@@ -69,18 +69,18 @@ def test_untrusted_modes_and_symlinks(store):
     os.unlink(target)
     os.symlink("/etc/passwd", target)
     os.chmod(info.path, 0o555)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code & verify_mod.UNTRUSTED
     assert any("symlink" in p.detail for p in report.problems)
-    store.verify(repair=True)
-    assert store.verify().clean
-    assert store.lookup(REPO, COMMIT_A, "torch-cpu") is None
+    store.repair.verify(repair=True)
+    assert store.repair.verify().clean
+    assert store.catalog.lookup(REPO, COMMIT_A, "torch-cpu") is None
 
 
 def test_wrong_owner_is_untrusted(store):
     info = publish(store)
     os.chown(info.path / "_ops.py", 65534, 65534)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code == verify_mod.UNTRUSTED
     assert any("(uid 65534), not by the store's owner" in p.detail for p in report.problems)
 
@@ -91,7 +91,7 @@ def test_extra_file_in_tree_is_corrupt(store):
     (info.path / "injected.py").write_text("import os")
     os.chmod(info.path / "injected.py", 0o444)
     os.chmod(info.path, 0o555)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code == verify_mod.CORRUPT
 
 
@@ -102,12 +102,12 @@ def test_unknown_files_reported_and_removed(store):
     stray.write_bytes(b"?")
     stray_tree = store.layout.trees / ("c" * 64)
     stray_tree.mkdir()
-    report = store.verify()
+    report = store.repair.verify()
     kinds = {p.kind for p in report.problems}
     assert kinds == {"unknown"} and report.exit_code == 0 and not report.clean
-    store.verify(repair=True)
+    store.repair.verify(repair=True)
     assert not stray.exists() and not stray_tree.exists()
-    assert store.verify().clean
+    assert store.repair.verify().clean
 
 
 def test_io_errors_are_reported_and_verification_goes_on(store, monkeypatch):
@@ -121,14 +121,14 @@ def test_io_errors_are_reported_and_verification_goes_on(store, monkeypatch):
         return real_open(path)
 
     monkeypatch.setattr(verify_mod, "open_for_hash", flaky)
-    report = store.verify()
+    report = store.repair.verify()
     assert report.exit_code == verify_mod.IO_ERROR
     assert report.blobs_checked == 6 and report.trees_checked == 1
     io = [p for p in report.problems if p.kind == "io"]
     assert len(io) == 1  # the tree file (same inode, other path) was hashed on its own
-    store.verify(repair=True)
+    store.repair.verify(repair=True)
     monkeypatch.undo()
-    assert store.verify().clean
+    assert store.repair.verify().clean
 
 
 def test_verify_read_only_on_stopped_store(store_root):
@@ -136,7 +136,7 @@ def test_verify_read_only_on_stopped_store(store_root):
         publish(s)
     ro = Store.open(store_root, read_only=True)
     try:
-        assert ro.verify().clean
+        assert ro.repair.verify().clean
     finally:
         ro.close()
 
@@ -154,4 +154,4 @@ def test_exit_code_combines_bits():
 def test_blob_mode_must_be_0444(store, mode):
     info = publish(store)
     os.chmod(store.layout.blob_path(_sha(info, "_ops.py")), mode)
-    assert store.verify().exit_code & verify_mod.UNTRUSTED
+    assert store.repair.verify().exit_code & verify_mod.UNTRUSTED

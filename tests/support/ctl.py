@@ -167,7 +167,7 @@ def publish(
     """Ingest and publish one variant; upstream ids as the Hub gives them (LFS: sha256)."""
     tree_files = []
     for path, data in files.items():
-        info = store.ingest(data, size=len(data), sha256=sha256(data))
+        info = store.blobs.ingest(data, size=len(data), sha256=sha256(data))
         tree_files.append(
             TreeFile(
                 path,
@@ -177,9 +177,9 @@ def publish(
                 upstream_id=sha256(data) if path in lfs else git_sha1(data),
             )
         )
-    tree = store.publish_tree(repo, commit, variant, tree_files)
+    tree = store.trees.publish_tree(repo, commit, variant, tree_files)
     for ref in refs:
-        store.set_ref(repo, ref, commit)
+        store.names.set_ref(repo, ref, commit)
     return tree.digest
 
 

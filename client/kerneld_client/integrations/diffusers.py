@@ -37,7 +37,8 @@ from types import ModuleType
 from typing import Any
 
 from kerneld_client import _config
-from kerneld_client.integrations._autohook import AfterImport
+from kerneld_client.integrations._after_import import AfterImport
+from kerneld_client.integrations._hook_warning import KerneldHookWarning
 
 __all__ = ["TARGET", "TESTED", "KerneldOverview", "attach", "attached", "detach"]
 
@@ -103,8 +104,6 @@ def _warn_env_ignored() -> None:
     if _warned_env:
         return
     _warned_env = True
-    from kerneld_client.integrations.kernels import KerneldHookWarning
-
     warnings.warn(
         f"kerneld: {_TRUST_ENV} is set, but under kerneld it does not trust a kernel publisher: "
         "the site's [trust] policy decides (an admin trusts one with `allow` under [trust] in "

@@ -40,6 +40,7 @@ from typing import Any
 
 from kerneld_client import _config
 from kerneld_client.integrations import _kernels_names
+from kerneld_client.integrations._hook_warning import KerneldHookWarning
 
 __all__ = ["TESTED", "KerneldHookWarning", "install", "installed", "recognised", "uninstall"]
 
@@ -48,10 +49,6 @@ TESTED = ">=0.17.2,<0.20"
 _LOWEST = (0, 17, 2)
 _TESTED_BELOW = (0, 20)
 _BELOW = (1, 0)
-
-
-class KerneldHookWarning(RuntimeWarning):
-    """The hook was not installed; the warning says what the job gets instead."""
 
 
 class _State:

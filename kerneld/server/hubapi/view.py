@@ -42,7 +42,15 @@ from kerneld.server.gate import DaemonGate
 from kerneld.server.identity import Caller
 from kerneld.server.metrics import Metrics
 from kerneld.server.statuses import RateLimited
-from kerneld.store import ProvenanceError, PublishedFile, RefRow, ResourceExhaustedError
+from kerneld.store import (
+    Catalog,
+    Facts,
+    Policy,
+    ProvenanceError,
+    PublishedFile,
+    PublishedIndex,
+    ResourceExhaustedError,
+)
 from kerneld.store.manifest import SIGSTORE_FILE
 from kerneld.upstream.base import Refs, RemoteFile
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, UpstreamError, every_upstream
@@ -114,21 +122,16 @@ class HubStore(Protocol):
     """What the endpoint reads of the store: listings, trees (gated), refs and its own notes."""
 
     @property
-    def generation(self) -> int: ...
+    def published(self) -> PublishedIndex: ...
 
-    def published_listing(
-        self, repo: str, commit: str, variant: str
-    ) -> list[PublishedFile] | None: ...
+    @property
+    def catalog(self) -> Catalog: ...
 
-    def published_files(
-        self, repo: str, commit: str, variant: str
-    ) -> tuple[Path, list[PublishedFile]] | None: ...
+    @property
+    def names(self) -> Policy: ...
 
-    def refs_of(self, repo: str) -> list[RefRow]: ...
-
-    def get_meta(self, key: str) -> str | None: ...
-
-    def set_meta(self, key: str, value: str) -> None: ...
+    @property
+    def meta(self) -> Facts: ...
 
 
 class HubHost(Protocol):
@@ -208,7 +211,7 @@ class HubView:
                     commit=commit,
                     variant=variant,
                 )
-            self.core.store.published_files(repo_id, commit, variant)
+            self.core.store.catalog.published_files(repo_id, commit, variant)
 
     def may_fetch(self, repo_id: str, caller: Caller) -> bool:
         """May this caller's request reach the upstreams (`[fetch] allow`, `allow_groups`)?"""
@@ -266,7 +269,7 @@ class HubView:
             cached = self._saved_refs(repo_id)
         if cached is not None:
             return cached[0]
-        known = self.core.store.refs_of(repo_id)
+        known = self.core.store.names.refs_of(repo_id)
         if known:
             branches = {r.ref: r.commit for r in known if not is_commit(r.ref)}
             return Refs(branches={k.removeprefix("refs/heads/"): v for k, v in branches.items()})
@@ -282,10 +285,10 @@ class HubView:
 
     def _save_refs(self, repo_id: str, refs: Refs) -> None:
         doc = {"branches": refs.branches, "tags": refs.tags, "at": time.time()}
-        self.core.store.set_meta(REFS_META + repo_id, json.dumps(doc, sort_keys=True))
+        self.core.store.meta.set(REFS_META + repo_id, json.dumps(doc, sort_keys=True))
 
     def _saved_refs(self, repo_id: str) -> tuple[Refs, float] | None:
-        raw = self.core.store.get_meta(REFS_META + repo_id)
+        raw = self.core.store.meta.get(REFS_META + repo_id)
         if not raw:
             return None
         try:
@@ -333,7 +336,7 @@ class HubView:
         A complete listing (every variant) is remembered until the store changes: a job's
         `kernels` asks for it several times per kernel, and each answer would otherwise read
         every variant's manifest from the index."""
-        generation = self.core.store.generation
+        generation = self.core.store.published.generation
         with self._lock:
             memo = self._complete.get((repo_id, commit))
         if memo is not None and memo[0] == generation:
@@ -371,7 +374,7 @@ class HubView:
         if recent is not None:
             failures.append(recent)
         for variant in names:
-            stored = self.core.store.published_listing(repo_id, commit, variant)
+            stored = self.core.store.catalog.published_listing(repo_id, commit, variant)
             if stored is not None:
                 out.extend(HubFile.published(variant, f) for f in stored)
                 continue
@@ -454,7 +457,7 @@ class HubView:
         what = f"repo={repo_id} commit={commit} variant={variant}"
         got = core.acquire.acquire(
             KernelSpec(repo_id, locked_commit=commit),
-            Named(variant, core.store.published_files),
+            Named(variant, core.store.catalog.published_files),
             before_fetch=lambda: core.gate.open_network(caller, repo_id, what, "hub-api"),
         )
         return got.found[0]

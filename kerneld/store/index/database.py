@@ -27,7 +27,7 @@ class Database:
         if read_only:
             if not path.exists():
                 raise SchemaError(f"no store index at {path}; nothing to open read-only")
-            uri = f"file:{path}?mode=ro"
+            uri = f"file:{path}?mode=ro" + ("&immutable=1" if _frozen(path) else "")
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         else:
             fresh = not path.exists()
@@ -80,3 +80,16 @@ class Database:
     def _all(self, sql: str, args: Sequence[object] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return list(self.conn.execute(sql, args).fetchall())
+
+
+def _frozen(path: Path) -> bool:
+    """Is this index on a read-only file system with no writer's shared memory beside it (the
+    store a container mounts read-only at another path, or a copy on a read-only share, of a
+    stopped daemon)? SQLite cannot create the ``-shm`` file a WAL reader needs there, so the
+    file is opened as immutable: nothing can change it while this file system is read-only.
+    With a live daemon's ``-shm`` present, SQLite reads that one instead."""
+    try:
+        read_only_fs = bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+    return read_only_fs and not path.with_name(path.name + "-shm").exists()
