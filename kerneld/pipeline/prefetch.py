@@ -324,9 +324,12 @@ class Prefetcher:
         refresh: bool = True,
         emit: Emit | None = None,
         cancel: threading.Event | None = None,
+        quiet: bool = False,
     ) -> PrefetchSummary:
         """Prefetch `specs` (and their kernel-depends); `variants` is empty/["auto"], ["all"]
-        or names. `torch_versions` adds to (or, if given, replaces) the configured set."""
+        or names. `torch_versions` adds to (or, if given, replaces) the configured set.
+        `quiet`: failures are only in the summary, for a caller that reports them itself (an
+        import-only host's timer: once, not a warning per kernel per tick)."""
         summary = PrefetchSummary()
         send = emit or (lambda _u: None)
         queue = list(dict.fromkeys(specs))
@@ -342,16 +345,26 @@ class Prefetcher:
                 spec = queue.pop(0)
                 try:
                     deps = self._one(
-                        spec, variants, torch, platforms, refresh, send, summary, cancel, hold
+                        spec,
+                        variants,
+                        torch,
+                        platforms,
+                        refresh,
+                        send,
+                        summary,
+                        cancel,
+                        hold,
+                        quiet,
                     )
                 except Cancelled:
                     raise
                 except Exception as exc:
                     summary.kernels_failed += 1
                     summary.errors.append((str(spec), exc))
-                    log.warning(
-                        "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
-                    )
+                    if not quiet:
+                        log.warning(
+                            "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
+                        )
                     send(FetchProgress.failed(spec.repo_id, "", "", exc))
                     continue
                 for dep in deps:
@@ -376,6 +389,7 @@ class Prefetcher:
         summary: PrefetchSummary,
         cancel: threading.Event | None,
         hold: Hold,
+        quiet: bool = False,
     ) -> list[KernelSpec]:
         repo = spec.repo_id
         self.store.check_denied(repo, spec.ref)
@@ -427,13 +441,14 @@ class Prefetcher:
                 deps.extend(self.resolver.dependencies_of(hit))
             except Exception as exc:
                 failures.append((variant, exc))
-                log.warning(
-                    "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
-                    repo,
-                    commit,
-                    variant,
-                    exc,
-                )
+                if not quiet:
+                    log.warning(
+                        "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
+                        repo,
+                        commit,
+                        variant,
+                        exc,
+                    )
                 continue
             if already:
                 present += 1
