@@ -504,6 +504,8 @@ class Prefetcher:
         it without downloading); until then they keep the commit they had."""
         if spec.locked_commit is not None or is_commit(spec.ref):
             return
+        if not self.resolver.upstreams:
+            return  # import-only: nothing was asked; the ref stays the last import's
         known = self.store.get_ref(spec.repo_id, spec.ref)
         if complete or known is None or known.commit == commit:
             self.store.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)
