@@ -8,7 +8,9 @@ ConfigMap and deploy/prometheus/scrape.yml: `listen = "0.0.0.0:9464"`, `allow_re
 Checked, with the real daemon as its user:
 
 - that configuration, read from deploy/kubernetes/kerneld-daemonset.yaml: the other host's
-  scrape gets the metrics (counted as the one remote scraper);
+  scrape gets the metrics (counted as the one remote scraper), and the distribution's
+  Prometheus there, with deploy/prometheus/scrape.yml's job (its targets this daemon's
+  address), has the target up and `kerneld_ready` 1;
 - no `[metrics]` (the default): nothing listens on TCP; the other host is refused;
 - `listen = "127.0.0.1:9464"` (a loopback listener, allowed without `allow_remote`): the daemon's
   own host scrapes it, the other host is refused;
@@ -17,7 +19,12 @@ Checked, with the real daemon as its user:
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import sys
+import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +62,40 @@ def documented_metrics() -> dict[str, Any]:
 
 
 def scrape(net: HostPair, ns: str, host: str, port: int) -> str:
-    done = net.run(ns, [sys.executable, "-c", SCRAPE, f"http://{host}:{port}/metrics"])
+    return scrape_url(net, ns, f"http://{host}:{port}/metrics")
+
+
+def scrape_url(net: HostPair, ns: str, url: str) -> str:
+    done = net.run(ns, [sys.executable, "-c", SCRAPE, url])
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def prometheus_sees(net: HostPair, job: dict[str, Any], target: str, tmp: Path) -> str:
+    """Run the distribution's Prometheus in the client namespace with `job` (scrape.yml's,
+    every second, `target` its only one) until it has scraped `target` up; what it reports."""
+    config = tmp / "prometheus.yml"
+    job = {**job, "scrape_interval": "1s", "static_configs": [{"targets": [target]}]}
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    log = (tmp / "prometheus.log").open("wb")
+    argv = ["ip", "netns", "exec", net.client, "prometheus", f"--config.file={config}"]
+    argv += [f"--storage.tsdb.path={tmp / 'tsdb'}", "--web.listen-address=127.0.0.1:9090"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    query = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode(
+        {"query": f'up{{job="{job["job_name"]}"}} == 1 and on(instance) kerneld_ready == 1'}
+    )
+    answer = ""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            answer = scrape_url(net, net.client, query)
+            if answer.startswith("200\n") and target in answer:
+                return answer
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    raise AssertionError(f"Prometheus never had {target} up: {answer}\n{log.name}")
 
 
 def listening(d: NetnsDaemon) -> list[str]:
@@ -87,6 +125,9 @@ def test_another_host_scrapes_as_documented_and_nothing_else_reaches_metrics(
             assert status == "200", got
             assert metric(body, "kerneld_ready") == 1, body[:2000]
             assert f"metrics on http://0.0.0.0:{port}/metrics" in d.logs()
+            if shutil.which("prometheus"):  # scripts/bootstrap installs it
+                seen = prometheus_sees(net, job, f"{SERVER_ADDR}:{port}", tmp_path)
+                assert json.loads(seen.partition("\n")[2])["data"]["result"], seen
 
             # The default: no [metrics]; nothing listens on TCP, the other host is refused.
             d.stop()
