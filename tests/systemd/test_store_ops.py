@@ -152,6 +152,7 @@ def restart_round(
     time.sleep(max(0.0, t0 + RESTART_AT - time.monotonic()))
     ok(c.run(["systemctl", "restart", "kerneld"], timeout=120), "systemctl restart kerneld")
     window = restart_window(c)
+    assert t0 < window.stop_began < window.ready < time.monotonic(), (t0, window)  # this one
     jobs: list[dict[str, Any]] = []
     for runner in runners:
         out, err = runner.communicate(timeout=240)
