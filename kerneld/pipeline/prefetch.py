@@ -324,9 +324,12 @@ class Prefetcher:
         refresh: bool = True,
         emit: Emit | None = None,
         cancel: threading.Event | None = None,
+        quiet: bool = False,
     ) -> PrefetchSummary:
         """Prefetch `specs` (and their kernel-depends); `variants` is empty/["auto"], ["all"]
-        or names. `torch_versions` adds to (or, if given, replaces) the configured set."""
+        or names. `torch_versions` adds to (or, if given, replaces) the configured set.
+        `quiet`: failures are only in the summary, for a caller that reports them itself (an
+        import-only host's timer: once, not a warning per kernel per tick)."""
         summary = PrefetchSummary()
         send = emit or (lambda _u: None)
         queue = list(dict.fromkeys(specs))
@@ -342,16 +345,26 @@ class Prefetcher:
                 spec = queue.pop(0)
                 try:
                     deps = self._one(
-                        spec, variants, torch, platforms, refresh, send, summary, cancel, hold
+                        spec,
+                        variants,
+                        torch,
+                        platforms,
+                        refresh,
+                        send,
+                        summary,
+                        cancel,
+                        hold,
+                        quiet,
                     )
                 except Cancelled:
                     raise
                 except Exception as exc:
                     summary.kernels_failed += 1
                     summary.errors.append((str(spec), exc))
-                    log.warning(
-                        "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
-                    )
+                    if not quiet:
+                        log.warning(
+                            "prefetch failed repo=%s ref=%s error=%s", spec.repo_id, spec.ref, exc
+                        )
                     send(FetchProgress.failed(spec.repo_id, "", "", exc))
                     continue
                 for dep in deps:
@@ -376,6 +389,7 @@ class Prefetcher:
         summary: PrefetchSummary,
         cancel: threading.Event | None,
         hold: Hold,
+        quiet: bool = False,
     ) -> list[KernelSpec]:
         """One kernel through the acquire path (a `Listed` plan): its planned variants in the
         store, the events and log lines on the way; the kernels they depend on."""
@@ -423,13 +437,14 @@ class Prefetcher:
             variant, hit = outcome.variant, outcome.hit
             if outcome.error is not None:
                 failures.append((variant, outcome.error))
-                log.warning(
-                    "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
-                    repo,
-                    commit,
-                    variant,
-                    outcome.error,
-                )
+                if not quiet:
+                    log.warning(
+                        "prefetch variant failed repo=%s commit=%s variant=%s error=%s",
+                        repo,
+                        commit,
+                        variant,
+                        outcome.error,
+                    )
                 continue
             assert hit is not None  # an outcome without an error has its tree
             deps.extend(outcome.dependencies)
@@ -489,6 +504,8 @@ class Prefetcher:
         it without downloading); until then they keep the commit they had."""
         if spec.locked_commit is not None or is_commit(spec.ref):
             return
+        if not self.resolver.upstreams:
+            return  # import-only: nothing was asked; the ref stays the last import's
         known = self.store.names.get_ref(spec.repo_id, spec.ref)
         if complete or known is None or known.commit == commit:
             self.store.names.set_ref(spec.repo_id, spec.ref, commit, fetched_at=asked_at)

@@ -359,6 +359,7 @@ class Core:
         platforms: Sequence[PlatformFacts] = (),
         emit: Emit | None = None,
         cancel: threading.Event | None = None,
+        quiet: bool = False,
     ) -> PrefetchSummary:
         prefetcher = self.prefetcher
         with self.work():
@@ -369,6 +370,7 @@ class Core:
                 platforms=platforms,
                 emit=emit,
                 cancel=cancel or self.cancel,
+                quiet=quiet,
             )
         self.metrics.prefetches.labels("ok").inc(summary.kernels_ok)
         self.metrics.prefetches.labels("failed").inc(summary.kernels_failed)

@@ -237,3 +237,37 @@ def test_verdicts_are_signed_the_importing_sites_rules_win_and_old_bundles_still
     prefetch = sites.ctl(old, "prefetch", f"{ACT}:1")
     assert prefetch.rc != 0 and 'allow = ["kerneld-test/*"]' in prefetch.stdout, prefetch
     assert "systemctl reload kerneld" in prefetch.stdout, prefetch
+
+
+def test_prefetch_on_an_import_only_host_reports_what_is_missing_once_not_every_tick(
+    sites: Sites, tmp_path: Path
+) -> None:
+    """`[prefetch] kernels` on a host with no upstream: the timer (every second here) warns
+    once about the kernels the store cannot serve and again only when that changes (an
+    import); the imported kernel is never reported, and no tick logs a warning of its own."""
+    bundle = sites.export(tmp_path / "usb" / "kernels.tar")
+    missing = "kerneld-test/not-imported"
+    host = sites.import_host(
+        "prefetching",
+        prefetch={"kernels": [f"{ACT}:1", f"{missing}:1"], "interval": "1s", "on_start": True},
+    )
+    host.wait_for_log("import-only host (no upstream): 2 of the [prefetch] kernels")
+    imported = sites.ctl(host, "mirror", "import", "--from", str(bundle))
+    assert imported.rc == 0, imported.stdout + imported.stderr
+    host.wait_for_log("import-only host (no upstream): 1 of the [prefetch] kernels")
+    ticks = host.logs().count("scheduled prefetch done")
+    deadline = time.monotonic() + 30
+    while host.logs().count("scheduled prefetch done") < ticks + 4:  # 4 more ticks
+        assert time.monotonic() < deadline, host.logs()[-3000:]
+        time.sleep(0.2)
+
+    warnings = [x for x in host.logs().splitlines() if " WARNING " in x or " ERROR " in x]
+    assert len(warnings) == 2, warnings  # before the import (both), after it (one): no more
+    before, after = warnings
+    assert f"{ACT}@v1" in before and f"{missing}@v1" in before, before
+    assert f"{missing}@v1" in after and f"{ACT}@v1" not in after, after
+    assert "kerneldctl mirror import" in after and "fetches nothing" in after, after
+    with host.kernels() as kernels:  # the imported kernel is served; nothing was fetched
+        assert kernels.Resolve(resolve_req(ACT, 1), timeout=TIMEOUT).kernel.path
+    assert sites.hub.total() == 0, sites.hub.requests
+    assert _inet_sockets(host.pid) == []

@@ -266,10 +266,12 @@ def job(c: Container, user: str, env: dict[str, str] | None = None) -> list[Load
     return [Loaded(*entry) for entry in doc["loaded"]]
 
 
-def requests_during(c: Container, port: int, command: list[str]) -> tuple[Counter[str], int]:
+def requests_during(
+    c: Container, port: int, command: list[str], timeout: float = 120.0
+) -> tuple[Counter[str], int]:
     """GET the Hub API's refs every 10 ms from 4 connections from before `command` runs in the
-    container until after it returned: status line (or "refused") -> count, and how many
-    requests were made while it ran."""
+    container (for at most `timeout` s) until after it returned: status line (or "refused") ->
+    count, and how many requests were made while it ran."""
     request = f"GET /api/kernels/{KERNEL}/refs HTTP/1.0\r\n\r\n".encode()
     got: Counter[str] = Counter()
     starts: list[float] = []
@@ -294,7 +296,7 @@ def requests_during(c: Container, port: int, command: list[str]) -> tuple[Counte
         t.start()
     time.sleep(0.3)
     began = time.monotonic()
-    ok(c.run(command, timeout=120), " ".join(command))
+    ok(c.run(command, timeout=timeout), " ".join(command))
     ended = time.monotonic()
     time.sleep(0.3)
     stop.set()

@@ -8,10 +8,14 @@ On a fresh host (the container of `test_install.py`, installed by the docs' inst
   `[store] path` edit, the shipped `ReadWritePaths=` drop-in, `--check-config`, start); the next
   job is warm from the new path. Without the drop-in `kerneld --check-config` fails naming it,
   and a start fails naming the sandbox, not the disk;
-- jobs loading in a loop across 3 `systemctl restart kerneld`, each one asking the daemon
-  (`KERNELD_REF_MAX_AGE=0`: the ref is re-checked with it) with `KERNELD_REQUIRE=1` (a fallback
-  is an error): every job is answered by the daemon, and the Hub API endpoint (kerneld.socket)
-  answers every request meanwhile;
+- 3 `systemctl restart kerneld` under load: around each, 12 native jobs (`kerneld_client`,
+  `KERNELD_REQUIRE=1`: a fallback to PyTorch is an error; `KERNELD_REF_MAX_AGE=0`: each asks
+  the daemon) and 6 endpoint jobs (an unmodified `kernels` 0.19.1 through the Hub API, an
+  empty HF cache each) start every 0.15 s / 0.25 s (tests/systemd/restart_jobs.py), while the
+  Hub API is asked every 10 ms. Each job's load is timed against the restart's window (systemd's
+  monotonic timestamps: the old daemon leaving `active` to the new one's READY=1): every job
+  is answered by the daemon, at least MIN_OVERLAPPING of them overlapped a window, and the
+  Hub API answered every request;
 - "Uninstalling": the block, then nothing of kerneld is left.
 """
 
@@ -21,18 +25,22 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import threading
+import time
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from examples.kernels.built import BuiltExamples
 from examples.main_job import MirrorServer
 from examples.mirror import build_example_mirror
+from tests.hubapi.venvs import make_venv, venv_root
 from tests.support.daemon import REPO_ROOT
-from tests.systemd.container import Container
+from tests.systemd.container import BASE_ENV, Container
 from tests.systemd.test_install import (
-    JOB,
     KERNEL,
     OPERATIONS,
     USERS,
@@ -68,40 +76,125 @@ def run_block(c: Container, block: str, what: str, env: dict[str, str] | None = 
     return ok(ran, f"docs/operations.md, {what}").out
 
 
-RESTARTS = "for i in 1 2 3; do sleep 2; systemctl restart kerneld; done; sleep 2"
+#: The load on each restart: job start times, seconds after the round's go time; the restart
+#: begins RESTART_AT after it. Native jobs every 0.15 s, endpoint jobs every 0.25 s, from just
+#: before the stop until past a slow start (the daemon is back 1-2.5 s after the stop here), so
+#: a share of them meets the daemon stopping, gone, or starting, even where it restarts faster.
+NATIVE_AT = [round(0.2 + i * 0.15, 2) for i in range(12)]
+ENDPOINT_AT = [round(0.3 + i * 0.25, 2) for i in range(6)]
+RESTART_AT = 0.5
+ROUNDS = 3
+#: Where the jobs' go files and HF caches live in the container.
+LOAD_DIR = "/var/tmp/restart-load"
+JOBS_SCRIPT = REPO_ROOT / "tests" / "systemd" / "restart_jobs.py"
+MIN_OVERLAPPING = 10
 
 
-def restart_loop(c: Container, port: int) -> tuple[list[dict[str, object]], Counter[str], int]:
-    """Jobs (alice's, 3 at a time, each a fresh process that asks the daemon) in a loop while
-    `systemctl restart kerneld` runs 3 times, and the Hub API asked meanwhile
-    (`requests_during`): what each job loaded, and the endpoint's answers."""
+@dataclass(frozen=True)
+class Window:
+    """One restart: from the old daemon leaving `active` (its stop began) to the new one
+    `active` (READY=1), systemd's monotonic timestamps, in seconds."""
+
+    stop_began: float
+    ready: float
+
+    def overlaps(self, job: dict[str, Any]) -> bool:
+        return float(job["began"]) < self.ready and float(job["ended"]) > self.stop_began
+
+    def contains(self, t: float) -> bool:
+        return self.stop_began <= t <= self.ready
+
+
+def restart_window(c: Container) -> Window:
+    props = ("ActiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+    values = [int(show(c, p)) / 1e6 for p in props]
+    return Window(*values)
+
+
+def start_jobs(
+    c: Container, python: str, route: str, at: list[float], go: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    """restart_jobs.py as alice in the container, once it has imported what its jobs need."""
+    args = {"route": route, "repo": KERNEL, "go": go, "at": at, "work": LOAD_DIR}
+    argv = ["runuser", "-u", "alice", "--", python, str(JOBS_SCRIPT), json.dumps(args)]
+    proc = subprocess.Popen(
+        ["nsenter", f"--target={c.leader}", "--all", *argv],
+        env={**BASE_ENV, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        raise AssertionError(f"{route} jobs did not start: {line!r} {proc.communicate()[1]}")
+    return proc
+
+
+def restart_round(
+    c: Container, port: int, kernels_python: str, tag: int
+) -> tuple[Window, list[dict[str, Any]]]:
+    """One `systemctl restart kerneld` while native and endpoint jobs start around it; the
+    restart's window and every job's record."""
     python = str(REPO_ROOT / ".venv" / "bin" / "python")
-    results: list[dict[str, object]] = []
-    stop = threading.Event()
+    go = f"{LOAD_DIR}/go-{tag}"
+    runners = [
+        start_jobs(c, python, "native", NATIVE_AT, go,
+                   {"KERNELD_REQUIRE": "1", "KERNELD_REF_MAX_AGE": "0"}),
+        start_jobs(c, kernels_python, "endpoint", ENDPOINT_AT, go,
+                   {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HOME": "/home/alice"}),
+    ]  # fmt: skip
+    t0 = time.monotonic() + 0.3
+    staged = c.root / f"{go}.tmp".lstrip("/")
+    staged.write_text(repr(t0))  # whole or absent: the runners poll for it
+    staged.rename(c.root / go.lstrip("/"))
+    time.sleep(max(0.0, t0 + RESTART_AT - time.monotonic()))
+    ok(c.run(["systemctl", "restart", "kerneld"], timeout=120), "systemctl restart kerneld")
+    window = restart_window(c)
+    assert t0 < window.stop_began < window.ready < time.monotonic(), (t0, window)  # this one
+    jobs: list[dict[str, Any]] = []
+    for runner in runners:
+        out, err = runner.communicate(timeout=240)
+        lines = out.splitlines()
+        assert runner.returncode == 0 and lines[-1:] == ["done"], (runner.returncode, err[-3000:])
+        jobs += [json.loads(line) for line in lines if line.startswith("{")]
+    return window, jobs
 
-    def loop() -> None:
-        while not stop.is_set():
-            ran = c.run(
-                [python, "-c", JOB.format(kernel=KERNEL)],
-                user="alice",
-                env={"KERNELD_REQUIRE": "1", "KERNELD_REF_MAX_AGE": "0"},
-                timeout=120,
-            )
-            entry: dict[str, object] = {"rc": ran.rc, "err": ran.err[-2000:]}
-            if ran.rc == 0:
-                entry.update(json.loads(ran.out.strip().splitlines()[-1]))
-            results.append(entry)
 
-    workers = [threading.Thread(target=loop) for _ in range(3)]
-    for w in workers:
-        w.start()
+def restarts_under_load(
+    c: Container, port: int, kernels_python: str
+) -> tuple[list[Window], list[dict[str, Any]], Counter[str], int]:
+    """ROUNDS restarts under native and endpoint jobs while the Hub API is asked every 10 ms
+    (`requests_during`, until the last round is over): the windows, the jobs, the API's
+    answers and how many requests fell within the rounds."""
+    ok(c.run(["install", "-d", "-m", "1777", LOAD_DIR]), "load dir")
+    finished = f"{LOAD_DIR}/finished"
+    windows: list[Window] = []
+    jobs: list[dict[str, Any]] = []
+    failure: list[BaseException] = []
+
+    def rounds() -> None:
+        try:
+            for tag in range(ROUNDS):
+                window, got = restart_round(c, port, kernels_python, tag)
+                windows.append(window)
+                jobs.extend(got)
+        except BaseException as exc:  # re-raised in the test's thread
+            failure.append(exc)
+        finally:
+            (c.root / finished.lstrip("/")).touch()
+
+    driver = threading.Thread(target=rounds)
+    driver.start()
     try:
-        got, during = requests_during(c, port, ["bash", "-ec", RESTARTS])
+        wait = f"while [ ! -e {finished} ]; do sleep 0.1; done"
+        got, during = requests_during(c, port, ["bash", "-c", wait], timeout=400)
     finally:
-        stop.set()
-        for w in workers:
-            w.join(timeout=180)
-    return results, got, during
+        driver.join(timeout=600)
+    if failure:
+        raise failure[0]
+    return windows, jobs, got, during
 
 
 def test_store_operations_and_restarts_under_systemd(
@@ -112,6 +205,7 @@ def test_store_operations_and_restarts_under_systemd(
     python = ok(c.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]), "py")
     wheels = wheelhouse(python.out.strip())
     example_mirror = build_example_mirror(built=built_examples).root
+    kernels_python = make_venv(venv_root(), ["kernels==0.19.1"])  # the endpoint route's jobs
     for user in USERS:
         if c.run(["id", user]).rc != 0:
             ok(c.run(["useradd", "--create-home", user]), f"useradd {user}")
@@ -183,15 +277,30 @@ def test_store_operations_and_restarts_under_systemd(
         ok(c.run(["systemctl", "start", "kerneld.socket", "kerneld"]), "start again")
 
         # -- 3 restarts under jobs that need the daemon, and the Hub API meanwhile -------------
-        results, got, during = restart_loop(c, port)
-        failed = [r for r in results if r["rc"] != 0]
+        began = time.monotonic()
+        windows, jobs, got, during = restarts_under_load(c, port, str(kernels_python))
+        took = time.monotonic() - began
+        failed = [j for j in jobs if not j.get("ok")]
         assert not failed, failed[:3]
-        sources = {tuple(k[:2]) for r in results for k in r["loaded"]}  # type: ignore[attr-defined]
-        assert sources == {(KERNEL, "daemon")}, sources
+        native = [j for j in jobs if j["route"] == "native"]
+        sources = {tuple(k) for j in native for k in j["loaded"]}
+        assert sources == {(KERNEL, "daemon")}, sources  # none on PyTorch, none skipped the daemon
+        hit = {
+            route: [j for j in jobs if j["route"] == route and any(w.overlaps(j) for w in windows)]
+            for route in ("native", "endpoint")
+        }
+        inside = sum(1 for j in jobs if any(w.contains(float(j["began"])) for w in windows))
         print(
-            f"\n3 restarts: {len(results)} jobs, all answered by the daemon; Hub API: "
-            f"{dict(got)}, {during} requests during the restarts"
+            f"\n{len(windows)} restarts (windows "
+            + ", ".join(f"{w.ready - w.stop_began:.2f} s" for w in windows)
+            + f"): {len(jobs)} jobs ({len(native)} native, {len(jobs) - len(native)} endpoint), "
+            f"all loaded from the daemon; {len(hit['native'])} native and "
+            f"{len(hit['endpoint'])} endpoint jobs overlapped a restart, {inside} started while "
+            f"the daemon was stopping, gone or starting; Hub API: {dict(got)}, {during} requests "
+            f"during the rounds ({took:.0f} s)"
         )
+        assert len(hit["native"]) + len(hit["endpoint"]) >= MIN_OVERLAPPING, hit
+        assert hit["native"] and hit["endpoint"], hit
         assert got == {"200": got["200"]} and during > 0, (got, during)
 
     # -- uninstall: nothing of kerneld left ------------------------------------------------------
