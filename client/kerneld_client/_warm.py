@@ -772,6 +772,12 @@ def _read_trusted(path: str, owner: int) -> Any:
         raise _Miss from None
 
 
+def _index_doc(root: str, owner: int, repo: str) -> dict[str, Any]:
+    """The repo's published document, read and checked."""
+    org, _, name = repo.partition("/")
+    return _checked_doc(_read_trusted(f"{root}/index/v1/{org}/{name}.json", owner), repo)
+
+
 def _strs(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -998,8 +1004,7 @@ def _load(repo: str, ref: str, check_arch: bool, trust_remote_code: bool) -> Loa
     if plat is None:
         return None
     root, owner = _store_root()
-    org, _, name = repo.partition("/")
-    doc = _checked_doc(_read_trusted(f"{root}/index/v1/{org}/{name}.json", owner), repo)
+    doc = _index_doc(root, owner, repo)
     versions = doc.get("versions")
     VERSIONS_SEEN[repo] = None if versions is None else tuple(versions)
     resolved = (doc.get("refs") or {}).get(ref)
@@ -1045,21 +1050,13 @@ def _import(
     plat: tuple[str, str, tuple[str, ...]],
 ) -> LoadedKernel | None:
     """`materialize._finish` for a checked tree: metadata.json's checks, then the one import."""
-    with open(real + "/metadata.json", "rb") as f:
-        metadata = json.loads(f.read().decode("utf-8"))
+    metadata = _metadata(real)
     if not isinstance(metadata, dict) or metadata.get("kernel-depends") is not None:
         return None
     if metadata.get("python-depends") or metadata.get("build-layout") not in (None, "files"):
         return None  # the staged loader checks the distributions, imports a zip build
-    backend = metadata.get("backend")
-    if check_arch and isinstance(backend, dict):
-        btype, archs = backend.get("type"), backend.get("archs")
-        archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-        if isinstance(btype, str) and archs and btype.lower() == plat[1] and plat[2]:
-            from kerneld_client.variants.devices import device_compatible
-
-            if not device_compatible(btype, archs, plat[1], plat[2])[0]:
-                return None
+    if check_arch and not _device_ok(metadata, plat):
+        return None
     mid, pyname = metadata.get("id"), metadata.get("name")
     if not isinstance(mid, str) or not mid.isidentifier() or keyword.iskeyword(mid):
         return None
@@ -1095,6 +1092,26 @@ def _import(
                 source="index",
             ),
         )
+
+
+def _metadata(real: str) -> Any:
+    with open(real + "/metadata.json", "rb") as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def _device_ok(metadata: dict[str, Any], plat: tuple[str, str, tuple[str, ...]]) -> bool:
+    """`materialize._check_device`: the build's `backend.archs` cover this process's devices
+    (only a CUDA or ROCm build on such a process with known devices is checked)."""
+    backend = metadata.get("backend")
+    if not isinstance(backend, dict):
+        return True
+    btype, archs = backend.get("type"), backend.get("archs")
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    if not isinstance(btype, str) or not archs or btype.lower() != plat[1] or not plat[2]:
+        return True
+    from kerneld_client.variants.devices import device_compatible
+
+    return device_compatible(btype, archs, plat[1], plat[2])[0]
 
 
 def _package(real: str, pyname: str | None) -> str | None:
