@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Iterator, Mapping
 from types import ModuleType
 
-from kerneld_client._warm import DEPENDENCIES as _CURRENT
+from kerneld_client._loads import DEPENDENCIES as _CURRENT
 
 __all__ = ["get_kernel_dep", "providing"]
 

@@ -17,7 +17,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from kerneld_client._warm import OFD_READ, OFD_WRITE, TreeGone, lock_shared, ofd_lock
+from kerneld_client._loads import OFD_READ, OFD_WRITE, TreeGone, lock_shared, ofd_lock
 
 __all__ = [
     "OFD_READ",
@@ -50,8 +50,8 @@ def release_flock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-# The tree lock (`lock_shared`, what GC probes it with, and TreeGone) is defined in `_warm`, the
-# warm fast path's module, which takes it on every warm load: one implementation for both.
+# The tree lock (`lock_shared`, what GC probes it with, and TreeGone) is defined in `_loads`,
+# shared with the warm fast path, which takes it on every warm load: one implementation for both.
 #
 # `lock_shared(lock_path, tree_path, *, blocking=False)` takes the OFD read lock on a tree's lock
 # file and returns the fd that holds it. While the fd stays open, GC keeps the tree. GC unlinks a

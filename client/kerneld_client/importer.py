@@ -41,7 +41,7 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING
 
-from kerneld_client._warm import TREE_ATTR, NoBytecodeSourceLoader, _import_lock, register_root
+from kerneld_client._loads import TREE_ATTR, NoBytecodeSourceLoader, _import_lock, register_root
 from kerneld_client.errors import KernelLoadError
 
 if TYPE_CHECKING:
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
     from typing_extensions import Buffer
 
-# The import hook, its loader and the bytecode cache are defined in `_warm`, whose fast path
-# imports store trees through them too: one set of registered roots, one hook.
+# The import hook, its loader and the bytecode cache are defined in `_loads`: the warm fast path
+# imports store trees through them too (one set of registered roots, one hook).
 _lock = _import_lock
 _NoBytecodeSourceLoader = NoBytecodeSourceLoader
 _register_root = register_root

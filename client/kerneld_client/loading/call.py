@@ -15,8 +15,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
+from kerneld_client._loads import MEMO
 from kerneld_client._types import KernelRequest
-from kerneld_client._warm import MEMO
 from kerneld_client.errors import KernelError
 from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
 from kerneld_client.loading.loaded import LoadedKernel
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from kerneld_client.loading.fallback import FallbackPolicy
 
 #: (request's fields, backend, options, LOCAL_KERNELS folder) -> what the first successful load
-#: of it gave; shared with the warm fast path (`_warm`), which keys its loads alike.
+#: of it gave; shared with the warm fast path (`_loads`, `_warm`), which keys its loads alike.
 _memo = MEMO
 _flights: SingleFlight[Hashable, LoadedKernel | KernelError] = SingleFlight()
 

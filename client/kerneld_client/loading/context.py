@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kerneld_client._loads import MISSING
 from kerneld_client._types import KernelRequest
-from kerneld_client._warm import MISSING
 from kerneld_client.errors import KernelError, KernelLoadError
 from kerneld_client.platform import Platform
 from kerneld_client.vocabulary import is_repo_id

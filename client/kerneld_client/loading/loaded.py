@@ -5,16 +5,16 @@ another kernel): `registered` and `register` are keyed by the tree's real path, 
 `importing(real)` makes a second thread wait for the first import of the same tree instead of
 importing it twice. The OFD read lock on a store tree is kept for the life of the process, so
 the daemon's GC never removes a tree a running job has loaded. The registry itself is in
-`_warm`, whose fast path registers its loads in it too; the store root's check is here.
+`_loads`, where the warm fast path registers its loads too; the store root's check is here.
 """
 
 from __future__ import annotations
 
 from kerneld_client import _path_trust, locations, published_index
-from kerneld_client._warm import (
+from kerneld_client._loads import (
     PROVENANCE_SEEN as provenance_seen,
 )
-from kerneld_client._warm import (
+from kerneld_client._loads import (
     LoadedKernel,
     hold,
     importing,

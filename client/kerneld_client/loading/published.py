@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from kerneld_client import _config, _path_trust, published_index
+from kerneld_client._loads import VERSIONS_SEEN
 from kerneld_client._types import KernelRequest
-from kerneld_client._warm import VERSIONS_SEEN
 from kerneld_client.errors import (
     KernelDenied,
     KernelUnavailable,

@@ -20,9 +20,9 @@ Example::
 
 from __future__ import annotations
 
-from kerneld_client._warm import fingerprint
+from kerneld_client.vocabulary import fingerprint
 
 __all__ = ["fingerprint"]
 
-# Defined in `_warm`, the warm fast path's module, which computes it on every warm load without
-# importing this package: one definition for the client and the daemon.
+# Defined in `vocabulary` (the names the client and the daemon spell alike): the warm fast path
+# computes it on every warm load without importing this package.
