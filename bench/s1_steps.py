@@ -19,11 +19,11 @@ from bench.zygote import JobResult
 #: (the warm fast path, `kerneld_client._warm`, issue 56).
 STEPS: Sequence[tuple[str, str, str]] = (
     ("_warm", "platform_key", "platform: detection and its fingerprint"),
-    ("_warm", "_store_root", "store root: resolve, owner and modes of it and every parent"),
-    ("_warm", "_index_doc", "published index: read, owner and mode, parse, format checks"),
-    ("_warm", "_publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
+    ("_warm", "store_root", "store root: resolve, owner and modes of it and every parent"),
+    ("_warm", "index_doc", "published index: read, owner and mode, parse, format checks"),
+    ("_warm", "publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
     ("_warm", "hold", "tree lock: the OFD read lock"),
-    ("_warm", "_check_tree", "tree trust: its owner and modes"),
+    ("_warm", "check_tree", "tree trust: its owner and modes"),
     ("_warm", "_metadata", "metadata.json: read and parse"),
     ("_warm", "_device_ok", "device check against the build's archs"),
     ("_warm", "_exec", "import of the variant (the floor's work, bytecode cache)"),
