@@ -251,7 +251,8 @@ def warm_hit(
         _note_newer_version(repo_id, version)
         return memo.module
     try:
-        loaded = _load(repo_id, ref, check_arch, trust is True or (trust and repo_id in trust))
+        trusted = trust is True or (not isinstance(trust, bool) and repo_id in trust)
+        loaded = _load(repo_id, ref, check_arch, trusted)
     except _ImportFailed:
         raise
     except Exception:  # any doubt (a check failed, something unexpected): the staged loader's
@@ -277,10 +278,12 @@ def _load(repo: str, ref: str, check_arch: bool, trust_remote_code: bool) -> Loa
     if commit is None or doc.get("denies"):
         return None  # any deny: the staged loader says whether it covers this request
     publisher_trusted(root, owner, repo, trust_remote_code)
-    entry = (doc.get("commits") or {}).get(commit)
-    best = (entry.get("picks") or {}).get(plat[0]) if entry is not None else None
-    variant = (entry.get("variants") or {}).get(best) if best is not None else None
-    if variant is None or not clean(variant["tree"]) or not clean(variant["lock"]):
+    entry = (doc.get("commits") or {}).get(commit) or {}
+    best = (entry.get("picks") or {}).get(plat[0])
+    variant = (entry.get("variants") or {}).get(best) if isinstance(best, str) else None
+    if not isinstance(best, str) or variant is None:
+        return None  # not published for this platform, or not in the store: ranked or fetched
+    if not clean(variant["tree"]) or not clean(variant["lock"]):
         return None  # not published for this platform, or not in the store: ranked or fetched
     prov = variant.get("provenance")
     digest = variant["digest"]
