@@ -20,7 +20,7 @@ from tests.support.hubserver import HubServer
 #: kerneld_client modules (packages count as their __init__) a warm load may import ...
 MAX_MODULES = 5
 #: ... and their source lines in all. 28 modules / 4,981 lines before the warm fast path (issue
-#: 56); with it, 5 / 1,631 (the package, `_warm`, `_warm_trust`, `_loads`, `vocabulary`), the
+#: 56); with it, 5 / 1,634 (the package, `_warm`, `_warm_trust`, `_loads`, `vocabulary`), the
 #: budget that plus a small margin: its A/B against 114d82e is in bench/RESULTS.md, scenario 1.
 MAX_LINES = 1_680
 

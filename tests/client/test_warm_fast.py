@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from kerneld.store import Store
 from kerneld_client import _config, _loads, _warm, _warm_trust
-from tests.client.support import ACTIVATION, Populated, client_env, local_facts, run_client
+from tests.client.support import ACTIVATION, Populated, client_env, run_client
 
 SCRIPT = """
 import json, os, sys, warnings
@@ -152,7 +151,6 @@ CASES: dict[str, tuple[Callable[[Path, str], None] | None, bool]] = {
 def test_the_fast_path_and_the_staged_loader_agree(
     fresh_store: Populated, tmp_path: Path, case: str
 ) -> None:
-    Store.open(fresh_store.root, client_platforms=[local_facts()]).close()  # this platform's pick
     commit = fresh_store.commits[(ACTIVATION, "v1")]
     change, served = CASES[case]
     if change is not None:
