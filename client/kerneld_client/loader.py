@@ -100,7 +100,7 @@ def failed_import(
     req = parse_request(repo_id, version, revision)
     error = KernelLoadError(message)
     error.__cause__ = cause
-    return _failed_import(
+    module = _failed_import(
         error,
         req,
         backend=backend,
@@ -110,6 +110,9 @@ def failed_import(
         trust_remote_code=trust_remote_code,
         user_agent=user_agent,
     )
+    if version is not None and module is not fallback:  # a `hub` fallback's kernel
+        note_newer_version(req, _config.kernels_logger("versions", "kerneld_client"))
+    return module
 
 
 def has_kernel(
