@@ -7,7 +7,9 @@ per-process download. How a load proceeds is in `kerneld_client.loading`, one st
 the sources (local override, the published index on the warm path, the daemon, the Hub as a
 fallback), `materialize` (lock, trust, verify, device check, dependencies, import), and the
 fallback policy: the caller's `fallback=` object (or the typed error), a verified in-process
-Hub download (`hub`), or the error (`error`, or `KERNELD_REQUIRE=1`).
+Hub download (`hub`), or the error (`error`, or `KERNELD_REQUIRE=1`). `get_kernel` itself is
+the warm fast path's (`_warm`), which serves a warm hit without these stages and hands every
+other load to `staged_get_kernel`.
 """
 
 from __future__ import annotations
