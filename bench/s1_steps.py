@@ -15,19 +15,19 @@ from collections.abc import Mapping, Sequence
 from bench.common import fmt_stat, median, table
 from bench.zygote import JobResult
 
-#: (module alias in the job, function, what it does): the warm path's stages, in call order.
+#: (module alias in the job, function, what it does): the warm path's stages, in call order
+#: (the warm fast path, `kerneld_client._warm`, issue 56).
 STEPS: Sequence[tuple[str, str, str]] = (
-    ("_call", "current_platform", "platform: detection and its fingerprint"),
-    ("_pub", "store_root", "store root: resolve, owner and modes of it and every parent"),
-    ("_pub", "read_commit", "published index: read, parse, deny check"),
-    ("_pub", "_publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
-    ("_pub", "_rank", "ranking the variants (only a platform without a published pick)"),
-    ("_loaded", "hold", "tree lock: the OFD read lock"),
-    ("_path_trust", "check_real_tree", "tree trust: its owner and modes"),
-    ("importer", "read_metadata", "metadata.json: read and parse"),
-    ("_mat", "_check_device", "device check against the build's archs"),
-    ("importer", "import_variant", "import of the variant (the floor's work, bytecode cache)"),
-    ("_loader", "note_newer_version", "`kernels`' notice: version N is available"),
+    ("_warm", "platform_key", "platform: detection and its fingerprint"),
+    ("_warm", "store_root", "store root: resolve, owner and modes of it and every parent"),
+    ("_warm", "index_doc", "published index: read, owner and mode, parse, format checks"),
+    ("_warm", "publisher_trusted", "publishers.json: the daemon's `[trust]` verdict"),
+    ("_warm", "hold", "tree lock: the OFD read lock"),
+    ("_warm", "check_tree", "tree trust: its owner and modes"),
+    ("_warm", "_metadata", "metadata.json: read and parse"),
+    ("_warm", "_device_ok", "device check against the build's archs"),
+    ("_warm", "_exec", "import of the variant (the floor's work, bytecode cache)"),
+    ("_warm", "_note_newer_version", "`kernels`' notice: version N is available"),
 )
 
 SETUP = """
@@ -40,12 +40,9 @@ _t0 = time.perf_counter()
 import kerneld_client
 # an import statement, not the lazy attribute alone: `-X importtime` does not see a module
 # imported by importlib.import_module (the package's __getattr__), only what that one imports
-from kerneld_client import loader as _loader
+from kerneld_client import _warm
 get_kernel = kerneld_client.get_kernel
 SETUP_EXTRA = {"import_ms": (time.perf_counter() - _t0) * 1e3}
-from kerneld_client import _path_trust, importer
-from kerneld_client.loading import call as _call, loaded as _loaded, materialize as _mat
-from kerneld_client.loading import published as _pub
 STEP_MS = {}
 def _timed(inner, label):
     def timed(*a, **k):
@@ -104,7 +101,7 @@ def report(jobs: Sequence[JobResult], warm_calls: Sequence[float]) -> list[str]:
         share = median(values) / median(calls) if median(calls) else 0.0
         rows.append((label, fmt_stat(values, 3), f"{share:.0%}"))
     rest = [c - a for c, a in zip(calls, accounted, strict=True)]
-    rows.append(("the rest: memo, request checks, the pipeline's glue", fmt_stat(rest, 3), ""))
+    rows.append(("the rest: request checks, memo, registry, glue", fmt_stat(rest, 3), ""))
     rows.append(("the whole call (with the timers)", fmt_stat(calls, 3), "100%"))
     modules = sorted(
         {m for i in infos for m in i["imports"]},

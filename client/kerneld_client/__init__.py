@@ -34,7 +34,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "LoadedKernel": "kerneld_client.loader",
-    "get_kernel": "kerneld_client.loader",
+    "get_kernel": "kerneld_client._warm",
     "get_kernel_variants": "kerneld_client.variant_verdicts",
     "get_loaded_kernels": "kerneld_client.loader",
     "get_local_kernel": "kerneld_client.loader",
@@ -174,6 +174,7 @@ if TYPE_CHECKING:
     from kerneld_client._deps import get_kernel_dep
     from kerneld_client._report import report_suspect
     from kerneld_client._types import SuspectReport
+    from kerneld_client._warm import get_kernel
     from kerneld_client.benchmark import Benchmark
     from kerneld_client.errors import (
         CorruptTree,
@@ -222,7 +223,6 @@ if TYPE_CHECKING:
     )
     from kerneld_client.loader import (
         LoadedKernel,
-        get_kernel,
         get_loaded_kernels,
         get_local_kernel,
         get_locked_kernel,

@@ -10,16 +10,13 @@ by side each see their own). When `kernels` is installed the same modules are al
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib.util
 from collections.abc import Iterator, Mapping
 from types import ModuleType
 
-__all__ = ["get_kernel_dep", "providing"]
+from kerneld_client._loads import DEPENDENCIES as _CURRENT
 
-_CURRENT: contextvars.ContextVar[Mapping[str, ModuleType] | None] = contextvars.ContextVar(
-    "kerneld_kernel_deps", default=None
-)
+__all__ = ["get_kernel_dep", "providing"]
 
 
 @contextlib.contextmanager

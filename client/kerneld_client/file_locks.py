@@ -13,11 +13,26 @@ Standard library only: the warm path takes a tree's read lock.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import sys
 from pathlib import Path
+
+from kerneld_client._loads import OFD_READ, OFD_WRITE, TreeGone, lock_shared, ofd_lock
+
+__all__ = [
+    "OFD_READ",
+    "OFD_WRITE",
+    "PID_LOCK_MODE",
+    "PidLock",
+    "PidLockHeld",
+    "TreeGone",
+    "lock_shared",
+    "ofd_lock",
+    "pid_lock_held",
+    "read_lock_pid",
+    "release_flock",
+    "try_flock",
+]
 
 
 def try_flock(fd: int, *, shared: bool = False) -> bool:
@@ -35,61 +50,19 @@ def release_flock(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-class TreeGone(Exception):
-    """The tree was deleted between finding it and locking it: treat as a miss."""
-
-
-#: ``struct flock`` (``hhqqi`` + 4 bytes of padding on 64-bit Linux) for a whole-file lock of the
-#: given type, built without the ``struct`` module (not otherwise imported on the warm path;
-#: tests check these equal ``struct.pack("hhqqi4x", type, SEEK_SET, 0, 0, 0)``). OFD locks
-#: require ``l_pid == 0``.
-_FLOCK_SIZE = 32
-OFD_READ = fcntl.F_RDLCK.to_bytes(2, sys.byteorder) + bytes(_FLOCK_SIZE - 2)
-OFD_WRITE = fcntl.F_WRLCK.to_bytes(2, sys.byteorder) + bytes(_FLOCK_SIZE - 2)
-#: What F_OFD_SETLK fails with when a conflicting lock is held (POSIX allows either).
-_CONFLICT = (errno.EAGAIN, errno.EACCES)
-
-
-def ofd_lock(fd: int, kind: bytes, *, blocking: bool) -> None:
-    """Take an open-file-description lock on the whole file (`OFD_READ` or `OFD_WRITE`).
-
-    Unlike `flock`, a write lock needs a descriptor open for writing (EBADF otherwise), so on a
-    lock file only its owner can write, no one else can ever hold the lock that keeps readers
-    out. Unlike classic `fcntl` locks, it belongs to the descriptor (closing another descriptor of
-    the file does not drop it) and conflicts between descriptors of one process too.
-    BlockingIOError when non-blocking and a conflicting lock is held.
-    """
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if blocking else fcntl.F_OFD_SETLK, kind)
-    except OSError as exc:
-        if exc.errno in _CONFLICT and not isinstance(exc, BlockingIOError):
-            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN)) from exc
-        raise
-
-
-def lock_shared(lock_path: Path, tree_path: Path, *, blocking: bool = False) -> int:
-    """Take the OFD read lock on a tree's lock file and return the fd that holds it.
-
-    While the fd stays open, GC keeps the tree. GC unlinks a lock file while holding the OFD write
-    lock (which needs a writable descriptor: only the daemon has one), so after our lock succeeds
-    the path must still name the inode we locked, and the tree must still exist; otherwise
-    TreeGone. Non-blocking by default: BlockingIOError means GC is deleting it right now.
-    FileNotFoundError: there is no lock file (no such tree). `flock` locks other users take on
-    the file do not interact with this one.
-    """
-    fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        ofd_lock(fd, OFD_READ, blocking=blocking)
-        try:
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same or not tree_path.is_dir():
-            raise TreeGone(str(tree_path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+# The tree lock (`lock_shared`, what GC probes it with, and TreeGone) is defined in `_loads`,
+# shared with the warm fast path, which takes it on every warm load: one implementation for both.
+#
+# `lock_shared(lock_path, tree_path, *, blocking=False)` takes the OFD read lock on a tree's lock
+# file and returns the fd that holds it. While the fd stays open, GC keeps the tree. GC unlinks a
+# lock file while holding the OFD write lock (which needs a writable descriptor: only the daemon
+# has one), so after our lock succeeds the path must still name the inode we locked, and the tree
+# must still exist; otherwise TreeGone. BlockingIOError (non-blocking) means GC is deleting it
+# right now; FileNotFoundError: there is no lock file. `ofd_lock` takes an open-file-description
+# lock: unlike `flock`, a write lock needs a descriptor open for writing, so only the owner of a
+# lock file can ever keep readers out; unlike classic `fcntl` locks it belongs to the descriptor.
+# `OFD_READ`/`OFD_WRITE` are ``struct flock`` (``hhqqi`` + padding) built without `struct` (tests
+# check they equal ``struct.pack("hhqqi4x", type, SEEK_SET, 0, 0, 0)``).
 
 
 #: A pid lock file is private: `flock` needs only a read-only descriptor, so one other users

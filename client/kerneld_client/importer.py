@@ -33,18 +33,15 @@ import importlib.machinery
 import importlib.util
 import json
 import keyword
-import marshal
 import os
 import stat
 import sys
-import threading
 import zipimport
-import zlib
 from pathlib import Path
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING
 
-from kerneld_client import _config
+from kerneld_client._loads import TREE_ATTR, NoBytecodeSourceLoader, _import_lock, register_root
 from kerneld_client.errors import KernelLoadError
 
 if TYPE_CHECKING:
@@ -52,194 +49,11 @@ if TYPE_CHECKING:
 
     from typing_extensions import Buffer
 
-_lock = threading.RLock()
-_roots: set[str] = set()
-_cached_roots: set[str] = set()  # immutable trees whose compiled code may be cached
-_hook_installed = False
-
-#: Attribute set on every imported kernel module: the variant folder it came from.
-TREE_ATTR = "__kerneld_tree__"
-
-
-_dir_memo: tuple[str, bool, Path | None] | None = None
-
-
-def _bytecode_dir(*, writing: bool) -> Path | None:
-    global _dir_memo
-    raw = _config.raw(_config.ENV_BYTECODE_CACHE)  # a directory, or off/0/no/false
-    memo = _dir_memo
-    if memo is not None and memo[0] == raw and memo[1] == writing:
-        return memo[2]
-    folder: Path | None
-    if _config.is_off(raw):
-        folder = None
-    elif raw:
-        folder = Path(raw)
-    elif writing and sys.dont_write_bytecode:
-        folder = None
-    else:
-        folder = _default_bytecode_dir()
-    if not writing or not sys.dont_write_bytecode:
-        _dir_memo = (raw, writing, folder)
-    return folder
-
-
-def _default_bytecode_dir() -> Path | None:
-    """The per-user cache; when the home is read-only or absent (container images), a private
-    folder in the temp directory; never the store."""
-    from kerneld_client.locations import private_tmp_dir, user_cache_dir
-
-    folder = user_cache_dir() / "bytecode"
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        return private_tmp_dir("bytecode")
-    return folder
-
-
-_MAGIC = importlib.util.MAGIC_NUMBER.hex()
-
-
-def _bytecode_key(path: str, st: os.stat_result) -> str:
-    """`<magic>-<crc32 of the path>-<inode>-<size>-<mtime ns>`. No cryptographic hash: the
-    first sha256 of a process costs ~50 us, more than the rest of a cache hit, and a key needs
-    no secrecy (a cached code object must also name `path` as its file, `_cached_code`)."""
-    crc = zlib.crc32(os.fsencode(path))
-    return f"{_MAGIC}-{crc:08x}-{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
-
-
-def _cached_code(path: str, key: str) -> CodeType | None:
-    folder = _bytecode_dir(writing=False)
-    if folder is None:
-        return None
-    try:
-        # O_NONBLOCK: in a shared cache folder another user could plant a FIFO (or a file with a
-        # write lease) under a key, and a plain open would wait for them forever.
-        fd = os.open(
-            os.path.join(folder, key), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        )
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
-            return None
-        data = os.read(fd, st.st_size + 1)
-        # Only this user can have written it (owner and mode checked): as trusted as its code.
-        code = marshal.loads(data)  # noqa: S302
-    except (OSError, EOFError, ValueError, TypeError):
-        return None
-    finally:
-        os.close(fd)
-    return code if isinstance(code, CodeType) and code.co_filename == path else None
-
-
-def _store_code(key: str, code: CodeType) -> None:
-    folder = _bytecode_dir(writing=True)
-    if folder is None:
-        return
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.stat(folder)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)  # left by a crashed process of this user with this pid
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(tmp, flags, 0o600), "wb") as fh:
-            marshal.dump(code, fh)
-        os.replace(tmp, folder / key)
-    except OSError:
-        return
-
-
-class _NoBytecodeSourceLoader(importlib.machinery.SourceFileLoader):
-    """Never writes bytecode next to the sources; compiled code lives in the per-user cache."""
-
-    def get_code(self, fullname: str) -> CodeType:
-        path = self.get_filename(fullname)
-        if not _under(path, _cached_roots):
-            return compile(self.get_data(path), path, "exec", dont_inherit=True, optimize=-1)
-        key = _bytecode_key(path, os.stat(path))
-        code = _cached_code(path, key)
-        if code is None:
-            code = compile(self.get_data(path), path, "exec", dont_inherit=True, optimize=-1)
-            _store_code(key, code)
-        return code
-
-    def set_data(self, path: str, data: Buffer, *, _mode: int = 0o666) -> None:
-        """Refuse every write the import system attempts (bytecode caches)."""
-
-
-def _archive_of(path: str) -> str | None:
-    """The zip archive `path` is (`.../<id>.zip`) or lies in (`.../<id>.zip/layers`), if any."""
-    end = path.find(".zip")
-    while end != -1:
-        head = path[: end + 4]
-        if (len(path) == end + 4 or path[end + 4] == "/") and os.path.isfile(head):
-            return head
-        end = path.find(".zip", end + 4)
-    return None
-
-
-def _under_registered_root(path: str) -> bool:
-    return _under(path, _roots)
-
-
-def _under(path: str, roots: set[str]) -> bool:
-    return any(path == root or path.startswith(root + "/") for root in roots)
-
-
-def _path_hook(path: str) -> importlib.machinery.FileFinder | zipimport.zipimporter:
-    if not _under_registered_root(path):
-        raise ImportError("not a kerneld kernel folder")
-    archive = _archive_of(path)
-    if archive is not None:  # a zip build's archive, or a package folder inside it
-        return zipimport.zipimporter(path)
-    return importlib.machinery.FileFinder(
-        path,
-        (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
-        (_NoBytecodeSourceLoader, importlib.machinery.SOURCE_SUFFIXES),
-    )
-
-
-def _register_root(folder: Path, *, cache_bytecode: bool = False) -> None:
-    global _hook_installed
-    root = str(folder)
-    with _lock:
-        if not _hook_installed:
-            sys.path_hooks.insert(0, _path_hook)
-            _hook_installed = True
-        if cache_bytecode:
-            _cached_roots.add(root)
-        if root not in _roots:
-            _roots.add(root)
-            _forget_cached_finders(root)
-
-
-def _forget_cached_finders(root: str) -> None:
-    """Drop the finders cached for `root` and every folder in it before it was registered:
-    they would bypass the hook. Walks the folder's few directories rather than the whole
-    finder cache, which holds every package folder the process imported from (hundreds in
-    a training process, 0.3 us each to scan cold: 52 us after `import torch` alone)."""
-    cache = sys.path_importer_cache
-    stack, seen = [root], set()
-    while stack:
-        folder = stack.pop()
-        cache.pop(folder, None)
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if not entry.is_dir():
-                        continue
-                    if entry.is_symlink():  # a link back up must not loop
-                        st = entry.stat()
-                        if (st.st_dev, st.st_ino) in seen:
-                            continue
-                        seen.add((st.st_dev, st.st_ino))
-                    stack.append(entry.path)
-        except OSError:
-            continue
+# The import hook, its loader and the bytecode cache are defined in `_loads`: the warm fast path
+# imports store trees through them too (one set of registered roots, one hook).
+_lock = _import_lock
+_NoBytecodeSourceLoader = NoBytecodeSourceLoader
+_register_root = register_root
 
 
 def read_metadata(variant_dir: Path) -> dict[str, object]:

@@ -7,7 +7,9 @@ per-process download. How a load proceeds is in `kerneld_client.loading`, one st
 the sources (local override, the published index on the warm path, the daemon, the Hub as a
 fallback), `materialize` (lock, trust, verify, device check, dependencies, import), and the
 fallback policy: the caller's `fallback=` object (or the typed error), a verified in-process
-Hub download (`hub`), or the error (`error`, or `KERNELD_REQUIRE=1`).
+Hub download (`hub`), or the error (`error`, or `KERNELD_REQUIRE=1`). `get_kernel` itself is
+the warm fast path's (`_warm`), which serves a warm hit without these stages and hands every
+other load to `staged_get_kernel`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
-from kerneld_client.errors import KernelError
+from kerneld_client._warm import get_kernel
+from kerneld_client.errors import KernelError, KernelLoadError
+from kerneld_client.loading.call import failed_import as _failed_import
 from kerneld_client.loading.call import run
 from kerneld_client.loading.context import MISSING, LoadContext, LoadOptions, parse_request
 from kerneld_client.loading.loaded import LoadedKernel, loaded_kernels
@@ -40,6 +44,7 @@ __all__ = [
     "has_kernel",
     "load_kernel",
     "loaded_kernels",
+    "staged_get_kernel",
 ]
 
 
@@ -48,7 +53,7 @@ def get_loaded_kernels() -> list[LoadedKernel]:
     return loaded_kernels()
 
 
-def get_kernel(
+def staged_get_kernel(
     repo_id: str,
     *,
     revision: str | None = None,
@@ -60,15 +65,8 @@ def get_kernel(
     trust_remote_code: bool | list[str] = False,
     user_agent: str | dict[str, str] | None = None,
 ) -> Any:
-    """Load a kernel from the host's kerneld store (fetched by the daemon if needed).
-
-    Exactly one of `version` (branch `vN`) and `revision` (branch, tag or commit). On failure:
-    `policy` (default $KERNELD_FALLBACK, else `torch`) decides; under `torch` the `fallback`
-    object is returned if one was given, else the typed error is raised. `trust_remote_code`
-    (True, or a list of repo ids) accepts a publisher the host's `[trust]` policy does not
-    trust, as in `kernels` (unless the admin turned that off); `user_agent` matters only to the
-    `hub` fallback.
-    """
+    """`get_kernel` through the staged loader: what the warm fast path (`_warm.get_kernel`,
+    tried first) hands over when a load is not a warm hit it serves."""
     req = parse_request(repo_id, version, revision)
     module = run(
         req,
@@ -81,6 +79,40 @@ def get_kernel(
         user_agent=user_agent,
     )
     if version is not None and module is not fallback:
+        note_newer_version(req, _config.kernels_logger("versions", "kerneld_client"))
+    return module
+
+
+def failed_import(
+    message: str,
+    cause: BaseException | None,
+    repo_id: str,
+    *,
+    revision: str | None,
+    version: int | None,
+    backend: str | None,
+    fallback: object,
+    policy: str | FallbackPolicy | None,
+    check_arch: bool,
+    trust_remote_code: bool | list[str],
+    user_agent: str | dict[str, str] | None,
+) -> Any:
+    """The warm fast path's import of a checked tree failed in the kernel's own code: the
+    staged loader's KernelLoadError, under the caller's fallback policy."""
+    req = parse_request(repo_id, version, revision)
+    error = KernelLoadError(message)
+    error.__cause__ = cause
+    module = _failed_import(
+        error,
+        req,
+        backend=backend,
+        options=LoadOptions(check_arch=check_arch, trust_remote_code=trust_remote_code),
+        fallback=fallback,
+        policy=policy,
+        trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
+    )
+    if version is not None and module is not fallback:  # a `hub` fallback's kernel
         note_newer_version(req, _config.kernels_logger("versions", "kerneld_client"))
     return module
 

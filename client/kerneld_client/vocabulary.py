@@ -1,5 +1,5 @@
 """The names the client and the daemon must spell alike, each defined once: repo ids, commits,
-machine names and device capabilities.
+machine names, device capabilities and platform fingerprints.
 
 A rule that two places must agree on is written here and nowhere else (docs/architecture.md,
 "One definition"): the client refusing a repo id the daemon accepts, or the daemon detecting a
@@ -11,6 +11,9 @@ Standard library only and no `re`: the client's warm path checks a repo id on ev
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 #: A Hub repo id is `org/name`; each part is 1-96 of these characters, starting with a letter or
 #: digit, with no `..` anywhere (a path trick once it names a directory).
@@ -118,3 +121,39 @@ def capability_number(text: str) -> int | None:
     if rocm is not None:
         return rocm[0] * 10 + rocm[1]
     return None
+
+
+_ABI = {True: "cxx11", False: "cxx98", None: "noabi"}
+
+
+def _field(text: str) -> str:
+    """A free-text fact (CPU, OS) that cannot run into the next field."""
+    return text.replace("%", "%25").replace("-", "%2D")
+
+
+def fingerprint(facts: Mapping[str, Any]) -> str:
+    """The fingerprint of facts in `PlatformFacts.to_dict()` form (ValueError if malformed):
+    the name the daemon publishes picks under (`variants.fingerprints` tells what is in it)."""
+    try:
+        torch = str(facts.get("torch_version") or "")
+        backend = facts.get("backend") or {"type": "cpu"}
+        parts = [
+            f"torch{torch}" if torch else "notorch",
+            _ABI[facts.get("cxx11_abi")],
+            f"{backend['type']}{backend.get('version') or ''}",
+            _field(str(facts["cpu"])),
+            _field(str(facts["os"])),
+        ]
+        python = ".".join(str(facts.get("python_version") or "").split(".")[:2])
+        parts.append(f"py{python}{'t' if facts.get('free_threaded') else ''}")
+        macos = str(facts.get("macos_version") or "")
+        if macos:
+            parts.append(f"macos{macos.split('.', maxsplit=1)[0]}")
+        tvm_ffi = str(facts.get("tvm_ffi_version") or "")
+        if tvm_ffi:
+            parts.append(f"tvmffi{tvm_ffi}")
+        if facts.get("mlx"):
+            parts.append("mlx")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not platform facts: {exc!r}") from None
+    return "-".join(parts)

@@ -11,7 +11,8 @@ import pytest
 
 from examples.kernels.hub import HubRoot
 from examples.kernels.specs import ORG
-from tests.client.support import ACTIVATION, RELU2, Populated, populate
+from kerneld.store import Store
+from tests.client.support import ACTIVATION, RELU2, Populated, local_facts, populate
 from tests.support.hubserver import HubServer
 
 
@@ -26,15 +27,19 @@ def example_server(example_hub: HubRoot) -> Iterator[HubServer]:
 def shared_store(
     example_server: HubServer, example_hub: HubRoot, tmp_path_factory: pytest.TempPathFactory
 ) -> Populated:
-    """activation v1 + v2 and relu2 v1, every variant, published by the store code. Read-only:
-    tests that change a store build their own (`fresh_store`)."""
+    """activation v1 + v2 and relu2 v1, every variant, published by the store code, with this
+    machine's picks (as a daemon publishes them once a client of this platform asked): a warm
+    load takes the warm fast path. Read-only: tests that change a store build their own
+    (`fresh_store`)."""
     root = tmp_path_factory.mktemp("shared") / "store"
-    return populate(
+    populated = populate(
         root,
         example_server.url,
         example_hub,
         [(ACTIVATION, "v1"), (ACTIVATION, "v2"), (RELU2, "v1")],
     )
+    Store.open(root, client_platforms=[local_facts()]).close()
+    return populated
 
 
 @pytest.fixture

@@ -31,6 +31,10 @@ PRELUDE = (
     "import json, os, sys, time, warnings\n"
     + OPS_CHECK
     + "\nimport kerneld_client\nfrom kerneld_client import loaded_kernels\n"
+    # which loads the warm fast path (`_warm`) handed to the staged loader
+    + "from kerneld_client import loader as _loader\n"
+    + "STAGED, _staged = [], _loader.staged_get_kernel\n"
+    + "_loader.staged_get_kernel = lambda *a, **k: STAGED.append(a[0]) or _staged(*a, **k)\n"
 )
 
 
@@ -65,6 +69,7 @@ print(json.dumps({
     "grpc": sorted(m for m in sys.modules if m == "grpc" or m.startswith("grpc.")),
     "protobuf": "google.protobuf" in sys.modules,
     "fallback": "kerneld_client.loading.fallback" in sys.modules,
+    "staged": STAGED,
 }))
 """,
         env,
@@ -72,7 +77,7 @@ print(json.dumps({
     assert out["checked"] == ["silu_and_mul", "gelu_tanh_and_mul", "rms_norm"]
     assert out["grpc"] == [] and not out["protobuf"]
     assert not out["fallback"]  # nor the fallback policies' enum (0.15 ms to create)
-    assert out["source"] == "index"
+    assert out["source"] == "index" and out["staged"] == []  # the fast path served it
     assert out["variant"] == built_examples.arch_variant  # the best accepted variant
     assert out["commit"] == shared_store.commits[(ACTIVATION, "v1")]
     meta = json.loads((Path(out["path"]) / "metadata.json").read_text())
@@ -104,6 +109,7 @@ print(json.dumps({{
     "relu": check_relu2(relu),
     "loaded": [(k.repo_id, k.ref, k.source) for k in loaded_kernels()],
     "grpc": "grpc" in sys.modules,
+    "staged": STAGED,
 }}))
 """,
         env,
@@ -115,6 +121,7 @@ print(json.dumps({{
     assert [x[1] for x in out["loaded"]] == ["v1", "v2", "v1"]
     assert {x[2] for x in out["loaded"]} == {"index"}
     assert out["grpc"] is False
+    assert out["staged"] == []  # every one a warm hit of the fast path
 
 
 def test_lock_files_of_both_formats(shared_store: Populated, tmp_path: Path) -> None:

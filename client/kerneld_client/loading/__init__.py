@@ -11,8 +11,8 @@
     call       call.py         the memo, one flight per kernel (SingleFlight), then the fallback
     fallback   fallback.py     what a failure becomes: the caller's object, the Hub, or the error
 
-The warm path imports only `call`, `context`, `loaded`, `sources`, `published`, `materialize`
-and `pipeline` (every module costs a process about 0.1 ms to import); the local, daemon, hub
-and fallback stages are imported when a load needs them, so a process whose kernels are all in
-the index never imports grpc or huggingface_hub.
+A warm hit never comes here: `kerneld_client.get_kernel` tries the warm fast path (`_warm`)
+first, and these stages load what it hands over (a miss, or any doubt). Even then the local,
+daemon, hub and fallback stages are imported only when a load needs them, so a process whose
+kernels are all in the index never imports grpc or huggingface_hub.
 """

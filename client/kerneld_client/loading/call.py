@@ -15,6 +15,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
+from kerneld_client._loads import MEMO
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError
 from kerneld_client.loading.context import LoadContext, LoadOptions, as_kernel_error
@@ -26,8 +27,9 @@ from kerneld_client.single_flight import SingleFlight
 if TYPE_CHECKING:
     from kerneld_client.loading.fallback import FallbackPolicy
 
-#: (request, backend, options) -> what the first successful load of it gave.
-_memo: dict[tuple[object, ...], LoadedKernel] = {}
+#: (request's fields, backend, options, LOCAL_KERNELS folder) -> what the first successful load
+#: of it gave; shared with the warm fast path (`_loads`, `_warm`), which keys its loads alike.
+_memo = MEMO
 _flights: SingleFlight[Hashable, LoadedKernel | KernelError] = SingleFlight()
 
 
@@ -57,25 +59,84 @@ def run(
     """The kernel's module, or what the fallback policy makes of the failure."""
     chosen = _config.fallback_policy(policy)  # ValueError for a bad name: a usage error
     platform = current_platform(backend)  # ValueError for a bad backend, as in `kernels`
-    key = (request, backend, *options.memo_key(), _local_override(request))
+    key = (*_request_key(request), backend, *options.memo_key(), _local_override(request))
     memo = _memo.get(key)
     if memo is not None:
         return memo.module
     outcome = _flights.do(key, lambda: _load_once(key, request, LoadContext(platform, options)))
     if isinstance(outcome, LoadedKernel):
         return outcome.module
-    from kerneld_client.loading.fallback import fall_back
-
-    return fall_back(
+    return failed(
         outcome,
         request,
+        key,
         LoadContext(platform, options),
         fallback=fallback,
         policy=chosen,
         hub_allowed=hub_allowed,
         trust_remote_code=trust_remote_code,
         user_agent=user_agent,
+    )
+
+
+def _request_key(request: KernelRequest) -> tuple[object, ...]:
+    return (request.repo_id, request.version, request.revision, request.locked_commit)
+
+
+def failed(
+    outcome: KernelError,
+    request: KernelRequest,
+    key: tuple[object, ...],
+    ctx: LoadContext,
+    *,
+    fallback: object,
+    policy: str,
+    hub_allowed: bool,
+    trust_remote_code: bool | list[str],
+    user_agent: str | dict[str, str] | None,
+) -> Any:
+    """What the fallback policy makes of a failed load (a fallback that loads is memoised)."""
+    from kerneld_client.loading.fallback import fall_back
+
+    return fall_back(
+        outcome,
+        request,
+        ctx,
+        fallback=fallback,
+        policy=policy,
+        hub_allowed=hub_allowed,
+        trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
         remember=lambda loaded: _memo.setdefault(key, loaded),
+    )
+
+
+def failed_import(
+    error: KernelError,
+    request: KernelRequest,
+    *,
+    backend: str | None,
+    options: LoadOptions,
+    fallback: object,
+    policy: str | FallbackPolicy | None,
+    trust_remote_code: bool | list[str],
+    user_agent: str | dict[str, str] | None,
+) -> Any:
+    """A kernel whose own code failed in the warm fast path's import: what `run` does with that
+    failure (the kernel is not imported a second time)."""
+    chosen = _config.fallback_policy(policy)
+    platform = current_platform(backend)
+    key = (*_request_key(request), backend, *options.memo_key(), _local_override(request))
+    return failed(
+        error,
+        request,
+        key,
+        LoadContext(platform, options),
+        fallback=fallback,
+        policy=chosen,
+        hub_allowed=True,
+        trust_remote_code=trust_remote_code,
+        user_agent=user_agent,
     )
 
 

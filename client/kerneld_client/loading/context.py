@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
+from kerneld_client._loads import MISSING
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import KernelError, KernelLoadError
 from kerneld_client.platform import Platform
@@ -20,14 +21,7 @@ if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts
 
 
-class _Missing:
-    """Sentinel type: no `fallback=` object was given."""
-
-    def __repr__(self) -> str:
-        return "<no fallback>"
-
-
-MISSING: Final = _Missing()
+__all__ = ["MISSING", "LoadContext", "LoadOptions", "as_kernel_error", "parse_request"]
 
 
 def parse_request(

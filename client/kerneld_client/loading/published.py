@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from kerneld_client import _config, _path_trust, published_index
+from kerneld_client._loads import VERSIONS_SEEN
 from kerneld_client._types import KernelRequest
 from kerneld_client.errors import (
     KernelDenied,
@@ -33,8 +34,9 @@ from kerneld_client.loading.context import LoadContext
 from kerneld_client.loading.loaded import provenance_seen, store_root
 from kerneld_client.loading.sources import Candidate
 
-#: repo -> every `vN` upstream, as the last index document read for it said.
-_versions_seen: dict[str, tuple[int, ...] | None] = {}
+#: repo -> every `vN` upstream, as the last index document read for it said (shared with the
+#: warm fast path).
+_versions_seen = VERSIONS_SEEN
 
 
 def read_commit(

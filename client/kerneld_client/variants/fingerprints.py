@@ -20,39 +20,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from kerneld_client.vocabulary import fingerprint
 
-_ABI = {True: "cxx11", False: "cxx98", None: "noabi"}
+__all__ = ["fingerprint"]
 
-
-def _field(text: str) -> str:
-    """A free-text fact (CPU, OS) that cannot run into the next field."""
-    return text.replace("%", "%25").replace("-", "%2D")
-
-
-def fingerprint(facts: Mapping[str, Any]) -> str:
-    """The fingerprint of facts in `PlatformFacts.to_dict()` form (ValueError if malformed)."""
-    try:
-        torch = str(facts.get("torch_version") or "")
-        backend = facts.get("backend") or {"type": "cpu"}
-        parts = [
-            f"torch{torch}" if torch else "notorch",
-            _ABI[facts.get("cxx11_abi")],
-            f"{backend['type']}{backend.get('version') or ''}",
-            _field(str(facts["cpu"])),
-            _field(str(facts["os"])),
-        ]
-        python = ".".join(str(facts.get("python_version") or "").split(".")[:2])
-        parts.append(f"py{python}{'t' if facts.get('free_threaded') else ''}")
-        macos = str(facts.get("macos_version") or "")
-        if macos:
-            parts.append(f"macos{macos.split('.', maxsplit=1)[0]}")
-        tvm_ffi = str(facts.get("tvm_ffi_version") or "")
-        if tvm_ffi:
-            parts.append(f"tvmffi{tvm_ffi}")
-        if facts.get("mlx"):
-            parts.append("mlx")
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"not platform facts: {exc!r}") from None
-    return "-".join(parts)
+# Defined in `vocabulary` (the names the client and the daemon spell alike): the warm fast path
+# computes it on every warm load without importing this package.
