@@ -60,20 +60,50 @@ def _trusted(uid: int) -> bool:
     return uid in (0, os.geteuid()) or uid == _owner_uid()
 
 
-def _check_ancestors(real: str, child_uid: int) -> None:
-    """`_path_trust.check_ancestors`: every directory above `real` trusted-owned, and writable
-    by nobody else unless sticky with a trusted-owned entry below."""
-    child = real
-    while True:
-        parent = os.path.dirname(child)
-        if parent == child:
-            return
-        st = os.lstat(parent)
-        if not stat.S_ISDIR(st.st_mode) or not _trusted(st.st_uid):
+def _dirs(path: str, seen: dict[str, os.stat_result]) -> list[os.stat_result] | None:
+    """`lstat` of "/" and of every component of `path` (absolute, normal), each directory
+    looked at once per check (`seen`: the advert's chain and the store root's share their top);
+    None where a component is not a directory, i.e. where `path` is not its own `realpath`."""
+    prefixes, end = ["/"], 0
+    while path != "/" and end >= 0:
+        end = path.find("/", end + 1)
+        prefixes.append(path if end < 0 else path[:end])
+    chain = []
+    for prefix in prefixes:
+        st = seen.get(prefix)
+        if st is None:
+            st = seen[prefix] = os.lstat(prefix)
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        chain.append(st)
+    return chain
+
+
+def _real_dirs(path: str, seen: dict[str, os.stat_result]) -> tuple[str, list[os.stat_result]]:
+    """(`os.path.realpath(path)`, `lstat` of "/" and of each of its components): one top-down
+    `lstat` walk proves a normal absolute path of directories to be its own real path, so
+    `realpath` (pure Python, a second `lstat` per component) runs only where a link is."""
+    if os.path.isabs(path) and os.path.normpath(path) == path and not path.startswith("//"):
+        chain = _dirs(path, seen)
+        if chain is not None:
+            return path, chain
+    real = os.path.realpath(path)
+    chain = _dirs(real, seen)
+    if chain is None:
+        raise Miss  # a component of the real path is not a directory
+    return real, chain
+
+
+def _check_ancestors(chain: list[os.stat_result], child_uid: int) -> None:
+    """`_path_trust.check_ancestors` over `lstat`s of the directories above a path, "/" first:
+    each trusted-owned, and writable by nobody else unless sticky with a trusted-owned entry
+    below."""
+    for st in reversed(chain):
+        if not _trusted(st.st_uid):
             raise Miss
         if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and _trusted(child_uid)):
             raise Miss
-        child, child_uid = parent, st.st_uid
+        child_uid = st.st_uid
 
 
 def _socket() -> str:
@@ -109,11 +139,12 @@ def _identity() -> tuple[object, ...]:
     return (advert, st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-def _advert_store() -> tuple[str, tuple[object, ...]]:
+def _advert_store(seen: dict[str, os.stat_result]) -> tuple[str, tuple[object, ...]]:
     """The store the daemon's advert names, checked as `_path_trust.check_advert` checks it,
     and the advert's identity from the same `fstat`."""
     path = Path(_socket() + ".json")
-    real = os.path.join(os.path.realpath(path.parent), path.name)
+    parent, chain = _real_dirs(str(path.parent), seen)
+    real = os.path.join(parent, path.name)
     try:
         fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -122,7 +153,7 @@ def _advert_store() -> tuple[str, tuple[object, ...]]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not _trusted(st.st_uid) or st.st_mode & 0o022:
             raise Miss
-        _check_ancestors(real, st.st_uid)
+        _check_ancestors(chain, st.st_uid)
         data = os.read(fd, (64 << 10) + 1)
     finally:
         os.close(fd)
@@ -148,29 +179,29 @@ def store_root() -> tuple[str, int]:
     """(real path, owner uid) of the store, checked as `loading.loaded.store_root()` checks it,
     in full once per process and store."""
     global _root_memo
-    named = _identity()
     memo = _root_memo
-    if memo is not None and memo[0] == named:
+    if memo is not None and memo[0] == _identity():
         try:
             st = os.lstat(memo[1])
             if (st.st_dev, st.st_ino, st.st_ctime_ns) == memo[3]:
                 return memo[1], memo[2]
         except OSError:
             pass
-    if named[0] == "KERNELD_STORE":
-        path = str(Path(setting("KERNELD_STORE")))
+    seen: dict[str, os.stat_result] = {}  # this check's lstats: each directory looked at once
+    if setting("KERNELD_STORE"):
+        named, path = _identity(), str(Path(setting("KERNELD_STORE")))
     else:
-        path, named = _advert_store()
-    real = os.path.realpath(path)
-    if real == "/":
-        raise Miss
+        path, named = _advert_store(seen)
     try:
-        st = os.lstat(real)
+        real, chain = _real_dirs(path, seen)
     except OSError:
         raise Miss from None
-    if not stat.S_ISDIR(st.st_mode) or not _trusted(st.st_uid) or st.st_mode & 0o022:
+    if real == "/":
         raise Miss
-    _check_ancestors(real, st.st_uid)
+    st = chain.pop()
+    if not _trusted(st.st_uid) or st.st_mode & 0o022:
+        raise Miss
+    _check_ancestors(chain, st.st_uid)
     _root_memo = (named, real, st.st_uid, (st.st_dev, st.st_ino, st.st_ctime_ns))
     return real, st.st_uid
 

@@ -20,11 +20,13 @@ from kerneld.store import Store
 from kerneld_client import (
     DaemonUnavailable,
     KernelDenied,
+    KernelError,
     NoCompatibleVariant,
     UntrustedPath,
     _config,
     _path_trust,
     _rpc,
+    _warm_trust,
     get_kernel,
     get_kernel_dep,
     has_kernel,
@@ -285,6 +287,57 @@ def test_the_store_root_is_checked_once_and_again_when_it_changes(
     monkeypatch.chdir(env)
     assert locations.store_identity() != first
     assert "_once_a" in sys.modules and "_once_d" in sys.modules
+
+
+def test_every_directory_above_the_store_and_the_advert_is_checked(
+    env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directories above the store root and above the daemon's advert: one writable by
+    others refuses the store, by the warm fast path (which looks at each directory once per
+    check, the two chains sharing their top, and skips `realpath` where its walk met no link)
+    as by the staged loader, unless it is sticky with entries of trusted owners (as /tmp is); a
+    symlink on the way is resolved first."""
+    shared = tmp_path / "shared"
+    store, sock = shared / "store", shared / "run" / "kerneld.sock"
+    repo = f"{ORG}/above"
+    files = _pure_kernel("_above_a1", "above")
+    publish_synthetic(store, repo, COMMIT, {"torch-universal": files}, refs={"v1": COMMIT})
+    sock.parent.mkdir()
+    (tmp_path / "link").symlink_to(shared, target_is_directory=True)
+    doc = {
+        "format": locations.ADVERT_FORMAT,
+        "version": 1,
+        "store_root": str(tmp_path / "link" / "store"),  # through the symlink
+        "index_dir": str(store / "index"),
+        "user_socket": str(sock),
+        "admin_socket": str(sock.with_name("admin.sock")),
+        "pid": os.getpid(),
+        "daemon_version": "0",
+    }
+    locations.advert_path(sock).write_text(json.dumps(doc))
+    monkeypatch.delenv("KERNELD_STORE")
+    monkeypatch.setenv("KERNELD_SOCKET", str(sock))
+
+    def fast() -> str | None:
+        """The fast path's full check of the store root (no memo): its real path, or None."""
+        monkeypatch.setattr(_warm_trust, "_root_memo", None)
+        monkeypatch.setattr(loaded, "_root_memo", None)
+        try:
+            return _warm_trust.store_root()[0]
+        except _warm_trust.Miss:
+            return None
+
+    assert fast() == str(store)
+    for above in (shared, sock.parent):
+        above.chmod(0o777)
+        assert fast() is None, above
+        with pytest.raises(KernelError):
+            get_kernel(repo, version=1, policy="error")
+        assert "_above_a1" not in sys.modules
+        above.chmod(0o1777)  # sticky, and what lies below is this user's
+        assert fast() == str(store), above
+        above.chmod(0o755)
+    assert get_kernel(repo, version=1, policy="error").KID == "_above_a1"
 
 
 def test_the_store_identity_follows_the_daemons_advert(
