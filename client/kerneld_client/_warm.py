@@ -97,7 +97,16 @@ def platform_key() -> tuple[str, str, tuple[str, ...]] | None:
     `platform.current_platform()` detects them; None where this module does not detect
     (`KERNELD_PLATFORM_JSON`, no torch imported yet, not Linux, TPU, Neuron, MPS, XPU, NPU,
     tvm-ffi installed): the staged loader then does. Once `kerneld_client.platform` is imported,
-    its answer (which `set_platform_facts` may pin) is the answer."""
+    its answer (which `set_platform_facts` may pin) is the answer.
+
+    Detected once per process, as `platform.current_platform` does, and for its reason: torch's
+    version, its build (CUDA or HIP version, C++ ABI), Python, the OS and the machine cannot
+    change under a process that imported torch. What could (a package installed while it runs
+    makes `mlx` findable, `torch.cuda.set_device` another current device) the staged loader also
+    reads only once, so caching it here gives its answer, not an older one; a caller that asks
+    it to detect again (`refresh=True`) imports `platform`, whose answer then wins (above).
+    The first detection costs about 0.2 ms, most of it the two `find_spec` searches of
+    `sys.path` that `kernels` also makes."""
     global _platform
     full = sys.modules.get("kerneld_client.platform")
     if full is not None:
