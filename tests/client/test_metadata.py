@@ -51,13 +51,13 @@ def test_a_list_is_required() -> None:
 
 
 def test_every_reader_uses_the_one_rule() -> None:
-    """The daemon's resolver, kerneldctl lock, the RPC's metadata and the client's loader all
+    """The daemon's acquire path, kerneldctl lock, the RPC's metadata and the client's loader all
     read `kernel-depends` through kernel_depends (a second parser would drift)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     readers = [
-        "kerneld/pipeline/resolve.py",
+        "kerneld/pipeline/acquire.py",
         "kerneld/ctl/cmd_lock.py",
         "kerneld/server/convert.py",
         "client/kerneld_client/loading/materialize.py",
