@@ -1,0 +1,225 @@
+"""Every kerneld error class, pinned to the answer it gets: the gRPC status, the ErrorDetail code
+and the Hub endpoint's HTTP status (issue 54). The pins were taken from the per-class tables
+before errors carried a kind; a class added later must be pinned here (the walk finds it), so a
+change of any outward status is a visible edit of this table, never a side effect."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import pkgutil
+import sqlite3
+from collections.abc import Callable
+
+import pytest
+
+import kerneld
+from kerneld.server.hubapi.server import _hub_error
+from kerneld.server.statuses import classify
+from kerneld_client.proto import kerneld_pb2 as pb
+from kerneld_client.variants import PlatformFacts, decide
+
+CPU = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=True)
+
+
+def kerneld_error_classes() -> dict[str, type[BaseException]]:
+    """Every exception class defined in kerneld's modules (all imported), by qualified name."""
+    for info in pkgutil.walk_packages(kerneld.__path__, "kerneld."):
+        importlib.import_module(info.name)
+    found: dict[str, type[BaseException]] = {}
+    todo: list[type[BaseException]] = [BaseException]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            name = f"{sub.__module__}.{sub.__qualname__}"
+            if name not in found:
+                todo.append(sub)
+                if sub.__module__.startswith("kerneld."):
+                    found[name] = sub
+    return found
+
+
+def _no_variant(cls: type[BaseException]) -> BaseException:
+    return cls(decide(["torch-cuda"], CPU), repo_id="o/n", revision="c" * 40)
+
+
+def _version_missing(cls: type[BaseException]) -> BaseException:
+    from kerneld.upstream.errors import RevisionNotFound
+
+    return cls(RevisionNotFound("no v9", repo_id="o/n", revision="v9"), {1, 2})
+
+
+#: Classes whose constructor is not `(message, **context)`.
+_MAKE: dict[str, Callable[[type[BaseException]], BaseException]] = {
+    "ConfigError": lambda c: c("f.toml", "log.level", "bad"),
+    "NoVariantFits": _no_variant,
+    "_VersionMissing": _version_missing,
+    "HeadError": lambda c: c(400, "Bad Request", "a NUL byte in the request head"),
+    "HubError": lambda c: c(404, "Not Found"),
+    "UntrustedPublisher": lambda c: c("untrusted", repo_id="o/n", hint="allow it"),
+    "BlobMissingError": lambda c: c(["ab" * 32], repo_id="o/n"),
+    "DeniedError": lambda c: c("bad build", repo_id="o/n", commit="c" * 40),
+    "DigestMismatchError": lambda c: c("sha256", "a", "b", repo_id="o/n"),
+    "InvalidPathError": lambda c: c("../x", "dot-dot", repo_id="o/n"),
+    "MetadataDigestError": lambda c: c(missing=["a.so"], repo_id="o/n"),
+    "ProvenanceError": lambda c: c("unsigned", "no bundle", repo_id="o/n", variant="torch-cpu"),
+    "ResourceExhaustedError": lambda c: c(10, 1, "size cap", repo_id="o/n"),
+    "SizeMismatchError": lambda c: c(10, 11, repo_id="o/n"),
+    "StoreLockedError": lambda c: c("/var/lib/kerneld", 42),
+}
+
+
+def sample(cls: type[BaseException]) -> BaseException:
+    """An instance of `cls` as the code raises it."""
+    make = _MAKE.get(cls.__qualname__)
+    if make is not None:
+        return make(cls)
+    if issubclass(cls, kerneld_error_family()):
+        return cls("why", repo_id="o/n")  # type: ignore[call-arg]
+    return cls("why")
+
+
+def kerneld_error_family() -> tuple[type[BaseException], ...]:
+    """The bases whose constructors take a `repo_id` context field."""
+    from kerneld.pipeline.request import ResolveError
+    from kerneld.store.errors import StoreError
+    from kerneld.upstream.errors import UpstreamError
+
+    return (ResolveError, StoreError, UpstreamError)
+
+
+#: class -> (gRPC status, ErrorDetail code, the Hub endpoint's HTTP status).
+PINNED: dict[str, tuple[str, str, int]] = {
+    "kerneld.config.errors.ConfigError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.ctl.common.CtlError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.ctl.common.DaemonNotReachable": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.ctl.common.PermissionDenied": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.mirror.bundle.BundleError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.destination.ExportError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.documents.MirrorFormatError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.import_.MirrorImportRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.keys.KeyFileError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.keys.SignatureError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.mirror.upstream._Missing": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.pipeline.prefetch.Cancelled": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.pipeline.request.DependencyCycle": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.pipeline.request.FetchNotAllowed": ("PERMISSION_DENIED", "FETCH_NOT_ALLOWED", 403),
+    "kerneld.pipeline.request.NoVariantFits": ("FAILED_PRECONDITION", "NO_COMPATIBLE_VARIANT", 500),
+    "kerneld.pipeline.request.ResolveError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.pipeline.resolve._VersionMissing": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.publish.PublishError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.server.activation.ActivationError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.admin_service._StreamClosed": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.bounds.RequestTooLarge": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.server.httphead.HeadError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.hubapi.server.HubError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.hubapi.view.NotAKernelRepo": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "kerneld.server.mirror_rpc.UploadRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.server.publisher_trust.NoHubUpstream": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.server.publisher_trust.PublisherUnknown": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.server.publisher_trust.PublisherUnverified": (
+        "UNAVAILABLE",
+        "UPSTREAM_UNAVAILABLE",
+        503,
+    ),
+    "kerneld.server.publisher_trust.UntrustedPublisher": (
+        "PERMISSION_DENIED",
+        "UNTRUSTED_PUBLISHER",
+        403,
+    ),
+    "kerneld.server.sockets.SocketBusy": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.sockets.SocketSetupError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.server.statuses.NotReady": ("UNAVAILABLE", "NOT_READY", 503),
+    "kerneld.server.statuses.RateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
+    "kerneld.server.statuses.ReportsRateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
+    "kerneld.server.statuses.Unauthenticated": ("UNAUTHENTICATED", "INVALID_ARGUMENT", 400),
+    "kerneld.server.statuses.Unimplemented": ("UNIMPLEMENTED", "INTERNAL", 500),
+    "kerneld.store.errors.BlobMissingError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.DeniedError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
+    "kerneld.store.errors.DigestMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.DuplicatePathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.IngestInProgressError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.IntegrityError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.InvalidDigestError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.InvalidInputError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.InvalidPathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.InvalidRepoError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.InvalidRevisionError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.LeaseNotFoundError": ("NOT_FOUND", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.MetadataDigestError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.MetadataError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.PathConflictError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.ProvenanceError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
+    "kerneld.store.errors.ReadOnlyStoreError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.ResourceExhaustedError": (
+        "RESOURCE_EXHAUSTED",
+        "RESOURCE_EXHAUSTED",
+        507,
+    ),
+    "kerneld.store.errors.SchemaError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.SizeMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "kerneld.store.errors.StoreError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.StoreLockedError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.StoreOwnershipError": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.errors.TreeNotFoundError": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "kerneld.store.errors.UnresolvedDenyError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.errors.UnsupportedFileTypeError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "kerneld.store.published_index.Denied": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.store.scrub.ScrubCancelled": ("INTERNAL", "INTERNAL", 500),
+    "kerneld.upstream.errors.EntryNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "kerneld.upstream.errors.MalformedAnswer": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.upstream.errors.OrgNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "kerneld.upstream.errors.RepoNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "kerneld.upstream.errors.RevisionNotFound": ("NOT_FOUND", "REVISION_NOT_FOUND", 404),
+    "kerneld.upstream.errors.UpstreamError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.upstream.errors.UpstreamPending": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.upstream.errors.UpstreamProtocolError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.upstream.errors.UpstreamUnavailable": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "kerneld.upstream.retry.TransientError": ("INTERNAL", "INTERNAL", 500),
+}
+
+
+#: What no kerneld class says, but the daemon still answers for: a builtin ValueError (a repo
+#: id the client library refused), the store's file system failing under it, anything else.
+BUILTINS: list[tuple[BaseException, tuple[str, str, int]]] = [
+    (ValueError("bad repo id"), ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400)),
+    (
+        OSError(errno.ENOSPC, "No space left on device"),
+        ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 507),
+    ),
+    (
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 507),
+    ),
+    (
+        sqlite3.OperationalError("database or disk is full"),
+        ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 507),
+    ),
+    (OSError(errno.EROFS, "Read-only file system"), ("INTERNAL", "INTERNAL", 500)),
+    (OSError(errno.EIO, "Input/output error"), ("INTERNAL", "INTERNAL", 500)),
+    (OSError(errno.ENOENT, "No such file"), ("INTERNAL", "INTERNAL", 500)),
+    (KeyError("x"), ("INTERNAL", "INTERNAL", 500)),
+    (RuntimeError("boom"), ("INTERNAL", "INTERNAL", 500)),
+]
+
+
+def answers(exc: BaseException) -> tuple[str, str, int]:
+    """(gRPC status, ErrorDetail code, the Hub endpoint's HTTP status) for `exc`."""
+    failure = classify(exc)
+    http = _hub_error(exc, ["api", "kernels", "o", "n"])
+    return failure.status.name, pb.ErrorCode.Name(failure.detail.code), http.status
+
+
+def test_every_error_class_is_pinned() -> None:
+    classes = kerneld_error_classes()
+    assert len(classes) > 60  # the walk sees the modules
+    assert sorted(classes) == sorted(PINNED), "pin the new class's statuses here"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_status_is_pinned(name: str) -> None:
+    assert answers(sample(kerneld_error_classes()[name])) == PINNED[name]
+
+
+@pytest.mark.parametrize(("exc", "pinned"), BUILTINS, ids=lambda v: type(v).__name__)
+def test_builtin_status_is_pinned(exc: BaseException, pinned: tuple[str, str, int]) -> None:
+    assert answers(exc) == pinned
