@@ -23,18 +23,20 @@ CPU = PlatformFacts(cpu="x86_64", os="linux", torch_version=(2, 13), cxx11_abi=T
 
 
 def kerneld_error_classes() -> dict[str, type[BaseException]]:
-    """Every exception class defined in kerneld's modules (all imported), by qualified name."""
+    """Every exception class defined in kerneld's modules (all imported), by name: no two share
+    one, so a class that moves to another module keeps its pin."""
     for info in pkgutil.walk_packages(kerneld.__path__, "kerneld."):
         importlib.import_module(info.name)
-    found: dict[str, type[BaseException]] = {}
+    seen: set[type[BaseException]] = set()
     todo: list[type[BaseException]] = [BaseException]
     while todo:
         for sub in todo.pop().__subclasses__():
-            name = f"{sub.__module__}.{sub.__qualname__}"
-            if name not in found:
+            if sub not in seen:
+                seen.add(sub)
                 todo.append(sub)
-                if sub.__module__.startswith("kerneld."):
-                    found[name] = sub
+    ours = [c for c in seen if c.__module__.startswith("kerneld.")]
+    found = {c.__qualname__: c for c in ours}
+    assert len(found) == len(ours), "two kerneld error classes share a name"
     return found
 
 
@@ -87,94 +89,94 @@ def kerneld_error_family() -> tuple[type[BaseException], ...]:
     return (ResolveError, StoreError, UpstreamError)
 
 
-#: class -> (gRPC status, ErrorDetail code, the Hub endpoint's HTTP status).
+#: class name -> (gRPC status, ErrorDetail code, the Hub endpoint's HTTP status).
 PINNED: dict[str, tuple[str, str, int]] = {
-    "kerneld.config.errors.ConfigError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.ctl.common.CtlError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.ctl.common.DaemonNotReachable": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.ctl.common.PermissionDenied": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.mirror.bundle.BundleError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.destination.ExportError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.documents.MirrorFormatError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.import_.MirrorImportRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.keys.KeyFileError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.keys.SignatureError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.mirror.upstream._Missing": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.pipeline.prefetch.Cancelled": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.pipeline.request.DependencyCycle": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.pipeline.request.FetchNotAllowed": ("PERMISSION_DENIED", "FETCH_NOT_ALLOWED", 403),
-    "kerneld.pipeline.request.NoVariantFits": ("FAILED_PRECONDITION", "NO_COMPATIBLE_VARIANT", 500),
-    "kerneld.pipeline.request.ResolveError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.pipeline.resolve._VersionMissing": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.publish.PublishError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.server.activation.ActivationError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.admin_service._StreamClosed": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.bounds.RequestTooLarge": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.server.httphead.HeadError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.hubapi.server.HubError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.hubapi.view.NotAKernelRepo": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
-    "kerneld.server.mirror_rpc.UploadRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.server.publisher_trust.NoHubUpstream": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.server.publisher_trust.PublisherUnknown": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.server.publisher_trust.PublisherUnverified": (
+    "ConfigError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "CtlError": ("INTERNAL", "INTERNAL", 500),
+    "DaemonNotReachable": ("INTERNAL", "INTERNAL", 500),
+    "PermissionDenied": ("INTERNAL", "INTERNAL", 500),
+    "BundleError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "ExportError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "MirrorFormatError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "MirrorImportRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "KeyFileError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "SignatureError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "_Missing": ("INTERNAL", "INTERNAL", 500),
+    "Cancelled": ("INTERNAL", "INTERNAL", 500),
+    "DependencyCycle": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "FetchNotAllowed": ("PERMISSION_DENIED", "FETCH_NOT_ALLOWED", 403),
+    "NoVariantFits": ("FAILED_PRECONDITION", "NO_COMPATIBLE_VARIANT", 500),
+    "ResolveError": ("INTERNAL", "INTERNAL", 500),
+    "_VersionMissing": ("INTERNAL", "INTERNAL", 500),
+    "PublishError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "ActivationError": ("INTERNAL", "INTERNAL", 500),
+    "_StreamClosed": ("INTERNAL", "INTERNAL", 500),
+    "RequestTooLarge": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "HeadError": ("INTERNAL", "INTERNAL", 500),
+    "HubError": ("INTERNAL", "INTERNAL", 500),
+    "NotAKernelRepo": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "UploadRefused": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "NoHubUpstream": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "PublisherUnknown": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "PublisherUnverified": (
         "UNAVAILABLE",
         "UPSTREAM_UNAVAILABLE",
         503,
     ),
-    "kerneld.server.publisher_trust.UntrustedPublisher": (
+    "UntrustedPublisher": (
         "PERMISSION_DENIED",
         "UNTRUSTED_PUBLISHER",
         403,
     ),
-    "kerneld.server.sockets.SocketBusy": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.sockets.SocketSetupError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.server.statuses.NotReady": ("UNAVAILABLE", "NOT_READY", 503),
-    "kerneld.server.statuses.RateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
-    "kerneld.server.statuses.ReportsRateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
-    "kerneld.server.statuses.Unauthenticated": ("UNAUTHENTICATED", "INVALID_ARGUMENT", 400),
-    "kerneld.server.statuses.Unimplemented": ("UNIMPLEMENTED", "INTERNAL", 500),
-    "kerneld.store.errors.BlobMissingError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.DeniedError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
-    "kerneld.store.errors.DigestMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.DuplicatePathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.IngestInProgressError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.IntegrityError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.InvalidDigestError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.InvalidInputError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.InvalidPathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.InvalidRepoError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.InvalidRevisionError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.LeaseNotFoundError": ("NOT_FOUND", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.MetadataDigestError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.MetadataError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.PathConflictError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.ProvenanceError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
-    "kerneld.store.errors.ReadOnlyStoreError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.ResourceExhaustedError": (
+    "SocketBusy": ("INTERNAL", "INTERNAL", 500),
+    "SocketSetupError": ("INTERNAL", "INTERNAL", 500),
+    "NotReady": ("UNAVAILABLE", "NOT_READY", 503),
+    "RateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
+    "ReportsRateLimited": ("RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", 429),
+    "Unauthenticated": ("UNAUTHENTICATED", "INVALID_ARGUMENT", 400),
+    "Unimplemented": ("UNIMPLEMENTED", "INTERNAL", 500),
+    "BlobMissingError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "DeniedError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
+    "DigestMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "DuplicatePathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "IngestInProgressError": ("INTERNAL", "INTERNAL", 500),
+    "IntegrityError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "InvalidDigestError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "InvalidInputError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "InvalidPathError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "InvalidRepoError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "InvalidRevisionError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "LeaseNotFoundError": ("NOT_FOUND", "INVALID_ARGUMENT", 400),
+    "MetadataDigestError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "MetadataError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "PathConflictError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "ProvenanceError": ("PERMISSION_DENIED", "KERNEL_DENIED", 403),
+    "ReadOnlyStoreError": ("INTERNAL", "INTERNAL", 500),
+    "ResourceExhaustedError": (
         "RESOURCE_EXHAUSTED",
         "RESOURCE_EXHAUSTED",
         507,
     ),
-    "kerneld.store.errors.SchemaError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.SizeMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
-    "kerneld.store.errors.StoreError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.StoreLockedError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.StoreOwnershipError": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.errors.TreeNotFoundError": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
-    "kerneld.store.errors.UnresolvedDenyError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.errors.UnsupportedFileTypeError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
-    "kerneld.store.published_index.Denied": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.store.scrub.ScrubCancelled": ("INTERNAL", "INTERNAL", 500),
-    "kerneld.upstream.errors.EntryNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
-    "kerneld.upstream.errors.MalformedAnswer": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.upstream.errors.OrgNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
-    "kerneld.upstream.errors.RepoNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
-    "kerneld.upstream.errors.RevisionNotFound": ("NOT_FOUND", "REVISION_NOT_FOUND", 404),
-    "kerneld.upstream.errors.UpstreamError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.upstream.errors.UpstreamPending": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.upstream.errors.UpstreamProtocolError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.upstream.errors.UpstreamUnavailable": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
-    "kerneld.upstream.retry.TransientError": ("INTERNAL", "INTERNAL", 500),
+    "SchemaError": ("INTERNAL", "INTERNAL", 500),
+    "SizeMismatchError": ("DATA_LOSS", "INTEGRITY_ERROR", 502),
+    "StoreError": ("INTERNAL", "INTERNAL", 500),
+    "StoreLockedError": ("INTERNAL", "INTERNAL", 500),
+    "StoreOwnershipError": ("INTERNAL", "INTERNAL", 500),
+    "TreeNotFoundError": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "UnresolvedDenyError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "UnsupportedFileTypeError": ("INVALID_ARGUMENT", "INVALID_ARGUMENT", 400),
+    "Denied": ("INTERNAL", "INTERNAL", 500),
+    "ScrubCancelled": ("INTERNAL", "INTERNAL", 500),
+    "EntryNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "MalformedAnswer": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "OrgNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "RepoNotFound": ("NOT_FOUND", "KERNEL_NOT_FOUND", 404),
+    "RevisionNotFound": ("NOT_FOUND", "REVISION_NOT_FOUND", 404),
+    "UpstreamError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "UpstreamPending": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "UpstreamProtocolError": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "UpstreamUnavailable": ("UNAVAILABLE", "UPSTREAM_UNAVAILABLE", 503),
+    "TransientError": ("INTERNAL", "INTERNAL", 500),
 }
 
 
