@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from kerneld.errors import ErrorKind
+
 if TYPE_CHECKING:
     from kerneld.store import Store
 
@@ -49,6 +51,8 @@ exit codes:
 class CtlError(Exception):
     """A failure with the exit code it maps to and, optionally, a hint for the user."""
 
+    kind = ErrorKind.INTERNAL  # a family: each raise's exit code says more
+
     def __init__(self, message: str, *, code: int = EXIT_FAILURE, hint: str = "") -> None:
         self.message = message
         self.code = code
@@ -57,12 +61,16 @@ class CtlError(Exception):
 
 
 class DaemonNotReachable(CtlError):
+    kind = ErrorKind.UNAVAILABLE
+
     def __init__(self, message: str, *, hint: str = "") -> None:
         super().__init__(message, code=EXIT_UNAVAILABLE, hint=hint)
 
 
 class PermissionDenied(CtlError):
     """The daemon (or file) is there but this user may not use it."""
+
+    kind = ErrorKind.DENIED
 
     def __init__(self, message: str, *, hint: str = "") -> None:
         super().__init__(message, code=EXIT_PERMISSION, hint=hint)

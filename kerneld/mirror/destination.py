@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from kerneld.errors import ErrorKind
 from kerneld.mirror.documents import INFO, MirrorFormatError, MirrorWriter, blob_path, parse_info
 from kerneld.store import BlobProvider
 from kerneld.store.manifest import ManifestEntry
@@ -27,6 +28,8 @@ CHUNK = 1 << 20
 
 class ExportError(ValueError):
     """The export cannot be done as asked; nothing was written (or the write failed)."""
+
+    kind = ErrorKind.INVALID
 
 
 class Target:

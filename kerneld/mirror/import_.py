@@ -37,6 +37,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from kerneld.errors import ErrorKind
 from kerneld.mirror.bundle import (
     HAS_DATA_FILTER,
     Bundle,
@@ -82,6 +83,8 @@ CHUNK = 1 << 20
 
 class MirrorImportRefused(ValueError):
     """The whole bundle was refused before anything was imported."""
+
+    kind = ErrorKind.INVALID
 
 
 @dataclass

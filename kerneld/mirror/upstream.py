@@ -24,6 +24,7 @@ from pathlib import Path
 from threading import Lock
 from typing import TYPE_CHECKING
 
+from kerneld.errors import ErrorKind
 from kerneld.mirror.documents import (
     INFO,
     Manifest,
@@ -63,6 +64,8 @@ MAX_DOC_BYTES = 16 << 20
 
 class _Missing(Exception):
     """The mirror has no file at that path."""
+
+    kind = ErrorKind.NOT_FOUND
 
 
 class _MirrorBase:

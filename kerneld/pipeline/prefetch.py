@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kerneld.errors import ErrorKind
 from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.fetch_progress import FetchProgress, FetchProgressFn
 from kerneld.pipeline.hardware import Hardware
@@ -279,6 +280,8 @@ Emit = Callable[[FetchProgress], None]
 
 class Cancelled(Exception):
     """The caller went away (the RPC was cancelled, or the daemon is stopping)."""
+
+    kind = ErrorKind.INTERNAL
 
 
 class Prefetcher:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kerneld.errors import ErrorKind, WireCode
 from kerneld.pipeline.fetch import FetchResult
 from kerneld.store import LookupHit
 from kerneld.upstream.base import check_repo_id
@@ -53,6 +54,8 @@ class KernelSpec:
 class ResolveError(Exception):
     """Base of resolution failures that are not upstream or store errors."""
 
+    kind = ErrorKind.INTERNAL  # a family: each member says more
+
     def __init__(self, message: str, *, repo_id: str = "", revision: str = "") -> None:
         self.message = message
         self.repo_id = repo_id
@@ -64,6 +67,8 @@ class ResolveError(Exception):
 class NoVariantFits(ResolveError):
     """No variant of the commit fits the platform (each decision says why); the client raises
     its `NoCompatibleVariant`, `kernels`' name, for it."""
+
+    kind = ErrorKind.UNSUITABLE
 
     def __init__(
         self,
@@ -83,9 +88,12 @@ class NoVariantFits(ResolveError):
 class FetchNotAllowed(ResolveError):
     """The kernel is not in the store and this request may not trigger a download."""
 
+    kind = ErrorKind.DENIED
+    wire_code: WireCode = "FETCH_NOT_ALLOWED"
+
 
 class DependencyCycle(ResolveError):
-    pass
+    kind = ErrorKind.INVALID
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from kerneld.errors import ErrorKind, WireCode
 from kerneld.pipeline.acquire import Acquire, dependencies_of
 from kerneld.pipeline.fetch import Fetcher, VariantFetcher
 from kerneld.pipeline.fetch_progress import FetchProgressFn
@@ -62,6 +63,9 @@ of its own yet)."""
 
 class _VersionMissing(Exception):
     """An upstream listed the repo's versions and the one asked for is not among them."""
+
+    kind = ErrorKind.NOT_FOUND
+    wire_code: WireCode = "REVISION_NOT_FOUND"
 
     def __init__(self, error: RevisionNotFound, versions: set[int]) -> None:
         super().__init__(str(error))

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import grpc
 
+from kerneld.errors import ErrorKind
 from kerneld.pipeline.fetch_progress import FetchProgress
 from kerneld.pipeline.prefetch import parse_torch_versions
 from kerneld.pipeline.resolve import KernelSpec
@@ -103,6 +104,8 @@ def prefetch_event(update: FetchProgress) -> pb.PrefetchEvent:
 
 class _StreamClosed(Exception):
     """The RPC ended (the caller went away): stops a bounded stream's producer."""
+
+    kind = ErrorKind.INTERNAL
 
 
 def _variant_entry(v: VariantItem, with_depends: bool = False) -> pb.VariantEntry:

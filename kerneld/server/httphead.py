@@ -9,6 +9,8 @@ from http import HTTPStatus
 
 import h11
 
+from kerneld.errors import ErrorKind
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -62,6 +64,8 @@ def fixed_answer(status: int, reason: str, message: str) -> bytes:
 
 class HeadError(Exception):
     """A request head the listener will not parse: the answer and why."""
+
+    kind = ErrorKind.INVALID  # each its own HTTP status: 400, 411, 413, 431, 505
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)

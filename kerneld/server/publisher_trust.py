@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneld.config import Config
+from kerneld.errors import ErrorKind, WireCode
 from kerneld.mirror.verdicts import imported_repos, repos_entry
 from kerneld.pipeline.resolve import ResolveError
 from kerneld.upstream.errors import OrgNotFound, UpstreamError, UpstreamUnavailable
@@ -111,6 +112,9 @@ class PublisherUnknown(PublisherUnverified):
 
 class UntrustedPublisher(ResolveError):
     """The kernel's publisher is not trusted by this host's `[trust]` policy."""
+
+    kind = ErrorKind.DENIED
+    wire_code: WireCode = "UNTRUSTED_PUBLISHER"
 
     def __init__(self, message: str, *, repo_id: str, hint: str) -> None:
         super().__init__(message, repo_id=repo_id)

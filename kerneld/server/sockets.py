@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kerneld.config import SocketConfig
+from kerneld.errors import ErrorKind
 from kerneld_client.file_locks import PidLock, PidLockHeld
 from kerneld_client.locations import Advert, advert_path
 
@@ -38,9 +39,13 @@ MAX_SOCKET_PATH = 107
 class SocketBusy(Exception):
     """Another live server owns the socket path."""
 
+    kind = ErrorKind.INTERNAL
+
 
 class SocketSetupError(Exception):
     """The socket cannot be created as configured (bad group, path too long, not a socket)."""
+
+    kind = ErrorKind.INTERNAL
 
 
 class SocketLock:

@@ -1,37 +1,43 @@
-"""Typed errors -> gRPC status + `ErrorDetail` (trailer `kerneld-error-bin`).
+"""Typed errors -> gRPC status, HTTP status and `ErrorDetail` (trailer `kerneld-error-bin`).
 
-One table, so every RPC fails the same way for the same cause and clients can raise typed errors
-without parsing messages. The mapping (gRPC status, ErrorCode):
+The one place errors become statuses, so every RPC and every Hub endpoint answer fails the same
+way for the same cause, and clients raise typed errors without parsing messages. Each error
+class declares its kind (`kerneld/errors.py`); `STATUSES` maps a kind to the gRPC status, the
+HTTP status and the `ErrorDetail` code a class gets unless it names a finer one (`wire_code`):
 
-    DeniedError             PERMISSION_DENIED    KERNEL_DENIED
-    FetchNotAllowed         PERMISSION_DENIED    FETCH_NOT_ALLOWED
-    UntrustedPublisher      PERMISSION_DENIED    UNTRUSTED_PUBLISHER ([trust] policy)
-    PublisherUnverified     UNAVAILABLE          UPSTREAM_UNAVAILABLE (the Hub, asked about
-                                                 trust, did not answer)
-    NoVariantFits     FAILED_PRECONDITION  NO_COMPATIBLE_VARIANT (+ every variant's reason)
-    RepoNotFound            NOT_FOUND            KERNEL_NOT_FOUND
-    EntryNotFound           NOT_FOUND            KERNEL_NOT_FOUND
-    TreeNotFoundError       NOT_FOUND            KERNEL_NOT_FOUND
-    RevisionNotFound        NOT_FOUND            REVISION_NOT_FOUND
-    LeaseNotFoundError      NOT_FOUND            INVALID_ARGUMENT (the lease id is not valid now)
-    UpstreamUnavailable     UNAVAILABLE          UPSTREAM_UNAVAILABLE
-    UpstreamProtocolError   UNAVAILABLE          UPSTREAM_UNAVAILABLE
-    IntegrityError          DATA_LOSS            INTEGRITY_ERROR
-    MetadataError           DATA_LOSS            INTEGRITY_ERROR
-    BlobMissingError        DATA_LOSS            INTEGRITY_ERROR
-    ResourceExhaustedError  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED
-    RateLimited             RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (per-uid fetch rate limit)
-    ReportsRateLimited      RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (per-uid ReportSuspect limit)
-    Unauthenticated         UNAUTHENTICATED      INVALID_ARGUMENT (a bad caller token)
-    InvalidInputError,
-    ValueError, ConfigError,
-    DependencyCycle         INVALID_ARGUMENT     INVALID_ARGUMENT
-    NotReady                UNAVAILABLE          NOT_READY
-    Unimplemented           UNIMPLEMENTED        INTERNAL
-    store file system full  RESOURCE_EXHAUSTED   RESOURCE_EXHAUSTED (ENOSPC/EDQUOT, SQLite "full")
-    store read-only / EIO   INTERNAL             INTERNAL (one log line, no traceback: a disk
-                                                 fault, not a bug; cached kernels still work)
-    anything else           INTERNAL             INTERNAL (logged with its traceback)
+    kind             gRPC                 HTTP  ErrorCode (default)    e.g.
+    NOT_FOUND        NOT_FOUND            404   KERNEL_NOT_FOUND       RepoNotFound, EntryNotFound,
+                                                                       TreeNotFoundError;
+                                                                       RevisionNotFound names
+                                                                       REVISION_NOT_FOUND,
+                                                                       LeaseNotFoundError
+                                                                       INVALID_ARGUMENT
+    DENIED           PERMISSION_DENIED    403   KERNEL_DENIED          DeniedError; FetchNotAllowed,
+                                                                       UntrustedPublisher name
+                                                                       their own
+    UNAUTHENTICATED  UNAUTHENTICATED      401   INVALID_ARGUMENT       a bad caller token
+    INVALID          INVALID_ARGUMENT     400   INVALID_ARGUMENT       InvalidInputError,
+                                                                       ConfigError,
+                                                                       DependencyCycle, a builtin
+                                                                       ValueError
+    UNSUITABLE       FAILED_PRECONDITION  404   NO_COMPATIBLE_VARIANT  NoVariantFits (+ every
+                                                                       variant's reason)
+    UNAVAILABLE      UNAVAILABLE          503   UPSTREAM_UNAVAILABLE   UpstreamError and family,
+                                                                       PublisherUnverified; NotReady
+                                                                       names NOT_READY
+    CORRUPT          DATA_LOSS            502   INTEGRITY_ERROR        IntegrityError,
+                                                                       MetadataError,
+                                                                       BlobMissingError
+    EXHAUSTED        RESOURCE_EXHAUSTED   507   RESOURCE_EXHAUSTED     ResourceExhaustedError, the
+                                                                       store's disk full
+    RATE_LIMITED     RESOURCE_EXHAUSTED   429   RESOURCE_EXHAUSTED     RateLimited (+ Retry-After)
+    UNIMPLEMENTED    UNIMPLEMENTED        501   INTERNAL               Unimplemented
+    INTERNAL         INTERNAL             500   INTERNAL               anything else (logged with
+                                                                       its traceback)
+
+The store's file system failing under us is read from the OSError or SQLite error itself: full
+(ENOSPC/EDQUOT, SQLite "full") is EXHAUSTED; read-only or EIO is INTERNAL with one log line and no
+traceback (a disk fault, not a bug; cached kernels still work).
 """
 
 from __future__ import annotations
@@ -48,34 +54,12 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
-from kerneld.config import ConfigError
-from kerneld.pipeline.resolve import (
-    DependencyCycle,
-    FetchNotAllowed,
-    NoVariantFits,
-    ResolveError,
-)
+from kerneld.errors import ErrorKind, WireCode, kind_of, wire_code_of
+from kerneld.pipeline.resolve import FetchNotAllowed, NoVariantFits, ResolveError
 from kerneld.server.logs import redact
 from kerneld.server.publisher_trust import PublisherUnverified, UntrustedPublisher
-from kerneld.store import (
-    BlobMissingError,
-    DeniedError,
-    IntegrityError,
-    InvalidInputError,
-    LeaseNotFoundError,
-    MetadataError,
-    ResourceExhaustedError,
-    StoreError,
-    TreeNotFoundError,
-)
-from kerneld.upstream.errors import (
-    EntryNotFound,
-    RepoNotFound,
-    RevisionNotFound,
-    UpstreamError,
-    UpstreamProtocolError,
-    UpstreamUnavailable,
-)
+from kerneld.store import DeniedError, LeaseNotFoundError, ResourceExhaustedError, StoreError
+from kerneld.upstream.errors import UpstreamError, UpstreamUnavailable
 from kerneld_client.proto import kerneld_pb2 as pb
 from kerneld_client.wire import decision_to_proto
 
@@ -88,13 +72,20 @@ Code = pb.ErrorCode
 class NotReady(Exception):
     """The daemon is still opening its store, or draining on SIGTERM."""
 
+    kind = ErrorKind.UNAVAILABLE
+    wire_code: WireCode = "NOT_READY"
+
 
 class Unimplemented(Exception):
     """An RPC this build cannot serve (e.g. mirror sync without the mirror module)."""
 
+    kind = ErrorKind.UNIMPLEMENTED
+
 
 class RateLimited(Exception):
     """A caller asked for more downloads than `[fetch] per_uid_rate` allows."""
+
+    kind = ErrorKind.RATE_LIMITED
 
     def __init__(self, message: str, *, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
@@ -109,39 +100,41 @@ class ReportsRateLimited(RateLimited):
 class Unauthenticated(Exception):
     """A caller token that is forged, expired or not its sender's (see server/identity.py)."""
 
+    kind = ErrorKind.UNAUTHENTICATED
+
+
+@dataclass(frozen=True)
+class Status:
+    """How one kind of failure answers: on gRPC, over HTTP, and its default ErrorDetail code."""
+
+    grpc: grpc.StatusCode
+    http: int
+    code: WireCode
+
+
+S = grpc.StatusCode
+#: The one table from a kind of failure to its answers (the module docstring shows it).
+STATUSES: dict[ErrorKind, Status] = {
+    ErrorKind.NOT_FOUND: Status(S.NOT_FOUND, 404, "KERNEL_NOT_FOUND"),
+    ErrorKind.DENIED: Status(S.PERMISSION_DENIED, 403, "KERNEL_DENIED"),
+    ErrorKind.UNAUTHENTICATED: Status(S.UNAUTHENTICATED, 401, "INVALID_ARGUMENT"),
+    ErrorKind.INVALID: Status(S.INVALID_ARGUMENT, 400, "INVALID_ARGUMENT"),
+    ErrorKind.UNSUITABLE: Status(S.FAILED_PRECONDITION, 404, "NO_COMPATIBLE_VARIANT"),
+    ErrorKind.UNAVAILABLE: Status(S.UNAVAILABLE, 503, "UPSTREAM_UNAVAILABLE"),
+    ErrorKind.CORRUPT: Status(S.DATA_LOSS, 502, "INTEGRITY_ERROR"),
+    ErrorKind.EXHAUSTED: Status(S.RESOURCE_EXHAUSTED, 507, "RESOURCE_EXHAUSTED"),
+    ErrorKind.RATE_LIMITED: Status(S.RESOURCE_EXHAUSTED, 429, "RESOURCE_EXHAUSTED"),
+    ErrorKind.UNIMPLEMENTED: Status(S.UNIMPLEMENTED, 501, "INTERNAL"),
+    ErrorKind.INTERNAL: Status(S.INTERNAL, 500, "INTERNAL"),
+}
+
 
 @dataclass(frozen=True)
 class Failure:
+    kind: ErrorKind
     status: grpc.StatusCode
+    http: int
     detail: pb.ErrorDetail
-
-
-_TABLE: tuple[tuple[type[BaseException], grpc.StatusCode, pb.ErrorCode.ValueType], ...] = (
-    (DeniedError, grpc.StatusCode.PERMISSION_DENIED, Code.KERNEL_DENIED),
-    (FetchNotAllowed, grpc.StatusCode.PERMISSION_DENIED, Code.FETCH_NOT_ALLOWED),
-    (UntrustedPublisher, grpc.StatusCode.PERMISSION_DENIED, Code.UNTRUSTED_PUBLISHER),
-    (NoVariantFits, grpc.StatusCode.FAILED_PRECONDITION, Code.NO_COMPATIBLE_VARIANT),
-    (DependencyCycle, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
-    (RepoNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
-    (EntryNotFound, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
-    (RevisionNotFound, grpc.StatusCode.NOT_FOUND, Code.REVISION_NOT_FOUND),
-    (TreeNotFoundError, grpc.StatusCode.NOT_FOUND, Code.KERNEL_NOT_FOUND),
-    (LeaseNotFoundError, grpc.StatusCode.NOT_FOUND, Code.INVALID_ARGUMENT),
-    (UpstreamUnavailable, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
-    (UpstreamProtocolError, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
-    (UpstreamError, grpc.StatusCode.UNAVAILABLE, Code.UPSTREAM_UNAVAILABLE),
-    (IntegrityError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
-    (MetadataError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
-    (BlobMissingError, grpc.StatusCode.DATA_LOSS, Code.INTEGRITY_ERROR),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED),
-    (RateLimited, grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED),
-    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, Code.INVALID_ARGUMENT),
-    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
-    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
-    (ValueError, grpc.StatusCode.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),
-    (NotReady, grpc.StatusCode.UNAVAILABLE, Code.NOT_READY),
-    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED, Code.INTERNAL),
-)
 
 
 def _hint(exc: BaseException, repo: str) -> str:
@@ -232,32 +225,29 @@ def _message(exc: BaseException) -> str:
 
 def classify(exc: BaseException, *, repo_id: str = "", revision: str = "") -> Failure:
     """The status and detail for `exc`; `repo_id`/`revision` fill in what the error lacks."""
-    status: grpc.StatusCode = grpc.StatusCode.INTERNAL
-    code: pb.ErrorCode.ValueType = Code.INTERNAL
-    for cls, st, cd in _TABLE:
-        if isinstance(exc, cls):
-            status, code = st, cd
-            break
+    kind = kind_of(exc)
     e_repo, e_rev, e_variant = _context(exc)
     repo = e_repo or repo_id
     # Callers of the user socket read this: an upstream's credentials (a URL's userinfo) go.
     message = redact(_message(exc))
     hint = _hint(exc, repo)
-    fault = store_fault(exc) if status is grpc.StatusCode.INTERNAL else None
+    fault = store_fault(exc) if kind is ErrorKind.INTERNAL else None
     if fault is not None:
         if fault == "full":
-            status, code = grpc.StatusCode.RESOURCE_EXHAUSTED, Code.RESOURCE_EXHAUSTED
+            kind = ErrorKind.EXHAUSTED
         message = f"store {'full' if fault == 'full' else 'I/O fault'}: {exc}"
         hint = _FAULT_HINTS[fault]
         if not getattr(exc, "_kerneld_logged", False):  # classify runs twice per failed RPC
             log.error("store fault repo=%s revision=%s: %s", repo, revision, message)
             with contextlib.suppress(AttributeError):
                 setattr(exc, "_kerneld_logged", True)  # noqa: B010
-    elif status is grpc.StatusCode.INTERNAL:
+    elif kind is ErrorKind.INTERNAL:
         log.error("internal error repo=%s revision=%s: %r", repo, revision, exc, exc_info=exc)
         message = f"internal error: {type(exc).__name__}: {exc}"
+    status = STATUSES[kind]
+    code = wire_code_of(exc) or status.code
     detail = pb.ErrorDetail(
-        code=code,
+        code=Code.Value(code),
         message=message,
         repo_id=repo,
         revision=e_rev or revision,
@@ -266,22 +256,22 @@ def classify(exc: BaseException, *, repo_id: str = "", revision: str = "") -> Fa
     )
     if isinstance(exc, NoVariantFits):
         detail.variants.extend(decision_to_proto(d) for d in exc.decisions)
-    return Failure(status, detail)
+    return Failure(kind, status.grpc, status.http, detail)
 
 
 #: Failures that are answers about what was asked (it does not exist, may not be had, was
 #: asked wrongly): routine for a job's call, logged at info.
 _ANSWERS = frozenset(
     {
-        Code.KERNEL_NOT_FOUND,
-        Code.REVISION_NOT_FOUND,
-        Code.NO_COMPATIBLE_VARIANT,
-        Code.KERNEL_DENIED,
-        Code.UNTRUSTED_PUBLISHER,
-        Code.FETCH_NOT_ALLOWED,
-        Code.INVALID_ARGUMENT,
+        ErrorKind.NOT_FOUND,
+        ErrorKind.UNSUITABLE,
+        ErrorKind.DENIED,
+        ErrorKind.UNAUTHENTICATED,
+        ErrorKind.INVALID,
     }
 )
+#: Faults of the daemon: its own bugs, and what this build cannot do.
+_FAULTS = frozenset({ErrorKind.INTERNAL, ErrorKind.UNIMPLEMENTED})
 
 
 def log_level(failure: Failure, *, admin: bool = False) -> int:
@@ -289,10 +279,9 @@ def log_level(failure: Failure, *, admin: bool = False) -> int:
     admin: a fault of the daemon is an error; an outage, a corrupt download, a full store or
     a failed admin command (a reload with a bad config) a warning; a job told that its kernel
     does not exist or is refused, info."""
-    code = failure.detail.code
-    if code == Code.INTERNAL:
+    if failure.kind in _FAULTS:
         return logging.ERROR
-    if admin or code not in _ANSWERS:
+    if admin or failure.kind not in _ANSWERS:
         return logging.WARNING
     return logging.INFO
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from kerneld.errors import ErrorKind, WireCode
+
 #: Error context fields as log lines name them (every kerneld log line says `repo=`).
 _LOG_NAMES = {"repo_id": "repo"}
 
@@ -47,6 +49,8 @@ def log_context(ctx: Mapping[str, str | None]) -> str:
 
 class StoreError(Exception):
     """Base class of every error raised by ``kerneld.store``."""
+
+    kind = ErrorKind.INTERNAL  # a family: each member says more
 
     def __init__(
         self,
@@ -84,6 +88,8 @@ class StoreError(Exception):
 class StoreLockedError(StoreError):
     """Another process owns the store (holds the exclusive owner lock)."""
 
+    kind = ErrorKind.INTERNAL
+
     def __init__(self, root: str, pid: int | None) -> None:
         self.pid = pid
         holder = f"pid {pid}" if pid is not None else "an unknown process"
@@ -98,17 +104,25 @@ class StoreOwnershipError(StoreError):
     directory above it lets others replace it, or the file system refused a step of the open.
     The message names the path, the operation and the command that fixes it."""
 
+    kind = ErrorKind.INTERNAL
+
 
 class ReadOnlyStoreError(StoreError):
     """A mutating call on a store opened with ``read_only=True``."""
+
+    kind = ErrorKind.INTERNAL
 
 
 class SchemaError(StoreError):
     """The index cannot be used by this version of kerneld."""
 
+    kind = ErrorKind.INTERNAL
+
 
 class InvalidInputError(StoreError):
     """Untrusted input (from an upstream manifest or a caller) was rejected; nothing was written."""
+
+    kind = ErrorKind.INVALID
 
 
 class InvalidPathError(InvalidInputError):
@@ -155,6 +169,8 @@ class InvalidDigestError(InvalidInputError):
 
 class IntegrityError(StoreError):
     """Bytes did not match what the upstream promised; the partial data was discarded."""
+
+    kind = ErrorKind.CORRUPT
 
 
 class SizeMismatchError(IntegrityError):
@@ -219,9 +235,13 @@ class MetadataDigestError(IntegrityError):
 class MetadataError(StoreError):
     """metadata.json is missing or cannot be parsed."""
 
+    kind = ErrorKind.CORRUPT
+
 
 class BlobMissingError(StoreError):
     """A tree refers to blobs that are not (or no longer) in the store."""
+
+    kind = ErrorKind.CORRUPT
 
     def __init__(self, missing: Sequence[str], **ctx: str | None) -> None:
         self.missing = list(missing)
@@ -236,9 +256,13 @@ class BlobMissingError(StoreError):
 class IngestInProgressError(StoreError):
     """Another writer is filling the same partial download right now."""
 
+    kind = ErrorKind.INTERNAL
+
 
 class ResourceExhaustedError(StoreError):
     """Writing would cross the size cap or the free-space watermark."""
+
+    kind = ErrorKind.EXHAUSTED
 
     def __init__(self, needed: int, available: int, limit: str, **ctx: str | None) -> None:
         self.needed = needed
@@ -254,6 +278,8 @@ class ResourceExhaustedError(StoreError):
 
 class DeniedError(StoreError):
     """The repo (or this revision of it) is denied by an admin."""
+
+    kind = ErrorKind.DENIED
 
     def __init__(self, reason: str, **ctx: str | None) -> None:
         self.reason = reason
@@ -287,6 +313,11 @@ class ProvenanceError(DeniedError):
 class LeaseNotFoundError(StoreError):
     """The lease id is unknown or has expired."""
 
+    kind = ErrorKind.NOT_FOUND
+    wire_code: WireCode = "INVALID_ARGUMENT"  # the lease id is not valid now
+
 
 class TreeNotFoundError(StoreError):
     """No live tree with this digest (it may have been garbage-collected)."""
+
+    kind = ErrorKind.NOT_FOUND

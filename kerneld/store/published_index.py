@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneld.errors import ErrorKind
 from kerneld_client.published_index import DENIES_FORMAT, FORMAT, VERSION, parse_repo_doc
 
 from .index import Index
@@ -259,6 +260,8 @@ class IndexHit:
 
 class Denied(Exception):
     """The published index says this repo/revision is denied."""
+
+    kind = ErrorKind.DENIED
 
 
 def lookup(root: Path, repo: str, revision: str, variant: str) -> IndexHit | None:

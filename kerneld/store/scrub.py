@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kerneld.errors import ErrorKind
+
 from .index import Index
 from .layout import Layout
 from .lookup import Lookups
@@ -98,6 +100,8 @@ TREES_DONE = "~"
 
 class ScrubCancelled(Exception):
     """The daemon is stopping: the pass ends where it is (the cursor says where to resume)."""
+
+    kind = ErrorKind.INTERNAL
 
 
 @dataclass(frozen=True)

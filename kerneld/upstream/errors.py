@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from kerneld.errors import ErrorKind, WireCode
+
 
 class UpstreamError(Exception):
     """Base class; carries the upstream, repo and revision involved."""
+
+    kind = ErrorKind.UNAVAILABLE
 
     def __init__(
         self, message: str, *, upstream: str = "", repo_id: str = "", revision: str = ""
@@ -21,6 +25,8 @@ class UpstreamError(Exception):
 class RepoNotFound(UpstreamError):
     """The upstream has no such kernel repository (or it is private/gated to us)."""
 
+    kind = ErrorKind.NOT_FOUND
+
 
 class OrgNotFound(RepoNotFound):
     """The Hub has no such organisation: nobody vouches for it, and nobody refuses it either
@@ -30,9 +36,14 @@ class OrgNotFound(RepoNotFound):
 class RevisionNotFound(UpstreamError):
     """The repository exists but the branch, tag or commit does not."""
 
+    kind = ErrorKind.NOT_FOUND
+    wire_code: WireCode = "REVISION_NOT_FOUND"
+
 
 class EntryNotFound(UpstreamError):
     """A file or variant folder is missing at that commit."""
+
+    kind = ErrorKind.NOT_FOUND
 
 
 class UpstreamUnavailable(UpstreamError):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from kerneld.errors import ErrorKind
 from kerneld.upstream.errors import UpstreamUnavailable
 
 T = TypeVar("T")
@@ -42,6 +43,8 @@ class TransientError(Exception):
     `unreachable` marks failures that say the host cannot be reached at all (name resolution,
     connection refused): retried at most `RetryPolicy.unreachable_attempts` times.
     """
+
+    kind = ErrorKind.INTERNAL  # retried, then raised as UpstreamUnavailable
 
     def __init__(
         self, message: str, *, retry_after: float | None = None, unreachable: bool = False

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
+from kerneld.errors import ErrorKind
 from kerneld.server.activation import Inherited
 from kerneld.server.httpexchange import Exchange
 from kerneld.server.httplisteners import HttpListeners
@@ -32,36 +33,39 @@ from kerneld.server.hubapi.view import HubFile, HubHost, HubView, git_blob_id
 from kerneld.server.identity import Caller
 from kerneld.server.peers import admit, identify_peer
 from kerneld.server.publisher_trust import PublisherUnknown
-from kerneld.server.statuses import RateLimited, classify
+from kerneld.server.statuses import STATUSES, classify
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.hubapi")
 Code = pb.ErrorCode
 
-#: How the daemon's error codes read as Hub answers: (HTTP status, the Hub's X-Error-Code).
-_HTTP: dict[int, tuple[int, str | None]] = {
-    Code.KERNEL_NOT_FOUND: (404, "RepoNotFound"),
-    Code.REVISION_NOT_FOUND: (404, "RevisionNotFound"),
-    Code.KERNEL_DENIED: (403, None),
-    Code.UNTRUSTED_PUBLISHER: (403, None),
-    Code.FETCH_NOT_ALLOWED: (403, None),
-    Code.UPSTREAM_UNAVAILABLE: (503, None),
-    Code.NOT_READY: (503, None),
-    Code.INTEGRITY_ERROR: (502, None),
-    Code.RESOURCE_EXHAUSTED: (507, None),
-    Code.INVALID_ARGUMENT: (400, None),
+#: The Hub's X-Error-Code for the daemon's error codes it has a name for (the HTTP status is
+#: the kind's, from the one table in `statuses`).
+_HUB_CODES: dict[int, str] = {
+    Code.KERNEL_NOT_FOUND: "RepoNotFound",
+    Code.REVISION_NOT_FOUND: "RevisionNotFound",
 }
 COPY_CHUNK = 1 << 20
 _TRUE = {"1", "true", "True"}
 
 
 class HubError(Exception):
-    """An answer in the Hub's error shape."""
+    """An answer in the Hub's error shape. Its HTTP status is its kind's (`STATUSES`), or
+    `status` where HTTP says more than a kind does (405: the method, 416: the range)."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, **headers: str) -> None:
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        code: str | None = None,
+        *,
+        status: int | None = None,
+        **headers: str,
+    ) -> None:
         super().__init__(message)
-        self.status = status
+        self.kind = kind
+        self.status = STATUSES[kind].http if status is None else status
         self.message = message
         self.code = code
         self.headers = headers
@@ -75,7 +79,7 @@ def _repo(org: str, name: str) -> str:
     try:
         return check_repo_id(f"{org}/{name}")
     except ValueError as exc:
-        raise HubError(400, str(exc)) from None
+        raise HubError(ErrorKind.INVALID, str(exc)) from None
 
 
 def _entry(file: HubFile) -> dict[str, Any]:
@@ -98,7 +102,7 @@ def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str,
     prefix = f"{path}/" if path else ""
     under = [f for f in files if f.path.startswith(prefix)]
     if path and not under:
-        raise HubError(404, f"{path} does not exist", "EntryNotFound")
+        raise HubError(ErrorKind.NOT_FOUND, f"{path} does not exist", "EntryNotFound")
     folders: dict[str, None] = {}
     out: list[dict[str, Any]] = []
     for f in under:
@@ -178,13 +182,15 @@ class HubApiHandler:
         parts = path.split("/")
         if parts[1:3] in (["api", "models"], ["api", "datasets"], ["api", "spaces"]):
             raise HubError(
-                404,
+                ErrorKind.NOT_FOUND,
                 "kerneld serves kernel repositories only (repo_type='kernel')",
                 "RepoNotFound",
             )
         if method not in READ:
-            raise HubError(405, "Method Not Allowed: this endpoint is read-only")
-        raise HubError(404, "Not Found")
+            raise HubError(
+                ErrorKind.INVALID, "Method Not Allowed: this endpoint is read-only", status=405
+            )
+        raise HubError(ErrorKind.NOT_FOUND, "Not Found")
 
     # -- what the routes ask for --------------------------------------------------------------
 
@@ -253,7 +259,7 @@ class HubApiHandler:
         try:
             trusted = self.view.org_trusted(org, caller)
         except PublisherUnknown as exc:
-            raise HubError(404, f"kerneld: {exc.message}", "RepoNotFound") from None
+            raise HubError(ErrorKind.NOT_FOUND, f"kerneld: {exc.message}", "RepoNotFound") from None
         return self._send_json(
             {
                 "name": org,
@@ -308,7 +314,9 @@ class HubApiHandler:
             try:
                 doc = json.loads(body)
             except ValueError:
-                raise HubError(400, "paths-info: the body is neither a form nor JSON") from None
+                raise HubError(
+                    ErrorKind.INVALID, "paths-info: the body is neither a form nor JSON"
+                ) from None
             paths = doc.get("paths", []) if isinstance(doc, dict) else []
         else:
             paths = form.get("paths", [])
@@ -326,7 +334,10 @@ class HubApiHandler:
         view = self.view
         commit = view.commit(repo_id, revision, caller)
         missing = HubError(
-            404, f"Entry not found: {path}", "EntryNotFound", **{"X-Repo-Commit": commit}
+            ErrorKind.NOT_FOUND,
+            f"Entry not found: {path}",
+            "EntryNotFound",
+            **{"X-Repo-Commit": commit},
         )
         if not path.startswith("build/"):
             raise missing  # kerneld keeps only the build tree of a kernel repository
@@ -349,7 +360,10 @@ class HubApiHandler:
             parsed = parse_range(rng, file.size)
             if parsed is None:
                 raise HubError(
-                    416, "Range Not Satisfiable", **{"Content-Range": f"bytes */{file.size}"}
+                    ErrorKind.INVALID,
+                    "Range Not Satisfiable",
+                    status=416,
+                    **{"Content-Range": f"bytes */{file.size}"},
                 )
             if parsed != "all":
                 start, end = parsed
@@ -494,16 +508,15 @@ def _hub_error(exc: BaseException, parts: list[str]) -> HubError:
     """The Hub answer for a failure: the daemon's one classification (`classify`), as HTTP."""
     failure = classify(exc)
     detail = failure.detail
-    if isinstance(exc, RateLimited):  # the Hub's own answer to "too many requests"
-        wait = str(max(1, math.ceil(exc.retry_after_s)))
-        return HubError(429, f"kerneld: {detail.message}", None, **{"Retry-After": wait})
-    status, code = _HTTP.get(detail.code, (500, None))
     message = f"kerneld: {detail.message}"
+    if failure.kind is ErrorKind.RATE_LIMITED:  # the Hub's own "too many requests": 429
+        wait = str(max(1, math.ceil(getattr(exc, "retry_after_s", 0.0))))
+        return HubError(failure.kind, message, None, **{"Retry-After": wait})
     if detail.hint and "kerneldctl" not in message:  # a store error already says what to do
         message += f" ({detail.hint})"
-    if status >= 500:
+    if failure.http >= 500:
         log.warning("hub api %s: %s", "/".join(parts), message)
-    return HubError(status, message, code)
+    return HubError(failure.kind, message, _HUB_CODES.get(detail.code))
 
 
 def parse_range(header: str, size: int) -> tuple[int, int] | Literal["all"] | None:
