@@ -1,10 +1,12 @@
 """What kind of failure an error is: the one fact every outward answer is made from.
 
 Each kerneld error class says its kind in a class attribute, `kind`, inherited from its base
-where the base already says it (`StoreError`'s family: `INTERNAL`, refined by each member). A
-family base says `INTERNAL`; a member that means something else says so. The daemon turns a kind
-into a gRPC status and an HTTP status with one table (`kerneld/server/statuses.py`), which the
-gRPC services and the Hub endpoint both answer from, so a cause reads the same on every front.
+where the base already says it. A family base that is never raised itself (`StoreError`,
+`ResolveError`) says `INTERNAL`, and each member that means something else says so;
+tests/test_error_kinds.py checks that every class has exactly one kind and that none contradicts
+its base's without a listed reason. The daemon turns a kind into a gRPC status and an HTTP status
+with one table (`kerneld/server/statuses.py`), which the gRPC services and the Hub endpoint both
+answer from, so a cause reads the same on every front.
 
 A class may also name the finer `ErrorDetail` code the client branches on (`wire_code`) where
 its kind's own does not say enough: a revision, not a repository, is missing; a fetch, not the
