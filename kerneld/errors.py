@@ -1,7 +1,9 @@
 """What kind of failure an error is: the one fact every outward answer is made from.
 
 Each kerneld error class says its kind in a class attribute, `kind`, inherited from its base
-where the base already says it. A family base that is never raised itself (`StoreError`,
+where the base already says it; a subclass of the builtin `ValueError` (ConfigError, PublishError,
+the mirror's format errors) is INVALID, the builtin's own meaning, unless it says otherwise. A
+family base that is never raised itself (`StoreError`,
 `ResolveError`) says `INTERNAL`, and each member that means something else says so;
 tests/test_error_kinds.py checks that every class has exactly one kind and that none contradicts
 its base's without a listed reason. The daemon turns a kind into a gRPC status and an HTTP status

@@ -4,13 +4,9 @@ daemon can print it and exit 2, and a reload can refuse it and keep the running 
 
 from __future__ import annotations
 
-from kerneld.errors import ErrorKind
-
 
 class ConfigError(ValueError):
     """An invalid configuration: says where (file and key) and why."""
-
-    kind = ErrorKind.INVALID
 
     def __init__(self, source: str, key: str, reason: str) -> None:
         self.source = source

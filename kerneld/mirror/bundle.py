@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Protocol, cast
 
-from kerneld.errors import ErrorKind
 from kerneld.mirror.documents import INFO
 
 #: Refs, manifests, signatures and mirror-info are small.
@@ -54,8 +53,6 @@ _READ_ERRORS: tuple[type[Exception], ...] = (tarfile.TarError, *DECOMPRESSION_ER
 
 class BundleError(ValueError):
     """The bundle is unsafe, malformed or truncated: refused as a whole."""
-
-    kind = ErrorKind.INVALID
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from kerneld.errors import ErrorKind
 from kerneld.mirror.documents import INFO, MirrorFormatError, MirrorWriter, blob_path, parse_info
 from kerneld.store import BlobProvider
 from kerneld.store.manifest import ManifestEntry
@@ -28,8 +27,6 @@ CHUNK = 1 << 20
 
 class ExportError(ValueError):
     """The export cannot be done as asked; nothing was written (or the write failed)."""
-
-    kind = ErrorKind.INVALID
 
 
 class Target:

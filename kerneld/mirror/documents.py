@@ -35,7 +35,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kerneld.errors import ErrorKind
 from kerneld.upstream.base import RemoteFile, check_repo_id
 from kerneld_client.vocabulary import is_commit, is_hex
 
@@ -46,8 +45,6 @@ INFO = "mirror-info"
 
 class MirrorFormatError(ValueError):
     """A mirror file is malformed or of an unknown version."""
-
-    kind = ErrorKind.INVALID
 
 
 def refs_path(repo_id: str) -> str:

@@ -37,7 +37,6 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from kerneld.errors import ErrorKind
 from kerneld.mirror.bundle import (
     HAS_DATA_FILTER,
     Bundle,
@@ -83,8 +82,6 @@ CHUNK = 1 << 20
 
 class MirrorImportRefused(ValueError):
     """The whole bundle was refused before anything was imported."""
-
-    kind = ErrorKind.INVALID
 
 
 @dataclass

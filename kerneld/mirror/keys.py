@@ -37,7 +37,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from kerneld.config.environment import Environment
-from kerneld.errors import ErrorKind
 from kerneld_client import locations
 
 KEY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -53,13 +52,9 @@ MAX_SIG_BYTES = 64 << 10
 class KeyFileError(ValueError):
     """A key is missing, malformed or has unsafe permissions."""
 
-    kind = ErrorKind.INVALID
-
 
 class SignatureError(ValueError):
     """A signature file is malformed, or no trusted key vouches for the signed file."""
-
-    kind = ErrorKind.INVALID
 
 
 def check_key_name(name: str) -> str:

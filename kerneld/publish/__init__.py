@@ -29,13 +29,9 @@ The package follows those steps: `build` checks the build on disk, `checkout` re
 
 from __future__ import annotations
 
-from kerneld.errors import ErrorKind
-
 
 class PublishError(ValueError):
     """The build cannot be published as asked; nothing was written. `hint` says what to do."""
-
-    kind = ErrorKind.INVALID
 
     def __init__(self, message: str, *, hint: str = "", usage: bool = False) -> None:
         super().__init__(message)

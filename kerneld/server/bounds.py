@@ -9,8 +9,6 @@ above what a real client sends.
 
 from __future__ import annotations
 
-from kerneld.errors import ErrorKind
-
 #: `org/name`: two Hub names of at most 96 characters (`kerneld/store/paths.py`).
 MAX_REPO_ID = 193
 #: A branch, tag or commit (`paths.py` `_REF`).
@@ -36,8 +34,6 @@ MAX_REASON = 512
 
 class RequestTooLarge(ValueError):
     """A request field over its bound (INVALID_ARGUMENT): names the field and the limit."""
-
-    kind = ErrorKind.INVALID
 
 
 def clip(text: str, limit: int = 96) -> str:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kerneld.errors import ErrorKind
 from kerneld.server.bounds import clip
 from kerneld.server.core import Core
 from kerneld.server.statuses import Unimplemented
@@ -158,8 +157,6 @@ UPLOAD_CHECK_EVERY = 64 << 20
 class UploadRefused(ValueError):
     """An upload that cannot be staged (no start message, no room): INVALID_ARGUMENT, or
     RESOURCE_EXHAUSTED for the room (it says which)."""
-
-    kind = ErrorKind.INVALID
 
 
 def upload_work(core: Core, messages: Iterator[pb.MirrorUpload]) -> Work:
