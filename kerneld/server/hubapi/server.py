@@ -52,15 +52,16 @@ _TRUE = {"1", "true", "True"}
 
 class HubError(Exception):
     """An answer in the Hub's error shape. Its HTTP status is its kind's (`STATUSES`), or
-    `status` where HTTP says more than a kind does (405: the method, 416: the range)."""
+    `status` where HTTP says more than a kind does (405: the method, 416: the range); the
+    keywords are its headers."""
 
     def __init__(
         self,
         kind: ErrorKind,
         message: str,
         code: str | None = None,
-        *,
         status: int | None = None,
+        /,
         **headers: str,
     ) -> None:
         super().__init__(message)
@@ -188,7 +189,7 @@ class HubApiHandler:
             )
         if method not in READ:
             raise HubError(
-                ErrorKind.INVALID, "Method Not Allowed: this endpoint is read-only", status=405
+                ErrorKind.INVALID, "Method Not Allowed: this endpoint is read-only", None, 405
             )
         raise HubError(ErrorKind.NOT_FOUND, "Not Found")
 
@@ -362,7 +363,8 @@ class HubApiHandler:
                 raise HubError(
                     ErrorKind.INVALID,
                     "Range Not Satisfiable",
-                    status=416,
+                    None,
+                    416,
                     **{"Content-Range": f"bytes */{file.size}"},
                 )
             if parsed != "all":
