@@ -2,38 +2,12 @@
 
 The one place errors become statuses, so every RPC and every Hub endpoint answer fails the same
 way for the same cause, and clients raise typed errors without parsing messages. Each error
-class declares its kind (`kerneld/errors.py`); `STATUSES` maps a kind to the gRPC status, the
-HTTP status and the `ErrorDetail` code a class gets unless it names a finer one (`wire_code`):
-
-    kind             gRPC                 HTTP  ErrorCode (default)    e.g.
-    NOT_FOUND        NOT_FOUND            404   KERNEL_NOT_FOUND       RepoNotFound, EntryNotFound,
-                                                                       TreeNotFoundError;
-                                                                       RevisionNotFound names
-                                                                       REVISION_NOT_FOUND,
-                                                                       LeaseNotFoundError
-                                                                       INVALID_ARGUMENT
-    DENIED           PERMISSION_DENIED    403   KERNEL_DENIED          DeniedError; FetchNotAllowed,
-                                                                       UntrustedPublisher name
-                                                                       their own
-    UNAUTHENTICATED  UNAUTHENTICATED      401   INVALID_ARGUMENT       a bad caller token
-    INVALID          INVALID_ARGUMENT     400   INVALID_ARGUMENT       InvalidInputError,
-                                                                       ConfigError,
-                                                                       DependencyCycle, a builtin
-                                                                       ValueError
-    UNSUITABLE       FAILED_PRECONDITION  404   NO_COMPATIBLE_VARIANT  NoVariantFits (+ every
-                                                                       variant's reason)
-    UNAVAILABLE      UNAVAILABLE          503   UPSTREAM_UNAVAILABLE   UpstreamError and family,
-                                                                       PublisherUnverified; NotReady
-                                                                       names NOT_READY
-    CORRUPT          DATA_LOSS            502   INTEGRITY_ERROR        IntegrityError,
-                                                                       MetadataError,
-                                                                       BlobMissingError
-    EXHAUSTED        RESOURCE_EXHAUSTED   507   RESOURCE_EXHAUSTED     ResourceExhaustedError, the
-                                                                       store's disk full
-    RATE_LIMITED     RESOURCE_EXHAUSTED   429   RESOURCE_EXHAUSTED     RateLimited (+ Retry-After)
-    UNIMPLEMENTED    UNIMPLEMENTED        501   INTERNAL               Unimplemented
-    INTERNAL         INTERNAL             500   INTERNAL               anything else (logged with
-                                                                       its traceback)
+class declares its kind (`kerneld/errors.py` says what each means); `STATUSES` below maps a kind
+to the gRPC status, the HTTP status, and the `ErrorDetail` code a class gets unless it names a
+finer one (`wire_code`: RevisionNotFound's REVISION_NOT_FOUND, FetchNotAllowed's
+FETCH_NOT_ALLOWED, NotReady's NOT_READY). NoVariantFits carries every variant's reason; a
+RateLimited answer over HTTP carries Retry-After; anything of kind INTERNAL is logged with its
+traceback.
 
 The store's file system failing under us is read from the OSError or SQLite error itself: full
 (ENOSPC/EDQUOT, SQLite "full") is EXHAUSTED; read-only or EIO is INTERNAL with one log line and no
