@@ -49,14 +49,14 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import grpc
 
 from kerneld.config import ConfigError
+from kerneld.pipeline.publisher_trust import PublisherUnverified, UntrustedPublisher
 from kerneld.pipeline.resolve import (
     DependencyCycle,
     FetchNotAllowed,
     NoVariantFits,
     ResolveError,
 )
-from kerneld.server.logs import redact
-from kerneld.server.publisher_trust import PublisherUnverified, UntrustedPublisher
+from kerneld.server.plumbing.logs import redact
 from kerneld.store import (
     BlobMissingError,
     DeniedError,
@@ -107,7 +107,7 @@ class ReportsRateLimited(RateLimited):
 
 
 class Unauthenticated(Exception):
-    """A caller token that is forged, expired or not its sender's (see server/identity.py)."""
+    """A caller token that is forged, expired or not its sender's (plumbing/identity.py)."""
 
 
 @dataclass(frozen=True)

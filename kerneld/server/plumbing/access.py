@@ -18,9 +18,9 @@ import stat
 from pathlib import Path
 
 from kerneld.config import SocketConfig
-from kerneld.server.sockets import SocketSetupError, group_id
+from kerneld.server.plumbing.sockets import SocketSetupError, group_id
 
-log = logging.getLogger("kerneld.server.access")
+log = logging.getLogger("kerneld.server.plumbing.access")
 
 _OTHERS = 0o007
 _GROUP = 0o070
