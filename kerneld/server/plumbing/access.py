@@ -20,7 +20,7 @@ from pathlib import Path
 from kerneld.config import SocketConfig
 from kerneld.server.plumbing.sockets import SocketSetupError, group_id
 
-log = logging.getLogger("kerneld.server.plumbing.access")
+log = logging.getLogger("kerneld.server.access")
 
 _OTHERS = 0o007
 _GROUP = 0o070

@@ -9,15 +9,12 @@ time (a collector), so an idle daemon does no metrics work at all.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
-
-log = logging.getLogger("kerneld.metrics")
 
 
 @dataclass(frozen=True)
