@@ -271,9 +271,11 @@ def test_the_layer_checks_catch_what_they_are_for() -> None:
     assert expand("k.p.{a, b}") == ("k.p.a", "k.p.b")
     braces = drawn_arrows(f"{HEADING}\n```text\nk.a\n  -> k.{{b,c}}, k.d\n```")
     assert braces == {("k.a",): {("k.b", "k.c"), ("k.d",)}}
-    doc = f"{HEADING}\n```text\nkerneld.a (top,\n  more)\n  -> kerneld.b\nkerneld.b\n  -> kerneld.c\nkerneld.c\n```"
+    block = "kerneld.a (top,\n  more)\n  -> kerneld.b\nkerneld.b\n  -> kerneld.c\nkerneld.c\n"
+    doc = f"{HEADING}\n```text\n{block}```"
     arrows = drawn_arrows(doc)
-    assert arrows == {("kerneld.a",): {("kerneld.b",)}, ("kerneld.b",): {("kerneld.c",)}, ("kerneld.c",): set()}
+    a, b, c = ("kerneld.a",), ("kerneld.b",), ("kerneld.c",)
+    assert arrows == {a: {b}, b: {c}, c: set()}
     true = {"kerneld.a.x": {"kerneld.b.y", "kerneld.c"}, "kerneld.b.y": {"kerneld.c"}}
     assert arrow_problems(arrows, true) == []
     assert arrow_problems(arrows, {"kerneld.a.x": {"kerneld.c"}, "kerneld.b.y": {"kerneld.c"}}) == [

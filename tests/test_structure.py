@@ -14,6 +14,8 @@ than one job. No import cycle among kerneld's and the client's modules, counting
 those inside functions too (`TYPE_CHECKING` blocks aside): a cycle means two modules are one, and
 a lazy import only hides it. No cycle between packages either (`kerneld.server`, `kerneld.mirror`,
 `kerneld_client.loading`, ...): two packages that import each other are one layer.
+The layers inside `kerneld.server` (plumbing, services, fronts, the wiring) and the arrows of
+docs/architecture.md are tests/test_layers.py's.
 
 Getting a kernel has one path, `kerneld/pipeline/acquire.py`: nothing else calls the fetcher or
 spells the acquire sequence's steps (the ref, the listing, publisher trust), and the pipeline
