@@ -94,10 +94,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[file] = _seconds.get(file, 0.0) + report.duration
 
 
+def _part_of_files(config: pytest.Config) -> bool:
+    """Whether the run chose some tests of a file (-k, -m, a test's id): their seconds are not
+    the file's."""
+    chosen = config.option.keyword or config.option.markexpr
+    return bool(chosen) or any("::" in str(arg) for arg in config.args)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A run that passed updates the record of the files it ran (a failed or interrupted file's
-    seconds say nothing of its length)."""
+    """A run that passed updates the record of the files it ran whole (a failed or interrupted
+    file's seconds, or some of its tests', say nothing of its length)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or exitstatus != 0 or not _seconds:
+        return
+    if _part_of_files(session.config):
         return
     with contextlib.suppress(OSError):  # a read-only cache: the next run orders as before
         save_record(record_path(), _seconds)

@@ -133,3 +133,13 @@ def test_pick_longest_first_and_the_shortest_behind_a_long_start() -> None:
     assert pick(["a", "b", "d"], seconds, waiting="c") == "b"  # c is short: the longest
     assert pick(["a", "x", "d"], seconds, waiting="b") == "x"  # unknown counts as shortest
     assert pick(["a", "x", "y"], {}, waiting="z") == "a"  # nothing recorded: queue order
+
+
+def test_a_run_of_some_tests_of_a_file_leaves_the_record_alone(tmp_path: Path) -> None:
+    suite = _suite(tmp_path)
+    record = _record(suite, {"test_a_quick.py": 5.0})
+    _pytest(suite, "-k", "a_quick")
+    _pytest(suite, "test_a_quick.py::test_a_quick")
+    assert load_record(record) == {"test_a_quick.py": 5.0}
+    _pytest(suite, "test_a_quick.py")
+    assert load_record(record)["test_a_quick.py"] < 5.0
