@@ -85,7 +85,7 @@ def socket_dropin(port: int) -> str:
 
 def free_port() -> int:
     """A free privileged loopback port: a system daemon serves the endpoint on no other
-    (kerneld/server/exposure.py); run as root, as the container needs."""
+    (kerneld/server/plumbing/exposure.py); run as root, as the container needs."""
     for port in range(1000, 600, -1):
         with socket.socket() as probe:
             try:

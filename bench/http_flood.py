@@ -4,8 +4,8 @@
     sudo .venv/bin/python -m bench.http_flood [--members 8] [--requests 25] [--flooders 4]
         [--phases 2] [--phase-s 4]
 
-`kerneld.server.httpd.HttpFront` runs in a subprocess on loopback with the daemon's peer
-identification (`identify_peer`: the kernel's sock_diag at accept) and an admission that
+`kerneld.server.fronts.httpfront.httpd.HttpFront` runs in a subprocess on loopback with the daemon's
+peer identification (`identify_peer`: the kernel's sock_diag at accept) and an admission that
 refuses `nobody`, answering the endpoint's two kinds of request with fixed bodies (a repo info
 of 1.1 KiB of JSON, a 64 KiB file). Members: `--members` root processes, each making
 `--requests` requests, info and file in turn, each on a fresh connection (the accept path is
@@ -36,8 +36,8 @@ from bench.http_front import FrontHandler
 
 def serve() -> None:
     """Run the front on a free loopback port; print the port, serve until killed."""
-    from kerneld.server.httpd import HttpFront
-    from kerneld.server.peers import identify_peer
+    from kerneld.server.fronts.httpfront.httpd import HttpFront
+    from kerneld.server.plumbing.peers import identify_peer
 
     nobody = pwd.getpwnam("nobody").pw_uid
     sock = socket.socket()

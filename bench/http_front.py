@@ -7,8 +7,8 @@ request with fixed bodies (a repo info of 1.1 KiB of JSON, a 64 KiB file), so th
 HTTP layer differs:
 
 - `old`: `http.server.ThreadingHTTPServer`, a thread per connection (the front before issue 42);
-- `front`: `kerneld.server.httpd.HttpFront` (h11 parsing, since issue 54) with `FrontHandler`, the
-  same answers through the front's own `Exchange`;
+- `front`: `kerneld.server.fronts.httpfront.httpd.HttpFront` (h11 parsing, since issue 54) with
+  `FrontHandler`, the same answers through the front's own `Exchange`;
 - `uvicorn` (h11 parser; `h11_max_incomplete_event_size=8192`, `limit_concurrency=512`) with a
   minimal ASGI app; `waitress` (`max_request_header_size=8192`, 32 threads) with a minimal WSGI
   app. (`pip install waitress` first: it is not a kerneld dependency.)
@@ -60,7 +60,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class FrontHandler:
-    """`Handler`'s answers for the front (`kerneld.server.httpexchange.HttpHandler`)."""
+    """`Handler`'s answers for the front
+    (`kerneld.server.fronts.httpfront.httpexchange.HttpHandler`)."""
 
     methods = frozenset({"GET"})
 
@@ -99,8 +100,8 @@ def serve(kind: str) -> None:
         print(port, flush=True)
         server.serve_forever()
     elif kind == "front":
-        from kerneld.server.httpd import HttpFront
-        from kerneld.server.peers import identify_peer
+        from kerneld.server.fronts.httpfront.httpd import HttpFront
+        from kerneld.server.plumbing.peers import identify_peer
 
         front = HttpFront("bench", FrontHandler(), identify=identify_peer)
         front.add(sock, "bench", tcp=True)

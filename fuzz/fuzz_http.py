@@ -1,6 +1,6 @@
 """atheris target: the HTTP front of the Hub endpoint and the metrics listener
-(`kerneld.server.httpd`, `httphead`) with the endpoint's own request parsing
-(`kerneld.server.hubapi.server`: routes, ranges). Input: the bytes a client sends on one
+(`kerneld.server.fronts.httpfront.httpd`, `httphead`) with the endpoint's own request parsing
+(`kerneld.server.fronts.hubapi.server`: routes, ranges). Input: the bytes a client sends on one
 connection."""
 
 from __future__ import annotations
@@ -26,4 +26,12 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 
 
 if __name__ == "__main__":
-    run("http", ["kerneld.server.httpd", "kerneld.server.httphead", "kerneld.server.hubapi"], make)
+    run(
+        "http",
+        [
+            "kerneld.server.fronts.httpfront.httpd",
+            "kerneld.server.fronts.httpfront.httphead",
+            "kerneld.server.fronts.hubapi",
+        ],
+        make,
+    )

@@ -50,7 +50,7 @@ if __name__ == "__main__":
             "kerneld.store",
             "kerneld.store.manifest",
             "kerneld.pipeline.resolve",
-            "kerneld.server.convert",
+            "kerneld.server.fronts.rpc.convert",
         ],
         make,
     )

@@ -65,6 +65,10 @@ def make() -> tuple[Target, Mapping[str, bytes]]:
 if __name__ == "__main__":
     run(
         "resolve",
-        ["kerneld.server.kernels_service", "kerneld.server.convert", "kerneld.pipeline.resolve"],
+        [
+            "kerneld.server.fronts.rpc.kernels_service",
+            "kerneld.server.fronts.rpc.convert",
+            "kerneld.pipeline.resolve",
+        ],
         make,
     )

@@ -16,7 +16,7 @@ its generator in scripts/reference/, whose docstring says where it finds what it
 - **Environment variables** (`environment`): every variable `kerneld/` and
   `client/kerneld_client/` read, described from the code around the read.
 - **`kerneld` flags** (`flags`): `kerneld.server.main.build_parser()`'s options and help texts.
-- **Metrics** (`metrics`): what a `kerneld.server.metrics.Metrics` registry exports.
+- **Metrics** (`metrics`): what a `kerneld.server.plumbing.metrics.Metrics` registry exports.
 
 Exit status: 0 written (or up to date with --check); 1 out of date (--check), or something has no
 description (the block is still written, with the gap marked).

@@ -14,7 +14,7 @@ import typing
 import pytest
 
 from kerneld.errors import ErrorKind, WireCode, kind_of, wire_code_of
-from kerneld.server.hubapi.server import _hub_error
+from kerneld.server.fronts.hubapi.server import _hub_error
 from kerneld.server.statuses import STATUSES, classify
 from kerneld.store.errors import StoreError
 from kerneld.upstream.errors import UpstreamError

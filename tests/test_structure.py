@@ -14,6 +14,8 @@ than one job. No import cycle among kerneld's and the client's modules, counting
 those inside functions too (`TYPE_CHECKING` blocks aside): a cycle means two modules are one, and
 a lazy import only hides it. No cycle between packages either (`kerneld.server`, `kerneld.mirror`,
 `kerneld_client.loading`, ...): two packages that import each other are one layer.
+The layers inside `kerneld.server` (plumbing, services, fronts, the wiring) and the arrows of
+docs/architecture.md are tests/test_layers.py's.
 
 Getting a kernel has one path, `kerneld/pipeline/acquire.py`: nothing else calls the fetcher or
 spells the acquire sequence's steps (the ref, the listing, publisher trust), and the pipeline
@@ -144,10 +146,6 @@ def store_annotations(source: str) -> list[int]:
 #: Catalog, FetchTarget, ExportSource, ...), so that its signature says what it can do.
 WHOLE_STORE = {
     "kerneld/server/core.py": "opens the daemon's store (open_store) and hands its parts out",
-    "kerneld/server/serving.py": "the RPC handlers: refs, leases, trees, denies and generations",
-    "kerneld/server/scrubber.py": "scrub, quarantine, denies, refs and holds",
-    "kerneld/server/suspect.py": "reads trees and quarantines what it confirms",
-    "kerneld/mirror/import_.py": "blobs, trees, refs, space and metadata checks",
     "kerneld/ctl/common.py": "opens the store at --store for the offline commands",
 }
 
@@ -345,8 +343,9 @@ def _import_graph(*, typing: bool = False) -> tuple[dict[str, set[str]], dict[st
 
 
 def package_of(module: str, packages: set[str]) -> str:
-    """The top-level part a module belongs to: `kerneld.server.hubapi.view` -> `kerneld.server`
-    (a package directly under `kerneld`/`kerneld_client`), `kerneld.cli` -> itself."""
+    """The top-level part a module belongs to: `kerneld.server.fronts.hubapi.view` ->
+    `kerneld.server` (a package directly under `kerneld`/`kerneld_client`), `kerneld.cli` ->
+    itself."""
     parts = module.split(".")
     top = ".".join(parts[:2])
     return top if top in packages else module
@@ -476,9 +475,9 @@ ACQUIRE = "kerneld/pipeline/acquire.py"
 #: publisher's admission. Only `ACQUIRE` calls them, but for the modules below, each with why.
 ACQUIRE_STEPS = ("fetch_variant", "commit_for", "variant_names", "check_publisher")
 SPELLS_A_STEP = {
-    "kerneld/server/refresh.py": "re-checks served refs before their TTL is up (no tree)",
-    "kerneld/server/admin_service.py": "pin and lock name a revision's commit (no tree)",
-    "kerneld/server/hubapi/view.py": "the refs listing and a remembered file listing re-ask trust",
+    "kerneld/server/services/refresh.py": "re-checks served refs before their TTL is up (no tree)",
+    "kerneld/server/fronts/rpc/admin_service.py": "pin and lock name a revision's commit (no tree)",
+    "kerneld/server/fronts/hubapi/view.py": "refs and a remembered listing re-ask trust",
     "kerneld/store/published_index.py": "the index document's own `commit_for` (no upstream)",
 }
 

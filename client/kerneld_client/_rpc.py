@@ -522,7 +522,8 @@ def list_variants(
 
 # ------------------------------------------------------------------------------- reports
 
-#: What the daemon accepts of a report (kerneld/server/convert.py): longer text is clipped here.
+#: What the daemon accepts of a report (kerneld/server/fronts/rpc/convert.py): longer text is
+#: clipped here.
 _REPORT_LIMITS = {"repo_id": 193, "commit": 255, "variant": 255, "reason": 512}
 _VERDICT_NAMES = {1: "intact", 2: "damaged", 3: "unknown"}
 

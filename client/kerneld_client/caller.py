@@ -1,8 +1,8 @@
 """Who is calling: this process's caller token for the daemon, sent with every RPC.
 
 One connect to the socket's `.cred` side-channel per process and 5 minutes gives the daemon
-the kernel's word on our uid, gid and pid (SO_PEERCRED, kerneld/server/identity.py), which a
-gRPC call over the same socket cannot carry; the token names that word in each call's
+the kernel's word on our uid, gid and pid (SO_PEERCRED, kerneld/server/plumbing/identity.py), which
+a gRPC call over the same socket cannot carry; the token names that word in each call's
 metadata (`kerneld-caller`). A child after `fork()` takes its own token (the cache is keyed by
 pid); a daemon without the side-channel gets anonymous calls.
 """

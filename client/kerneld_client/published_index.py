@@ -424,7 +424,7 @@ PUBLISHERS_FILE = "publishers.json"
 
 
 class Publishers:
-    """The daemon's `[trust]` policy and the Hub's answers (kerneld/server/publisher_trust.py)."""
+    """The daemon's `[trust]` policy and the Hub's answers (kerneld/pipeline/publisher_trust.py)."""
 
     __slots__ = ("allow", "honor_trust_remote_code", "policy", "trusted_orgs")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kerneld.errors import ErrorKind
 
 if TYPE_CHECKING:
-    from kerneld.store import Store
+    from kerneld.store import StoreHandle
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -148,18 +148,21 @@ def store_path(ctx: Ctx) -> Path:
 
 
 @contextmanager
-def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[Store]:
+def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[StoreHandle]:
     """Open the store named by `--store`: read-only (safe beside a running daemon) or as owner.
 
     Only `create` (a first mirror import on an air-gapped host) may make a new store.
     """
     from kerneld.store import (
         SchemaError,
-        Store,
         StoreError,
         StoreLockedError,
+        ToolSettings,
         store_exists,
         store_in_use,
+    )
+    from kerneld.store import (
+        open_store as open_with,
     )
 
     root = store_path(ctx)
@@ -178,7 +181,7 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[St
 
         platforms = saved_client_platforms(root)
     try:
-        store = Store.open(root, read_only=not writable, client_platforms=platforms)
+        store = open_with(ToolSettings(root), read_only=not writable, client_platforms=platforms)
     except StoreLockedError as exc:
         raise CtlError(
             f"the store at {root} is owned by a running daemon ({exc})",

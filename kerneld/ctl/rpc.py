@@ -145,7 +145,7 @@ MAX_ANSWER_BYTES = 1 << 30
 
 def _with_caller(channel: grpc.Channel, path: Path) -> grpc.Channel:
     """`channel` sending this process's caller token with every call, so the daemon's audit
-    lines name the admin's real uid (kerneld/server/identity.py); unchanged without one."""
+    lines name the admin's real uid (kerneld/server/plumbing/identity.py); unchanged without one."""
     import grpc
 
     from kerneld_client.caller import caller_metadata

@@ -60,10 +60,10 @@ from kerneld.store import (
     BlobMissingError,
     DeniedError,
     Hold,
+    ImportTarget,
     IntegrityError,
     ResourceExhaustedError,
     StoreError,
-    StoreHandle,
     TreeFile,
 )
 from kerneld.store.paths import check_unique_paths, validate_relpath, validate_variant
@@ -222,7 +222,7 @@ def _parse(bundle: Bundle, docs: dict[str, bytes], rel: str) -> Manifest:
     return manifest
 
 
-def _check_space(store: StoreHandle, kernels: list[_Kernel]) -> None:
+def _check_space(store: ImportTarget, kernels: list[_Kernel]) -> None:
     """Refuse up front when the declared sizes cannot fit the store."""
     need: dict[str, int] = {}
     for k in kernels:
@@ -243,7 +243,7 @@ def _check_space(store: StoreHandle, kernels: list[_Kernel]) -> None:
 
 
 def _ingest_blob(
-    store: StoreHandle, bundle: Bundle, sha: str, size: int, ctx: dict[str, str]
+    store: ImportTarget, bundle: Bundle, sha: str, size: int, ctx: dict[str, str]
 ) -> tuple[bool, str | None]:
     """(ingested now?, error or None)."""
     if store.blobs.has_blob(sha):
@@ -271,7 +271,7 @@ def _ingest_blob(
     return True, None
 
 
-def _check_variant_metadata(store: StoreHandle, manifest: Manifest, variant: str) -> str | None:
+def _check_variant_metadata(store: ImportTarget, manifest: Manifest, variant: str) -> str | None:
     """The metadata.json checks publish_tree will make, made before anything is published."""
     files = [
         TreeFile(path=f.path, sha256=str(f.sha256), size=f.size)
@@ -288,7 +288,7 @@ def _check_variant_metadata(store: StoreHandle, manifest: Manifest, variant: str
 
 
 def _import_kernel(
-    store: StoreHandle,
+    store: ImportTarget,
     bundle: Bundle,
     kernel: _Kernel,
     report: ImportReport,
@@ -394,7 +394,7 @@ def _take_verdicts(manifest: Manifest, report: ImportReport) -> None:
                 report.exported_provenance[f"{repo}@{manifest.commit} [{variant}]"] = record
 
 
-def record_in_store(store: StoreHandle, vouched: Mapping[str, str]) -> None:
+def record_in_store(store: ImportTarget, vouched: Mapping[str, str]) -> None:
     """Record an import's publisher verdicts in the store's publishers.json (an import with
     no daemon: the daemon reads them back at start)."""
     if not vouched:
@@ -418,7 +418,7 @@ def record_in_store(store: StoreHandle, vouched: Mapping[str, str]) -> None:
     store.published.publish_document(PUBLISHERS_FILE, doc)
 
 
-def _apply_refs(store: StoreHandle, parsed: dict[str, _Refs], report: ImportReport) -> None:
+def _apply_refs(store: ImportTarget, parsed: dict[str, _Refs], report: ImportReport) -> None:
     imported = {(k["repo_id"], k["commit"]) for k in report.imported}
     now = time.time()
     for refs in parsed.values():
@@ -501,7 +501,7 @@ def _parse_refs(docs: dict[str, bytes], refs_rels: list[str]) -> dict[str, _Refs
 
 
 def import_mirror(
-    store: StoreHandle,
+    store: ImportTarget,
     source: str | os.PathLike[str],
     trusted_keys: Mapping[str, str] | Mapping[str, Ed25519PublicKey],
     *,
@@ -560,7 +560,7 @@ def import_mirror(
 
 
 def _import(
-    store: StoreHandle,
+    store: ImportTarget,
     bundle: Bundle,
     trusted: Mapping[str, Ed25519PublicKey],
     no_check_sigs: bool,

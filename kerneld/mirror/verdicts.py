@@ -9,7 +9,7 @@ A manifest may carry::
                                               "issuer": "...", "detail": "..."}}}
 
 An import whose signatures were checked records the "trusted" publisher verdicts of what it
-imported (publishers.json `repos`; `kerneld.server.publisher_trust` keeps them), so an
+imported (publishers.json `repos`; `kerneld.pipeline.publisher_trust` keeps them), so an
 import-only host serves imported kernels without a `[trust] allow` edit. The importing site's
 own rules still win: a deny refuses the kernel, `[trust] publishers = "allow-list"` counts only
 its allow list, and a verdict counts for its repo only (never a whole organisation). A bundle

@@ -11,6 +11,6 @@
     prefetch     the variants a host's platforms need, acquired ahead of any job
 
 Every caller drives these stages through `Acquire` (`acquire.py`): the daemon's front ends with
-its gate (`kerneld.server.gate`: bounds, publisher trust, the fetch history), store tools
+its gate (`kerneld.server.services.gate`: bounds, publisher trust, the fetch history), store tools
 (`kerneldctl prefetch --store`, `Resolver.resolve`) with the allow-all gate.
 """

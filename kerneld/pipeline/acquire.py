@@ -17,7 +17,7 @@ the sequence is written once:
 6. its `kernel-depends`: resolved through the same path (`Best`) or handed back (`Listed`).
 
 What the host decides around the sequence is its `AcquireGate`: the daemon's
-(`kerneld.server.gate`: bounds, publisher trust, the fetch history), or `ALLOW_ALL` for a
+(`kerneld.server.services.gate`: bounds, publisher trust, the fetch history), or `ALLOW_ALL` for a
 store tool, which has no policy. Which variants is the plan's: `Best` (the one a platform
 loads: Resolve), `Listed` (a set chosen from the listing: prefetch) or `Named` (one variant of
 a commit its caller already admitted: the Hub endpoint's bytes, the scrub's re-fetch). A
@@ -65,8 +65,8 @@ T = TypeVar("T")
 
 
 class AcquireGate(Protocol):
-    """What the host decides around the sequence (the daemon's `kerneld.server.gate.DaemonGate`;
-    `ALLOW_ALL` for a store tool)."""
+    """What the host decides around the sequence (the daemon's
+    `kerneld.server.services.gate.DaemonGate`; `ALLOW_ALL` for a store tool)."""
 
     def check_fields(
         self, repo_id: str, revision: str = "", variant: str = "", path: str = ""

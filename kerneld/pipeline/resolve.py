@@ -110,7 +110,7 @@ class Resolver:
         self._failing: dict[tuple[str, str], float] = {}
         """(repo, ref) -> when every upstream last failed to answer for it; cleared by the next
         answer. Only these refs are served *stale*: a ref merely past its TTL is being
-        re-checked in the background (`kerneld.server.refresh`), which is not a failure."""
+        re-checked in the background (`kerneld.server.services.refresh`), which is not a failure."""
         self._outage_since: float | None = None
         """When the first stale ref of the current outage was served (None: no outage)."""
         self._variants_flight: SingleFlight[tuple[str, str, bool], list[str]] = SingleFlight()

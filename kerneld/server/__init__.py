@@ -1,18 +1,17 @@
-"""The kerneld daemon: gRPC services on two unix sockets over the store.
+"""The kerneld daemon: gRPC services on two unix sockets over the store, split by role.
 
-Modules, one job each:
-    main             `kerneld` command line, exit codes, `--check-config`
-    app              lifecycle: socket locks, bind, store open, readiness, signals, drain
-    core             shared state: policy, warm-path memory, leases, prefetch timer, reload
-    kernels_service  `Kernels` (user socket): Resolve, ResolveMany, ListVariants, leases, status
-    admin_service    `Admin` (admin socket): prefetch, list, pin, deny, GC, verify, reload
-    mirror_rpc       MirrorExport/MirrorImport over `kerneld.mirror`
-    errors           typed errors -> gRPC status + ErrorDetail trailer
-    convert          wire <-> domain conversions
-    sockets          single-instance socket locks, umask/chmod/chown, the advert file
-    leases           leases and resolve times written behind in batches
-    upstreams        the configured upstream chain, with reachability for status
-    notify           sd_notify READY/STATUS/STOPPING and the watchdog
-    metrics          Prometheus metrics on a unix socket or loopback port
-    logs             one line per event, journald priorities under systemd
+The wiring, here:
+    main      `kerneld` command line, exit codes, `--check-config`
+    app       lifecycle: socket locks, bind, store open, readiness, signals, drain; the only
+              module that builds `Core` (tests/test_layers.py)
+    core      the daemon's components, opened, reconfigured and closed together
+    reload    what a config reload applies now, and what waits for a restart
+    statuses  typed errors -> gRPC status + ErrorDetail trailer (the one table)
+
+The layers, each importing only those below it:
+    fronts/    where requests come in: rpc/ (Kernels, Admin, mirror RPCs, ReportSuspect),
+               httpfront/ (the HTTP front), hubapi/ (the Hub endpoint), metrics_endpoint
+    services/  serving, the acquire gate, leases, fetch history, the background threads
+    plumbing/  sockets, activation, identity, peers, access, exposure, notify, sandbox, logs,
+               the metrics registry
 """

@@ -30,23 +30,24 @@ from grpc_reflection.v1alpha import reflection
 
 from kerneld import __version__
 from kerneld.config import Config, ConfigError, config_key
-from kerneld.server.access import apply_store_access
-from kerneld.server.activation import Inherited, hub_api_sockets
-from kerneld.server.admin_service import AdminService
 from kerneld.server.core import Core
-from kerneld.server.exposure import Exposure, check_hub_endpoint
-from kerneld.server.httphead import HttpLimits
-from kerneld.server.hubapi.server import HubApiServer
-from kerneld.server.identity import (
+from kerneld.server.fronts.httpfront.httphead import HttpLimits
+from kerneld.server.fronts.hubapi.server import HubApiServer
+from kerneld.server.fronts.metrics_endpoint import METRICS_LIMITS, MetricsServer
+from kerneld.server.fronts.rpc.admin_service import AdminService
+from kerneld.server.fronts.rpc.kernels_service import KernelsService
+from kerneld.server.plumbing.access import apply_store_access
+from kerneld.server.plumbing.activation import Inherited, hub_api_sockets
+from kerneld.server.plumbing.exposure import Exposure, check_hub_endpoint
+from kerneld.server.plumbing.identity import (
     CallerInterceptor,
     CredentialListener,
     TokenBook,
     cred_path,
 )
-from kerneld.server.kernels_service import KernelsService
-from kerneld.server.metrics import METRICS_LIMITS, Metrics, MetricsServer
-from kerneld.server.notify import Notifier, Watchdog, store_summary, watchdog_interval
-from kerneld.server.sockets import (
+from kerneld.server.plumbing.metrics import Metrics
+from kerneld.server.plumbing.notify import Notifier, Watchdog, store_summary, watchdog_interval
+from kerneld.server.plumbing.sockets import (
     SocketLock,
     SocketSetupError,
     prepare_path,
@@ -263,7 +264,7 @@ class Daemon:
             for server, sock in ((user_server, user), (admin_server, admin)):
                 server.add_insecure_port(f"unix:{sock.path}")
                 self._bound.append(sock.path)
-            for sock in (user, admin):  # caller identity: see server/identity.py
+            for sock in (user, admin):  # caller identity: see server/plumbing/identity.py
                 listener = CredentialListener(cred_path(sock.path), self._tokens)
                 listener.bind()
                 self._creds.append(listener)

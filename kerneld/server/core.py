@@ -32,21 +32,21 @@ from kerneld.pipeline.prefetch import (
     platforms_file,
 )
 from kerneld.pipeline.provenance import provenance_check
+from kerneld.pipeline.publisher_trust import FILE_NAME as TRUST_FILE
+from kerneld.pipeline.publisher_trust import NoHubUpstream, PublisherTrust
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.pipeline.upstreams import TrackedUpstream, build_upstreams
-from kerneld.server import logs
-from kerneld.server.fetch_history import FetchHistory
-from kerneld.server.gate import DaemonGate
-from kerneld.server.identity import FetchGate
-from kerneld.server.leases import LeaseBook
-from kerneld.server.metrics import Metrics, StoreGauges
-from kerneld.server.prefetch_timer import PrefetchTimer
-from kerneld.server.publisher_trust import FILE_NAME as TRUST_FILE
-from kerneld.server.publisher_trust import NoHubUpstream, PublisherTrust
-from kerneld.server.refresh import RefRefresher
+from kerneld.server.plumbing import logs
+from kerneld.server.plumbing.identity import FetchGate
+from kerneld.server.plumbing.metrics import Metrics, StoreGauges
 from kerneld.server.reload import config_change
-from kerneld.server.scrubber import Scrubber
-from kerneld.server.serving import Serving
+from kerneld.server.services.fetch_history import FetchHistory
+from kerneld.server.services.gate import DaemonGate
+from kerneld.server.services.leases import LeaseBook
+from kerneld.server.services.prefetch_timer import PrefetchTimer
+from kerneld.server.services.refresh import RefRefresher
+from kerneld.server.services.scrubber import Scrubber
+from kerneld.server.services.serving import Serving
 from kerneld.server.statuses import NotReady
 from kerneld.store import (
     Capacity,

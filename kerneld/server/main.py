@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.check_config:
         from kerneld.pipeline.hardware import detect
-        from kerneld.server.sandbox import installed_sandbox
+        from kerneld.server.plumbing.sandbox import installed_sandbox
 
         sandbox = installed_sandbox() if cfg.system else None
         refusal = sandbox.refusal(cfg.store_path) if sandbox is not None else None
@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"#   {note}")
         return EXIT_OK
 
-    from kerneld.server import logs
+    from kerneld.server.plumbing import logs
 
     logs.setup(cfg.log_level)
     log = logging.getLogger("kerneld.daemon")
@@ -268,9 +268,9 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
     # Before anything can start a thread (see kerneld.server.app: signals are taken by the
     # main loop, never by a handler).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-    from kerneld.server.activation import listen_fds
     from kerneld.server.app import Daemon
-    from kerneld.server.sockets import SocketBusy, SocketSetupError
+    from kerneld.server.plumbing.activation import listen_fds
+    from kerneld.server.plumbing.sockets import SocketBusy, SocketSetupError
     from kerneld.store import StoreError, StoreLockedError
 
     try:  # first: the variables go from the environment before anything could pass them on
@@ -302,7 +302,7 @@ def _serve(cfg: Config, args: argparse.Namespace, log: logging.Logger) -> int:
         code = EXIT_CONFIG
     except (StoreError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.EROFS:
-            from kerneld.server.sandbox import readonly_by_sandbox
+            from kerneld.server.plumbing.sandbox import readonly_by_sandbox
 
             cause = readonly_by_sandbox(Path(os.fsdecode(exc.filename or cfg.store_path)))
         else:

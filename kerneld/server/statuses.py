@@ -29,9 +29,9 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import grpc
 
 from kerneld.errors import ErrorKind, WireCode, kind_of, wire_code_of
+from kerneld.pipeline.publisher_trust import PublisherUnverified, UntrustedPublisher
 from kerneld.pipeline.resolve import FetchNotAllowed, NoVariantFits, ResolveError
-from kerneld.server.logs import redact
-from kerneld.server.publisher_trust import PublisherUnverified, UntrustedPublisher
+from kerneld.server.plumbing.logs import redact
 from kerneld.store import DeniedError, LeaseNotFoundError, ResourceExhaustedError, StoreError
 from kerneld.upstream.errors import UpstreamError, UpstreamUnavailable
 from kerneld_client.proto import kerneld_pb2 as pb
@@ -72,7 +72,7 @@ class ReportsRateLimited(RateLimited):
 
 
 class Unauthenticated(Exception):
-    """A caller token that is forged, expired or not its sender's (see server/identity.py)."""
+    """A caller token that is forged, expired or not its sender's (plumbing/identity.py)."""
 
     kind = ErrorKind.UNAUTHENTICATED
 

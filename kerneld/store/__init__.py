@@ -1,8 +1,8 @@
 """kerneld's content-addressed store: blobs, read-only variant trees, the SQLite index, GC.
 
 No gRPC here. :class:`Store` is composed of parts, each typed by a protocol in ``interfaces``
-(``open_store`` opens the daemon's); the on-disk layout is documented in ``layout``, the index
-jobs read in ``published_index``, the error hierarchy in ``errors``.
+(``open_store`` opens one, the daemon's or a tool's); the on-disk layout is documented in
+``layout``, the index jobs read in ``published_index``, the error hierarchy in ``errors``.
 """
 
 from .blobs import BlobInfo, BlobWriter, Expected
@@ -44,7 +44,9 @@ from .interfaces import (
     Facts,
     FetchTarget,
     Holding,
+    ImportTarget,
     Ingester,
+    InventorySource,
     Leases,
     Policy,
     PrefetchTarget,
@@ -53,7 +55,11 @@ from .interfaces import (
     PublishTarget,
     QuarantineArea,
     Repair,
+    ReportTarget,
     ResolveTarget,
+    Scrubbing,
+    ScrubTarget,
+    ServingView,
     Status,
     StoreHandle,
     Trees,
@@ -68,7 +74,7 @@ from .ownership import store_exists, store_in_use
 from .published_index import IndexHit
 from .publishing import TreeInfo
 from .space import Usage
-from .store import Store, StoreSettings, open_store
+from .store import Store, StoreSettings, ToolSettings, open_store
 from .types import (
     ALL,
     DenyRow,
@@ -106,12 +112,14 @@ __all__ = [
     "GcReport",
     "Hold",
     "Holding",
+    "ImportTarget",
     "IndexHit",
     "IngestInProgressError",
     "Ingester",
     "IntegrityError",
     "InvalidInputError",
     "InvalidPathError",
+    "InventorySource",
     "Lease",
     "LeaseNotFoundError",
     "LeaseRow",
@@ -136,9 +144,13 @@ __all__ = [
     "ReadOnlyStoreError",
     "RefRow",
     "Repair",
+    "ReportTarget",
     "ResolveTarget",
     "ResourceExhaustedError",
     "SchemaError",
+    "ScrubTarget",
+    "Scrubbing",
+    "ServingView",
     "SizeMismatchError",
     "Status",
     "Store",
@@ -147,6 +159,7 @@ __all__ = [
     "StoreLockedError",
     "StoreOwnershipError",
     "StoreSettings",
+    "ToolSettings",
     "TreeDecision",
     "TreeFile",
     "TreeGone",

@@ -200,7 +200,7 @@ class Catalog(Protocol):
 class Leases(Protocol):
     """``store.leases``: time-bounded GC roots on trees: taken at lookup or ahead of the write,
     recorded in batches, renewed, released (kerneld.store.leasing.LeaseManager; the daemon's
-    kerneld.server.leases.LeaseBook writes behind through it)."""
+    kerneld.server.services.leases.LeaseBook writes behind through it)."""
 
     def acquire(self, tree: str, ttl_s: float, *, holder: str = "") -> Lease: ...
 
@@ -424,6 +424,95 @@ class Status(Protocol):
 
     @property
     def quarantine(self) -> QuarantineArea: ...
+
+
+class ServingView(Holding, Protocol):
+    """What the daemon's serving reads and writes beside the acquire path: refs and upstream
+    listings (`names`), the variants held (`catalog`), leases, holds, and the published
+    generation its remembered answers are keyed by (kerneld/server/services/serving.py)."""
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+    @property
+    def published(self) -> PublishedIndex: ...
+
+
+class ScrubTarget(Holding, Protocol):
+    """What the background scrub uses: the pass itself, its cursor in the store's facts, the
+    quarantine it prunes, and the trees a re-fetch holds (kerneld/server/services/scrubber.py)."""
+
+    @property
+    def scrub(self) -> Scrubbing: ...
+
+    @property
+    def meta(self) -> Facts: ...
+
+    @property
+    def quarantine(self) -> QuarantineArea: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+
+class ReportTarget(Protocol):
+    """What a job's report of a damaged tree is checked with: the trees served, the check
+    itself and the quarantine it annotates (kerneld/server/fronts/rpc/suspect.py)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def scrub(self) -> Scrubbing: ...
+
+    @property
+    def quarantine(self) -> QuarantineArea: ...
+
+
+class ImportTarget(Holding, Protocol):
+    """What a mirror import writes into: blobs in, trees out, refs and denies, the published
+    verdicts it records, the space it checks first (kerneld/mirror/import_.py)."""
+
+    @property
+    def blobs(self) -> Blobs: ...
+
+    @property
+    def trees(self) -> Trees: ...
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def published(self) -> PublishedIndex: ...
+
+    @property
+    def space(self) -> Capacity: ...
+
+
+class InventorySource(Protocol):
+    """What an inventory lists: names, trees, leases and signature records
+    (kerneld/store/inventory.py)."""
+
+    @property
+    def names(self) -> Policy: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+    @property
+    def signatures(self) -> Provenance: ...
 
 
 class StoreHandle(Protocol):

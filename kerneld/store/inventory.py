@@ -18,7 +18,7 @@ from .gc import pinned_trees
 from .types import ALL, ProvenanceRecord
 
 if TYPE_CHECKING:
-    from .interfaces import StoreHandle
+    from .interfaces import InventorySource
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class KernelItem:
     denied: bool
 
 
-def inventory(store: StoreHandle, repos: list[str] | None = None) -> list[KernelItem]:
+def inventory(store: InventorySource, repos: list[str] | None = None) -> list[KernelItem]:
     """Every kernel of the store (or of `repos`), its commits with their refs, and each
     commit's published variants whose tree is live."""
     now = time.time()

@@ -7,7 +7,7 @@ cache, pins, denies), ``catalog`` (lookups and listings), ``leases``, ``gc`` (th
 ``repair``, ``quarantine``, ``space``, ``published`` (the published index and its documents),
 ``signatures`` (provenance), ``meta`` and ``scrub``. A caller names the part
 (``store.names.deny(...)``). This module opens and closes the store; it forwards nothing.
-`open_store` is the one constructor the daemon uses (the seam for a second backend).
+`open_store` is the one constructor the daemon and kerneldctl use (the seam for a second backend).
 
 Thread-safe: every index access and every rename into or out of ``blobs/``/``trees/`` happens
 under one in-process lock; hashing, downloads, staging builds and file deletion happen outside it.
@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -36,6 +37,8 @@ from .interfaces import (
     ExportSource,
     Facts,
     FetchTarget,
+    ImportTarget,
+    InventorySource,
     Leases,
     Policy,
     PrefetchTarget,
@@ -44,8 +47,11 @@ from .interfaces import (
     PublishTarget,
     QuarantineArea,
     Repair,
+    ReportTarget,
     ResolveTarget,
     Scrubbing,
+    ScrubTarget,
+    ServingView,
     Status,
     StoreHandle,
     Trees,
@@ -68,6 +74,7 @@ from .signatures import Signatures
 from .space import Space
 from .state import StoreState
 from .types import ProvenanceCheck
+from .verify import DEFAULT_QUARANTINE_MAX_BYTES
 
 if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts
@@ -280,20 +287,38 @@ class StoreSettings(Protocol):
     def quarantine_max_bytes(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class ToolSettings:
+    """The settings a store tool opens a store by its path with (`kerneldctl --store`): the
+    store's own defaults, and no `CACHEDIR.TAG` written (`system`: the tool leaves the root's
+    files as the daemon made them)."""
+
+    store_path: Path
+    system: bool = True
+    cap_bytes: int | None = None
+    min_free_bytes: int = 0
+    gc_min_age_s: float = 3600.0
+    orphan_grace_s: float = 3600.0
+    quarantine_max_bytes: int = DEFAULT_QUARANTINE_MAX_BYTES
+
+
 def open_store(
     cfg: StoreSettings,
     *,
+    read_only: bool = False,
     client_platforms: Iterable[PlatformFacts] = (),
     provenance: ProvenanceCheck | None = None,
 ) -> StoreHandle:
-    """The daemon's store, opened (locked, recovered) and set up from its settings: the one
-    place a daemon names a backend, so a second one plugs in here."""
+    """A store, opened (locked, recovered; or `read_only`, without a lock) and set up from its
+    settings: the one place the daemon and kerneldctl name a backend, so a second one plugs in
+    here."""
     store = Store.open(
         cfg.store_path,
         cap_bytes=cfg.cap_bytes,
         min_free_bytes=cfg.min_free_bytes,
         min_age_s=cfg.gc_min_age_s,
         orphan_grace_s=cfg.orphan_grace_s,
+        read_only=read_only,
         client_platforms=client_platforms,  # their picks, in the index it republishes
     )
     try:
@@ -312,7 +337,18 @@ if TYPE_CHECKING:
     def _store_implements_every_protocol(
         store: Store,
     ) -> tuple[
-        StoreHandle, FetchTarget, ResolveTarget, PrefetchTarget, PublishTarget, ExportSource, Status
+        StoreHandle,
+        FetchTarget,
+        ResolveTarget,
+        PrefetchTarget,
+        PublishTarget,
+        ExportSource,
+        Status,
+        ServingView,
+        ScrubTarget,
+        ReportTarget,
+        ImportTarget,
+        InventorySource,
     ]:
         """Never called: mypy checks here that `Store` keeps satisfying each protocol."""
-        return store, store, store, store, store, store, store
+        return store, store, store, store, store, store, store, store, store, store, store, store

@@ -1,5 +1,5 @@
-"""The metrics table of docs/operations.md: what a `kerneld.server.metrics.Metrics` registry
-exports, by exposition name (counters with `_total`), with type, labels and help text."""
+"""The metrics table of docs/operations.md: what a `kerneld.server.plumbing.metrics.Metrics`
+registry exports, by exposition name (counters with `_total`), with type, labels and help text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from scripts.reference.markdown import BEGIN, END, cell
 
 def metric_names() -> dict[str, tuple[str, tuple[str, ...], str]]:
     """Exposition name -> (type, labels, help) of every metric the daemon exports."""
-    from kerneld.server.metrics import Metrics, StoreGauges
+    from kerneld.server.plumbing.metrics import Metrics, StoreGauges
 
     metrics = Metrics()
     metrics.watch_store(lambda: StoreGauges(0, 0, 0, 0, 0, 0))

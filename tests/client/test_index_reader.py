@@ -93,7 +93,7 @@ def test_trust_check_accepts_the_store_and_refuses_its_root(shared_store: Popula
 
 def test_the_published_publisher_policy_is_read_as_the_daemon_wrote_it(tmp_path: Path) -> None:
     from kerneld.config import Config
-    from kerneld.server.publisher_trust import PublisherTrust
+    from kerneld.pipeline.publisher_trust import PublisherTrust
 
     written: list[dict[str, object]] = []
     cfg = Config(source="test", system=False, store_path=tmp_path, trust_allow=("site/*",))

@@ -59,7 +59,7 @@ def test_every_reader_uses_the_one_rule() -> None:
     readers = [
         "kerneld/pipeline/acquire.py",
         "kerneld/ctl/cmd_lock.py",
-        "kerneld/server/convert.py",
+        "kerneld/server/fronts/rpc/convert.py",
         "client/kerneld_client/loading/materialize.py",
     ]
     for rel in readers:
@@ -93,7 +93,7 @@ def test_every_backend_reader_uses_the_one_rule() -> None:
     root = Path(__file__).resolve().parents[2]
     readers = [
         "kerneld/store/manifest.py",
-        "kerneld/server/convert.py",
+        "kerneld/server/fronts/rpc/convert.py",
         "kerneld/ctl/listing.py",
         "client/kerneld_client/loading/materialize.py",
     ]

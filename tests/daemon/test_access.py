@@ -210,7 +210,7 @@ def test_a_group_socket_without_a_configured_group_keeps_the_store_to_the_daemon
     """The DaemonSet's socket: 0660, no user_group, so its group is the daemon's own (the pods'
     supplementalGroups); the store root follows it, not world-readable."""
     from kerneld.config import SocketConfig
-    from kerneld.server.access import store_mode_for
+    from kerneld.server.plumbing.access import store_mode_for
 
     assert store_mode_for(SocketConfig(path=Path("/run/k.sock"), mode=0o660, group="")) == (
         0o750,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from kerneld.server.background import BackgroundThread
+from kerneld.server.services.background import BackgroundThread
 
 WAIT_S = 10.0
 

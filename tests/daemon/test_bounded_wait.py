@@ -211,9 +211,9 @@ def test_huggingface_hub_lines_reach_the_log_once() -> None:
         "logging.getLogger('huggingface_hub').warning('probe-root')\n"
     )
     orders = {
-        "setup first": "from kerneld.server import logs\nlogs.setup('info')\n"
+        "setup first": "from kerneld.server.plumbing import logs\nlogs.setup('info')\n"
         "import kerneld.upstream.hub\n",
-        "hub first": "import huggingface_hub\nfrom kerneld.server import logs\n"
+        "hub first": "import huggingface_hub\nfrom kerneld.server.plumbing import logs\n"
         "logs.setup('info')\n",
     }
     for order, prelude in orders.items():

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from kerneld.server.hubapi.server import _hub_error
+from kerneld.server.fronts.hubapi.server import _hub_error
 from kerneld.server.statuses import classify
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.support.errors import kerneld_error_classes, sample

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.server.leases import LeaseBook
+from kerneld.server.services.leases import LeaseBook
 from kerneld.store import Lease, Store, TreeFile
 from tests.support.mirrors import variant
 

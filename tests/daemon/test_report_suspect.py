@@ -22,8 +22,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kerneld.server import convert
-from kerneld.server.suspect import REPORT_BURST
+from kerneld.server.fronts.rpc import convert
+from kerneld.server.fronts.rpc.suspect import REPORT_BURST
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, failure, http_get_unix, metric, resolve_req, tree_files

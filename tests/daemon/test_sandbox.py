@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.server.sandbox import Sandbox, readonly_by_sandbox
+from kerneld.server.plumbing.sandbox import Sandbox, readonly_by_sandbox
 from tests.support.daemon import DaemonFailed, DaemonProcess, account, default_user
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.server.activation import HUB_API
+from kerneld.server.plumbing.activation import HUB_API
 from tests.security.support import NOBODY, as_user
 from tests.support.daemon import DaemonProcess, clean_env
 
@@ -211,7 +211,7 @@ def read_passed(
     """`listen_fds()` in a fresh python, given `fds` as systemd would give them."""
     code = (
         "import os, sys\n"
-        "from kerneld.server.activation import listen_fds, ActivationError\n"
+        "from kerneld.server.plumbing.activation import listen_fds, ActivationError\n"
         "try:\n"
         "    got = listen_fds()\n"
         "except ActivationError as exc:\n"

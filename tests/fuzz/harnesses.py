@@ -55,7 +55,7 @@ class StoreHarness:
         whose metadata the daemon then reads (metadata_to_proto, kernel-depends)."""
         from kerneld.mirror.upstream import MirrorDirUpstream
         from kerneld.pipeline.resolve import KernelSpec, Resolver
-        from kerneld.server.convert import metadata_to_proto
+        from kerneld.server.fronts.rpc.convert import metadata_to_proto
         from kerneld.store import StoreError, TreeFile
 
         files = {self.sandbox.hostile(p): d for p, d in files.items()}
@@ -361,8 +361,8 @@ class ResolveHarness:
     def __init__(self, root: Path, mirror: Path) -> None:
         from kerneld.config import UpstreamConfig, default_config
         from kerneld.server.core import Core
-        from kerneld.server.kernels_service import KernelsService
-        from kerneld.server.metrics import Metrics
+        from kerneld.server.fronts.rpc.kernels_service import KernelsService
+        from kerneld.server.plumbing.metrics import Metrics
 
         self.sandbox = Sandbox(root)
         cfg = replace(

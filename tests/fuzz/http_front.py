@@ -22,11 +22,11 @@ import socket
 import threading
 from urllib.parse import unquote, urlsplit
 
-from kerneld.server.httpd import HttpFront
-from kerneld.server.httpexchange import Exchange
-from kerneld.server.httphead import HeadError, HttpLimits, check_head
-from kerneld.server.hubapi.server import parse_range, route_label
-from kerneld.server.peers import identify_peer
+from kerneld.server.fronts.httpfront.httpd import HttpFront
+from kerneld.server.fronts.httpfront.httpexchange import Exchange
+from kerneld.server.fronts.httpfront.httphead import HeadError, HttpLimits, check_head
+from kerneld.server.fronts.hubapi.server import parse_range, route_label
+from kerneld.server.plumbing.peers import identify_peer
 from kerneld.upstream.base import check_repo_id
 
 FILE_SIZE = 1000

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kerneld.server.hubapi.server import parse_range
+from kerneld.server.fronts.hubapi.server import parse_range
 from tests.fuzz.http_front import FILE_SIZE, FrontHarness
 from tests.fuzz.strategies import fuzz_settings, raw_mutations
 

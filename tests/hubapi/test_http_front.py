@@ -1,6 +1,6 @@
-"""The daemon's HTTP front (kerneld/server/httpd.py), on real loopback sockets with real peers:
-identity at accept before a byte is read, bounded heads with their own deadline, per-uid caps,
-and connections that cost descriptors, not threads."""
+"""The daemon's HTTP front (kerneld/server/fronts/httpfront/httpd.py), on real loopback sockets with
+real peers: identity at accept before a byte is read, bounded heads with their own deadline, per-uid
+caps, and connections that cost descriptors, not threads."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from kerneld.server.httpd import HttpFront
-from kerneld.server.httpexchange import Exchange
-from kerneld.server.httphead import HttpLimits, check_head
-from kerneld.server.peers import identify_peer
+from kerneld.server.fronts.httpfront.httpd import HttpFront
+from kerneld.server.fronts.httpfront.httpexchange import Exchange
+from kerneld.server.fronts.httpfront.httphead import HttpLimits, check_head
+from kerneld.server.plumbing.peers import identify_peer
 from tests.security.support import NOBODY, as_user, needs_root
 
 TESTER = pwd.getpwnam("kerneld-tester")

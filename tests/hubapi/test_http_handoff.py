@@ -18,10 +18,10 @@ from collections import Counter
 
 import pytest
 
-from kerneld.server.httpd import HttpFront
-from kerneld.server.httpexchange import Exchange
-from kerneld.server.httphead import HttpLimits
-from kerneld.server.peers import identify_peer
+from kerneld.server.fronts.httpfront.httpd import HttpFront
+from kerneld.server.fronts.httpfront.httpexchange import Exchange
+from kerneld.server.fronts.httpfront.httphead import HttpLimits
+from kerneld.server.plumbing.peers import identify_peer
 
 pytestmark = pytest.mark.timeout(120)
 HANDOVERS = 25

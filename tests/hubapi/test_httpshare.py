@@ -1,8 +1,9 @@
-"""Fair shares and the refusal budget of the HTTP front (kerneld/server/httpshare.py)."""
+"""Fair shares and the refusal budget of the HTTP front
+(kerneld/server/fronts/httpfront/httpshare.py)."""
 
 from __future__ import annotations
 
-from kerneld.server.httpshare import FairShare, RefusalBudget
+from kerneld.server.fronts.httpfront.httpshare import FairShare, RefusalBudget
 
 
 def fill(share: FairShare, uid: int, want: int) -> int:

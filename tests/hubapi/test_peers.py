@@ -10,8 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.server.identity import Caller
-from kerneld.server.peers import _sock_diag, _sock_diag_uid, _table_uid, admit, tcp_peer_uid
+from kerneld.server.plumbing.identity import Caller
+from kerneld.server.plumbing.peers import (
+    _sock_diag,
+    _sock_diag_uid,
+    _table_uid,
+    admit,
+    tcp_peer_uid,
+)
 
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 

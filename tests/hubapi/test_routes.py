@@ -1,4 +1,4 @@
-"""The Hub endpoint's one route table (`ROUTES`, kerneld/server/hubapi/server.py): the routes
+"""The Hub endpoint's one route table (`ROUTES`, kerneld/server/fronts/hubapi/server.py): the routes
 docs/hub-api.md lists are exactly the table's, and a request's path is matched, and labelled for
 the metrics, by the same table entry. (The routes answering through a real daemon:
 tests/hubapi/test_endpoint.py.)"""
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kerneld.server.hubapi.server import OTHER, READ, ROUTES, route_label
+from kerneld.server.fronts.hubapi.server import OTHER, READ, ROUTES, route_label
 from tests.support.daemon import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "hub-api.md"

@@ -39,6 +39,7 @@ from tests.support.testcache import (
     locked,
     staging,
 )
+from tests.support.watchdog import run_until_stalled
 
 #: The newest 0.14 and 0.16 releases, 0.17.2, 0.18.3 and the newest (issue 24, issue 40).
 KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.18.3", "0.19.1")
@@ -46,7 +47,8 @@ KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.18.3", "0.19.1")
 HOOK_RELEASES = ("0.17.2", "0.18.3", "0.19.1")
 #: The newest Transformers: it requires kernels>=0.19.1,<0.20.
 TRANSFORMERS_RELEASE = "5.25.0"
-INSTALL_TIMEOUT_S = 600
+#: A pip install is killed only after this long with no CPU used (tests/support/watchdog.py).
+INSTALL_STALL_S = 300
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 #: The requirement that installs kerneld-client (editable: the venv runs the work tree's code).
 CLIENT_REQUIREMENT = f"--editable={CLIENT}"
@@ -151,7 +153,7 @@ def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> 
         capture_output=True,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_TARGET", "PYTHON"))}
-    proc = subprocess.run(
+    proc = run_until_stalled(
         [
             sys.executable,
             "-m",
@@ -163,11 +165,9 @@ def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> 
             "--disable-pip-version-check",
             *requirements,
         ],
+        stall_s=INSTALL_STALL_S,
+        what=f"pip install {' '.join(requirements)}",
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT_S,
-        check=False,
     )
     if proc.returncode != 0:
         raise RuntimeError(

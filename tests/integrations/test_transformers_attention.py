@@ -23,12 +23,11 @@ from examples.kernels.hub import HubRoot
 from examples.kernels.specs import ORG
 from tests.client.support import client_env
 from tests.hubapi.support import hub_api_daemon
-from tests.hubapi.venvs import CLIENT_REQUIREMENT, make_venv
+from tests.hubapi.venvs import TF_HOOK_RELEASES, TRANSFORMERS_RELEASE, make_venv, venv_root
 from tests.integrations.support import ROOT, hook_env
 from tests.integrations.test_transformers_releases import run_models
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
-from tests.support.shared import shared_dir
 
 ATTENTION = f"{ORG}/attention"
 UNTRUSTED = "someone-else/attention"
@@ -39,10 +38,11 @@ CHILD = "tests.integrations._tf_attention_child"
 
 
 @pytest.fixture(scope="module")
-def tf_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Transformers 5.25's venv with the hook (test_transformers_releases' "tf-hook")."""
-    with shared_dir(tmp_path_factory, "release-venvs") as root:
-        return make_venv(root, ["transformers==5.25.0", CLIENT_REQUIREMENT], name="tf-hook")
+def tf_python() -> Path:
+    """Transformers 5.25's venv with the hook (test_transformers_releases' "tf-hook"), from the
+    suite's cache outside the clone (`make test-deps` made it), not built again per run."""
+    requirements, name = TF_HOOK_RELEASES[TRANSFORMERS_RELEASE]
+    return make_venv(venv_root(), requirements, name=name)
 
 
 @pytest.fixture(scope="module")

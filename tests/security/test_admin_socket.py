@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kerneld.server.admin_service import AdminService
-from kerneld.server.kernels_service import KernelsService
+from kerneld.server.fronts.rpc.admin_service import AdminService
+from kerneld.server.fronts.rpc.kernels_service import KernelsService
 from tests.security.probe_rpc import methods, probe
 from tests.security.support import NOBODY, needs_root
 from tests.support.daemon import REPO_ROOT, DaemonProcess, clean_env

@@ -1,4 +1,5 @@
-"""Issue 20 §3: the daemon knows who calls it (server/identity.py), whatever the request says.
+"""Issue 20 §3: the daemon knows who calls it (server/plumbing/identity.py), whatever the request
+says.
 
 Every caller here is a real process of a real user (`nobody`, `kerneld-tester`, root) talking
 to a real daemon over its unix sockets; the daemon learns uids from the kernel (SO_PEERCRED on
@@ -138,7 +139,7 @@ def test_the_ranks_of_one_job_share_one_charge_per_kernel() -> None:
     """64 ranks of one uid that miss the same kernel together join one download: they spend one
     token of that uid's bucket, not 64; a different kernel, or the same one a minute later
     (a loop), is charged again."""
-    from kerneld.server.identity import Caller, FetchGate
+    from kerneld.server.plumbing.identity import Caller, FetchGate
     from kerneld.server.statuses import RateLimited
 
     now = [1000.0]

@@ -30,9 +30,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kerneld.server.app import FD_RESERVE
-from kerneld.server.httphead import HttpLimits
-from kerneld.server.identity import TokenBook
-from kerneld.server.metrics import METRICS_LIMITS
+from kerneld.server.fronts.httpfront.httphead import HttpLimits
+from kerneld.server.fronts.metrics_endpoint import METRICS_LIMITS
+from kerneld.server.plumbing.identity import TokenBook
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.client.support import client_env, run_client
 from tests.daemon.rpc import TIMEOUT, resolve_req

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from kerneld.server.sockets import write_advert
+from kerneld.server.plumbing.sockets import write_advert
 from kerneld_client import UntrustedPath, _path_trust
 from kerneld_client.locations import Advert, advert_path, read_advert
 from tests.client.support import client_env, publish_synthetic, run_client, synthetic_metadata

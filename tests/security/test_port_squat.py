@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.server.exposure import check_hub_endpoint, unprivileged_port_start
+from kerneld.server.plumbing.exposure import check_hub_endpoint, unprivileged_port_start
 from kerneld_client.proto import kerneld_pb2 as pb
 from tests.daemon.rpc import resolve_req
 from tests.daemon.test_socket_activation import ActivatedDaemon, ask

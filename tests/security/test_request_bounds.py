@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from kerneld.server import convert
+from kerneld.server.fronts.rpc import convert
 from kerneld.store.index import Index
 from kerneld.store.layout import LAYOUT_VERSION
 from kerneld.store.types import NegativeRow
@@ -328,6 +328,6 @@ def test_status_and_errors_show_no_upstream_credentials(
     ],
 )
 def test_redaction(text: str, shown: str) -> None:
-    from kerneld.server.logs import redact
+    from kerneld.server.plumbing.logs import redact
 
     assert redact(text) == shown

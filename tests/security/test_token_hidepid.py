@@ -49,7 +49,7 @@ def test_no_token_is_issued_when_the_process_cannot_be_told_apart() -> None:
     user = default_user() or "kerneld"
     pw = account(user)
     code = (
-        "from kerneld.server.identity import TokenBook, _start_time\n"
+        "from kerneld.server.plumbing.identity import TokenBook, _start_time\n"
         "import os\n"
         "book = TokenBook()\n"
         "assert _start_time(os.getpid()) > 0\n"

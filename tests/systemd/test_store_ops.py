@@ -55,7 +55,7 @@ from tests.systemd.test_install import (
     wheelhouse,
 )
 
-pytestmark = [pytest.mark.systemd, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.systemd, pytest.mark.slow, pytest.mark.timeout(600)]
 
 MOVED = "/data/kerneld/store"
 

@@ -24,10 +24,11 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from kerneld import __version__
-from kerneld.server import convert, identity, logs, suspect
-from kerneld.server.bounds import clip
-from kerneld.server.core import Core
-from kerneld.server.serving import Served
+from kerneld.server.fronts.rpc import convert, suspect
+from kerneld.server.fronts.rpc.hosts import KernelsHost, StatusHost
+from kerneld.server.plumbing import identity, logs
+from kerneld.server.services.bounds import clip
+from kerneld.server.services.serving import Served
 from kerneld.server.statuses import abort, classify, log_level, rpc_handler
 from kerneld.store import InvalidInputError, published_index
 from kerneld.upstream.errors import UpstreamPending
@@ -67,7 +68,7 @@ def _shown(location: str) -> str:
     return logs.redact(location)
 
 
-def daemon_status(core: Core) -> pb.DaemonStatus:
+def daemon_status(core: StatusHost) -> pb.DaemonStatus:
     """What GetStatus (and GetAdminStatus) report; works before the store is open."""
     cfg = core.config
     status = pb.DaemonStatus(
@@ -108,7 +109,7 @@ def daemon_status(core: Core) -> pb.DaemonStatus:
 
 
 class KernelsService(pb_grpc.KernelsServicer):
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: KernelsHost) -> None:
         self.core = core
         self.facts = convert.FactsCache()
         self.metadata = convert.MetadataCache()
@@ -129,7 +130,7 @@ class KernelsService(pb_grpc.KernelsServicer):
 
     def _start(self, fn: Callable[[], T], by: float | None) -> Future[T]:
         """Run `fn` on a worker when it must end by a deadline, else here and now."""
-        if by is not None:  # the caller's identity (server/identity.py) goes along
+        if by is not None:  # the caller's identity (server/plumbing/identity.py) goes along
             return self._bounded.submit(contextvars.copy_context().run, fn)
         future: Future[T] = Future()
         try:

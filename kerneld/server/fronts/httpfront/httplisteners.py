@@ -1,5 +1,6 @@
 """The HTTP listeners of one handler: a unix socket path and/or a loopback HOST:PORT, or the
-sockets systemd passed, bound and handed to one `HttpFront` (`kerneld/server/httpd.py`).
+sockets systemd passed, bound and handed to one `HttpFront`
+(`kerneld/server/fronts/httpfront/httpd.py`).
 
 A unix socket is bound owner-only and then opened to its configured mode and group (like the
 RPC sockets: the file's mode decides who may connect); a TCP port is only ever bound on
@@ -16,11 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kerneld.config import SocketConfig
-from kerneld.server.activation import Inherited
-from kerneld.server.httpd import Admit, HttpFront, Identify
-from kerneld.server.httpexchange import HttpHandler
-from kerneld.server.httphead import HttpLimits
-from kerneld.server.sockets import secure, umask
+from kerneld.server.fronts.httpfront.httpd import Admit, HttpFront, Identify
+from kerneld.server.fronts.httpfront.httpexchange import HttpHandler
+from kerneld.server.fronts.httpfront.httphead import HttpLimits
+from kerneld.server.plumbing.activation import Inherited
+from kerneld.server.plumbing.sockets import secure, umask
 
 
 def _unix_socket(path: Path) -> socket.socket:
@@ -72,8 +73,8 @@ class HttpListeners:
         refused: Sequence[tuple[Inherited, str]] = (),
     ) -> None:
         """`socket` gives the unix socket's mode and group (default 0660, the daemon's group);
-        `identify` names each peer at accept (`kerneld.server.peers.identify_peer`), `admit`
-        checks it. `inherited`: listening sockets systemd passed (socket activation); given,
+        `identify` names each peer at accept (`kerneld.server.plumbing.peers.identify_peer`),
+        `admit` checks it. `inherited`: listening sockets systemd passed (socket activation); given,
         they are served instead of `socket_path` and `listen`, and left as systemd made them
         (mode, owner, the path itself: systemd keeps listening on them across restarts).
         `refused`: passed sockets held but not served, each with the answer its connections

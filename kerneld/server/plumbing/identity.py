@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from kerneld.server.sockets import MAX_SOCKET_PATH, SocketSetupError
+from kerneld.server.plumbing.sockets import MAX_SOCKET_PATH, SocketSetupError
 from kerneld.server.statuses import RateLimited, Unauthenticated
 
 log = logging.getLogger("kerneld.identity")

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from kerneld.config import SocketConfig
-from kerneld.server.sockets import SocketSetupError, group_id
+from kerneld.server.plumbing.sockets import SocketSetupError, group_id
 
 log = logging.getLogger("kerneld.server.access")
 

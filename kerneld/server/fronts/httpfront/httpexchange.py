@@ -4,7 +4,8 @@ at accept), and an answer written through the connection's h11 parser, which fra
 Content-Length, `Connection: close` when the connection ends, no body to a HEAD).
 
 A handler is any object with `methods` (the methods it answers; the front answers any other
-with a 501) that is called with one `Exchange` per request (`kerneld/server/httpd.py`).
+with a 501) that is called with one `Exchange` per request
+(`kerneld/server/fronts/httpfront/httpd.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Protocol
 
 import h11
 
-from kerneld.server.identity import Caller
+from kerneld.server.plumbing.identity import Caller
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
 

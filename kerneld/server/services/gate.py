@@ -30,11 +30,11 @@ from typing import Protocol
 
 from kerneld.config import Config
 from kerneld.pipeline.fetch import FetchResult
+from kerneld.pipeline.publisher_trust import PublisherTrust, UntrustedPublisher
 from kerneld.pipeline.request import FetchNotAllowed
-from kerneld.server.bounds import check_kernel_fields
-from kerneld.server.fetch_history import FetchHistory
-from kerneld.server.identity import Caller, FetchGate, audit
-from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.plumbing.identity import Caller, FetchGate, audit
+from kerneld.server.services.bounds import check_kernel_fields
+from kerneld.server.services.fetch_history import FetchHistory
 from kerneld.server.statuses import RateLimited
 
 log = logging.getLogger("kerneld.acquire")

@@ -8,15 +8,15 @@ checked (`admit`); a refused one gets a short fixed answer and is closed without
 request parsed. An admitted connection then costs a file descriptor, not a thread: one poller
 thread reads request heads (at most `head_bytes`, within `head_deadline_s`, bare CR refused)
 and waits out idle keep-alive connections; only a complete head goes to one of `workers`
-threads, which runs the handler for that one request (`kerneld.server.httpexchange`), once the
-poller has also read its body whole (at most `body_bytes`, within `body_deadline_s`: a head
-announcing a body never sent holds no worker). Connections and workers are shared fairly
-among uids (`kerneld.server.httpshare`: no two uids can take them all; a uid holding nothing
-always gets in), and refusals are answered at most `refusals_per_s` a second per uid. (Why not
-a server library: bench/RESULTS.md, "HTTP front".) The bytes of a head are checked here
-(`check_head`: size, header count, CRLF only, no NUL or line folding) before h11, a maintained
-sans-IO HTTP/1.1 parser, parses it and the body: one h11 connection per socket, fed exactly one
-request at a time, so every pipelined head is checked too.
+threads, which runs the handler for that one request
+(`kerneld.server.fronts.httpfront.httpexchange`), once the poller has also read its body whole (at
+most `body_bytes`, within `body_deadline_s`: a head announcing a body never sent holds no worker).
+Connections and workers are shared fairly among uids (`kerneld.server.fronts.httpfront.httpshare`:
+no two uids can take them all; a uid holding nothing always gets in), and refusals are answered at
+most `refusals_per_s` a second per uid. (Why not a server library: bench/RESULTS.md, "HTTP front".)
+The bytes of a head are checked here (`check_head`: size, header count, CRLF only, no NUL or line
+folding) before h11, a maintained sans-IO HTTP/1.1 parser, parses it and the body: one h11
+connection per socket, fed exactly one request at a time, so every pipelined head is checked too.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 
 import h11
 
-from kerneld.server.httpexchange import Exchange, HttpHandler
-from kerneld.server.httphead import (
+from kerneld.server.fronts.httpfront.httpexchange import Exchange, HttpHandler
+from kerneld.server.fronts.httpfront.httphead import (
     HeadError,
     HttpLimits,
     check_head,
@@ -45,8 +45,8 @@ from kerneld.server.httphead import (
     read_body,
     read_head,
 )
-from kerneld.server.httpshare import FairShare, RefusalBudget
-from kerneld.server.identity import Caller
+from kerneld.server.fronts.httpfront.httpshare import FairShare, RefusalBudget
+from kerneld.server.plumbing.identity import Caller
 
 log = logging.getLogger("kerneld.httpd")
 
@@ -96,7 +96,7 @@ class _Conn:
 class _Listener:
     """A bound, listening socket and how its peers are named; `refusal`: every connection gets
     this answer (a socket systemd passed that must not be served, but stays held: see
-    `kerneld.server.exposure`)."""
+    `kerneld.server.plumbing.exposure`)."""
 
     def __init__(self, sock: socket.socket, where: str, tcp: bool, refusal: str = "") -> None:
         self.sock = sock

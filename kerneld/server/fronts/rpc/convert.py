@@ -11,7 +11,7 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from kerneld.pipeline.resolve import KernelSpec, Resolution
-from kerneld.server.bounds import (
+from kerneld.server.services.bounds import (
     MAX_CLIENT,
     MAX_DEVICES,
     MAX_DIGEST,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec, Resolver
-from kerneld.server.background import BackgroundThread
+from kerneld.server.services.background import BackgroundThread
 from kerneld.server.statuses import NotReady
 from kerneld.store import RefRow, ResolveTarget
 

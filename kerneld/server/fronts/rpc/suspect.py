@@ -33,18 +33,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from kerneld.server import convert
-from kerneld.server.bounds import clip
-from kerneld.server.identity import Caller, FetchGate, audit
+from kerneld.server.fronts.rpc import convert
+from kerneld.server.plumbing.identity import Caller, FetchGate, audit
+from kerneld.server.plumbing.metrics import Metrics
+from kerneld.server.services.bounds import clip
 from kerneld.server.statuses import RateLimited, ReportsRateLimited
-from kerneld.store import InvalidInputError, StoreHandle
-from kerneld.store.scrub import ScrubReport
+from kerneld.store import InvalidInputError, ReportTarget
+from kerneld.store.scrub import Damage, ScrubReport
 from kerneld_client.proto import kerneld_pb2 as pb
-
-if TYPE_CHECKING:
-    from kerneld.server.core import Core
 
 log = logging.getLogger("kerneld.report")
 
@@ -130,10 +128,31 @@ def to_proto(finding: Finding) -> pb.ReportSuspectResponse:
     return out
 
 
+class Healer(Protocol):
+    """The scrubber's half of a confirmed finding: count it, and re-fetch what it took out."""
+
+    def record_damage(self, damage: Damage) -> None: ...
+
+    def heal(self, report: ScrubReport) -> int: ...
+
+
+class SuspectHost(Protocol):
+    """What the desk uses of the daemon (the wiring's `Core` implements it)."""
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def store(self) -> ReportTarget: ...
+
+    @property
+    def scrubber(self) -> Healer: ...
+
+
 class SuspectDesk:
     """Answers ReportSuspect for one daemon (see the module docstring)."""
 
-    def __init__(self, core: Core, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, core: SuspectHost, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.clock = clock
         self.gate = FetchGate(clock)
@@ -232,7 +251,7 @@ class SuspectDesk:
 
     # ---- checking --------------------------------------------------------------------------
 
-    def _recall(self, store: StoreHandle, hexd: str) -> Finding | None:
+    def _recall(self, store: ReportTarget, hexd: str) -> Finding | None:
         """The verdict of a recent check of this very tree, if it still holds."""
         with self._lock:
             memo = self._memo.get(hexd)
@@ -247,7 +266,7 @@ class SuspectDesk:
         return replace(memo.finding, remembered=True)
 
     def _check(
-        self, store: StoreHandle, hexd: str, caller: Caller, reason: str
+        self, store: ReportTarget, hexd: str, caller: Caller, reason: str
     ) -> tuple[Finding, float | None]:
         """Re-hash the tree; on confirmed damage take it out of service and start the heal."""
         row = store.catalog.tree(hexd)
@@ -303,7 +322,7 @@ class SuspectDesk:
         )
         return finding, row.created_at
 
-    def _unknown(self, store: StoreHandle, hexd: str) -> Finding:
+    def _unknown(self, store: ReportTarget, hexd: str) -> Finding:
         held = tuple(
             q.name for q in store.quarantine.entries() if q.object == "tree" and q.id == hexd
         )

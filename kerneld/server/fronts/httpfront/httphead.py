@@ -35,8 +35,8 @@ class HttpLimits:
     #: how many of them one uid's requests may hold at once (the rest of its requests wait).
     workers: int = 32
     per_uid_workers: int = 16
-    #: Fair shares (`kerneld.server.httpshare`): connections and workers kept for uids that
-    #: hold fewer than the newcomer's part, so that no two uids can take them all.
+    #: Fair shares (`kerneld.server.fronts.httpfront.httpshare`): connections and workers kept for
+    #: uids that hold fewer than the newcomer's part, so that no two uids can take them all.
     reserve_connections: int = 64
     newcomer_connections: int = 8
     reserve_workers: int = 8

@@ -23,9 +23,9 @@ from kerneld.config import Config
 from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.plans import Named
 from kerneld.pipeline.request import KernelSpec
-from kerneld.server.background import BackgroundThread
-from kerneld.server.metrics import Metrics
-from kerneld.store import DeniedError, Hold, StoreHandle
+from kerneld.server.plumbing.metrics import Metrics
+from kerneld.server.services.background import BackgroundThread
+from kerneld.store import DeniedError, Hold, ScrubTarget
 from kerneld.store.scrub import META_CURSOR, META_LAST, Damage, ScrubCancelled, ScrubReport
 
 log = logging.getLogger("kerneld.scrub")
@@ -43,7 +43,7 @@ class ScrubHost(Protocol):
     def config(self) -> Config: ...
 
     @property
-    def store(self) -> StoreHandle: ...
+    def store(self) -> ScrubTarget: ...
 
     @property
     def metrics(self) -> Metrics: ...

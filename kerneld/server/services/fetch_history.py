@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kerneld.pipeline.fetch import FetchResult
-from kerneld.server.metrics import Metrics
+from kerneld.server.plumbing.metrics import Metrics
 from kerneld.store import IntegrityError
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound
 

@@ -9,19 +9,58 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from kerneld.server.bounds import clip
-from kerneld.server.core import Core
+from kerneld.server.services.bounds import clip
 from kerneld.server.statuses import Unimplemented
-from kerneld.store import ResourceExhaustedError
+from kerneld.store import ExportSource, ImportTarget, ResourceExhaustedError
 from kerneld_client.proto import kerneld_pb2 as pb
 
 log = logging.getLogger("kerneld.admin")
 
 Work = Callable[[Callable[[object], None]], None]
+
+
+class MirrorStore(ImportTarget, ExportSource, Protocol):
+    """The store as the mirror RPCs use it: read for an export, written by an import, and a
+    scratch file in its work area for an uploaded bundle."""
+
+    def scratch_file(self, name: str) -> AbstractContextManager[Path]: ...
+
+
+class MirrorSettings(Protocol):
+    """The settings an import is checked with: its signers, and the room it leaves."""
+
+    @property
+    def trusted_keys(self) -> Mapping[str, str]: ...
+
+    @property
+    def min_free_bytes(self) -> int: ...
+
+
+class VerdictBook(Protocol):
+    """Where an import's publisher verdicts go (the daemon's publisher trust)."""
+
+    def record_imported(self, vouched: Mapping[str, str]) -> None: ...
+
+
+class MirrorHost(Protocol):
+    """What the mirror RPCs use of the daemon (the wiring's `Core` implements it)."""
+
+    @property
+    def config(self) -> MirrorSettings: ...
+
+    @property
+    def store(self) -> MirrorStore: ...
+
+    @property
+    def trust(self) -> VerdictBook: ...
+
+    def work(self) -> AbstractContextManager[None]: ...
+
 
 _KINDS = {
     "manifest": pb.MirrorEvent.MANIFEST,
@@ -59,7 +98,7 @@ _FILE_KINDS = {
 }
 
 
-def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
+def export_work(core: MirrorHost, request: pb.MirrorExportRequest) -> Work:
     """Validate the request now (errors fail the RPC before streaming) and return the job.
 
     The daemon writes nothing for an export: it streams the files (FILE/DATA/DELETE events)
@@ -113,7 +152,7 @@ def export_work(core: Core, request: pb.MirrorExportRequest) -> Work:
     return work
 
 
-def import_work(core: Core, request: pb.MirrorImportRequest) -> Work:
+def import_work(core: MirrorHost, request: pb.MirrorImportRequest) -> Work:
     try:
         from kerneld.mirror.import_ import import_mirror
     except ImportError as exc:
@@ -159,7 +198,7 @@ class UploadRefused(ValueError):
     RESOURCE_EXHAUSTED for the room (it says which)."""
 
 
-def upload_work(core: Core, messages: Iterator[pb.MirrorUpload]) -> Work:
+def upload_work(core: MirrorHost, messages: Iterator[pb.MirrorUpload]) -> Work:
     """`kerneldctl mirror import` of a bundle it sends: staged in the store's work area (its
     own file system; removed afterwards, or at the next open after a crash), then imported as
     a bundle the daemon opened itself. The first message must name it."""

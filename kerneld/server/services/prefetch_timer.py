@@ -21,7 +21,7 @@ from typing import Protocol
 from kerneld.config import Config
 from kerneld.pipeline.prefetch import Cancelled, PrefetchSummary
 from kerneld.pipeline.resolve import KernelSpec
-from kerneld.server.background import BackgroundThread
+from kerneld.server.services.background import BackgroundThread
 from kerneld.server.statuses import NotReady
 
 log = logging.getLogger("kerneld.daemon")

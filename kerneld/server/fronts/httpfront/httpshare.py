@@ -1,5 +1,5 @@
 """Fair shares of one HTTP front's connection slots and workers among the uids that use it
-(`kerneld/server/httpd.py`), and the budget of refusals it answers.
+(`kerneld/server/fronts/httpfront/httpd.py`), and the budget of refusals it answers.
 
 A fixed per-uid cap lets a few uids take everything (two members at 256 connections each
 filled the endpoint's 512; two at 16 workers each held all 32). So a uid's cap is a share of

@@ -25,15 +25,15 @@ from kerneld.config import Config
 from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.plans import Best
 from kerneld.pipeline.prefetch import ClientPlatforms
+from kerneld.pipeline.publisher_trust import PublisherTrust, UntrustedPublisher
 from kerneld.pipeline.request import FetchNotAllowed, KernelSpec, NoVariantFits, Resolution
-from kerneld.server.fetch_history import FetchHistory
-from kerneld.server.gate import DaemonGate
-from kerneld.server.identity import Caller, audit
-from kerneld.server.leases import LeaseBook
-from kerneld.server.metrics import Metrics
-from kerneld.server.publisher_trust import PublisherTrust, UntrustedPublisher
+from kerneld.server.plumbing.identity import Caller, audit
+from kerneld.server.plumbing.metrics import Metrics
+from kerneld.server.services.fetch_history import FetchHistory
+from kerneld.server.services.gate import DaemonGate
+from kerneld.server.services.leases import LeaseBook
 from kerneld.server.statuses import RateLimited
-from kerneld.store import DeniedError, Hold, IntegrityError, Lease, StoreHandle
+from kerneld.store import DeniedError, Hold, IntegrityError, Lease, ServingView
 from kerneld.upstream.errors import EntryNotFound, RepoNotFound, RevisionNotFound, UpstreamError
 from kerneld_client.variants import Decision, PlatformFacts, decide
 from kerneld_client.vocabulary import is_commit
@@ -82,7 +82,7 @@ class ServingHost(Protocol):
     def metrics(self) -> Metrics: ...
 
     @property
-    def store(self) -> StoreHandle: ...
+    def store(self) -> ServingView: ...
 
     @property
     def trust(self) -> PublisherTrust: ...
@@ -116,11 +116,11 @@ class Serving:
     def lease_ttl(self, requested_s: float) -> float:
         return min(float(requested_s) or self.core.config.lease_ttl_s, self.core.config.lease_max_s)
 
-    def _generation(self, store: StoreHandle) -> int:
+    def _generation(self, store: ServingView) -> int:
         """The store's change counter (in memory: this daemon is the store's only writer)."""
         return store.published.generation
 
-    def _fresh_until(self, store: StoreHandle, res: Resolution) -> float:
+    def _fresh_until(self, store: ServingView, res: Resolution) -> float:
         """Until when every ref in `res` (and its dependencies) is within its TTL."""
         until = float("inf")
         for r in _walk(res):

@@ -22,9 +22,9 @@ from kerneld.errors import ErrorKind
 from kerneld.pipeline.fetch_progress import FetchProgress
 from kerneld.pipeline.prefetch import parse_torch_versions
 from kerneld.pipeline.resolve import KernelSpec
-from kerneld.server import convert
-from kerneld.server.core import Core
-from kerneld.server.kernels_service import daemon_status
+from kerneld.server.fronts.rpc import convert
+from kerneld.server.fronts.rpc.hosts import AdminHost
+from kerneld.server.fronts.rpc.kernels_service import daemon_status
 from kerneld.server.statuses import Unimplemented, abort, classify, log_level, rpc_handler
 from kerneld.store import ALL
 from kerneld.store.deny_rules import (
@@ -186,7 +186,7 @@ def _stream(
 
 
 class AdminService(pb_grpc.AdminServicer):
-    def __init__(self, core: Core, *, reload: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(self, core: AdminHost, *, reload: Callable[[], tuple[bool, str]]) -> None:
         self.core = core
         self.reload = reload
         self._gc_lock = threading.Lock()
@@ -493,7 +493,7 @@ class AdminService(pb_grpc.AdminServicer):
     def MirrorExport(
         self, request: pb.MirrorExportRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.MirrorEvent]:
-        from kerneld.server import mirror_rpc
+        from kerneld.server.fronts.rpc import mirror_rpc
 
         work = mirror_rpc.export_work(self.core, request)
         for event in _stream(context, work, max_pending=mirror_rpc.MAX_PENDING_EVENTS):
@@ -504,7 +504,7 @@ class AdminService(pb_grpc.AdminServicer):
     def MirrorImport(
         self, request: pb.MirrorImportRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.MirrorEvent]:
-        from kerneld.server import mirror_rpc
+        from kerneld.server.fronts.rpc import mirror_rpc
 
         work = mirror_rpc.import_work(self.core, request)
         for event in _stream(context, work):
@@ -515,7 +515,7 @@ class AdminService(pb_grpc.AdminServicer):
     def MirrorImportUpload(
         self, request: Iterator[pb.MirrorUpload], context: grpc.ServicerContext
     ) -> Iterator[pb.MirrorEvent]:
-        from kerneld.server import mirror_rpc
+        from kerneld.server.fronts.rpc import mirror_rpc
 
         work = mirror_rpc.upload_work(self.core, request)
         for event in _stream(context, work):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneld.config.environment import take_listen_variables
-from kerneld.server.sockets import SocketSetupError
+from kerneld.server.plumbing.sockets import SocketSetupError
 
 #: sd_listen_fds(3): the first passed descriptor.
 SD_LISTEN_FDS_START = 3

@@ -8,8 +8,8 @@ Errors carry the Hub's `X-Error-Code` where the Hub has one (RepoNotFound, Revis
 EntryNotFound), so `huggingface_hub` raises the same exception types; the daemon's own refusals
 (a denied kernel, an untrusted publisher, a fetch the policy forbids) are 403s whose message
 says what to do. Every connection is checked against the user socket's permissions when it is
-accepted, before a byte of it is read (`peers.py`, `kerneld/server/httpd.py`): a refused one
-gets a 403 that says why, and is closed.
+accepted, before a byte of it is read (`peers.py`, `kerneld/server/fronts/httpfront/httpd.py`): a
+refused one gets a 403 that says why, and is closed.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from kerneld.config import SocketConfig
 from kerneld.errors import ErrorKind
-from kerneld.server.activation import Inherited
-from kerneld.server.httpexchange import Exchange
-from kerneld.server.httplisteners import HttpListeners
-from kerneld.server.hubapi.view import HubFile, HubHost, HubView, git_blob_id
-from kerneld.server.identity import Caller
-from kerneld.server.peers import admit, identify_peer
-from kerneld.server.publisher_trust import PublisherUnknown
+from kerneld.pipeline.publisher_trust import PublisherUnknown
+from kerneld.server.fronts.httpfront.httpexchange import Exchange
+from kerneld.server.fronts.httpfront.httplisteners import HttpListeners
+from kerneld.server.fronts.hubapi.view import HubFile, HubHost, HubView, git_blob_id
+from kerneld.server.plumbing.activation import Inherited
+from kerneld.server.plumbing.identity import Caller
+from kerneld.server.plumbing.peers import admit, identify_peer
 from kerneld.server.statuses import STATUSES, classify
 from kerneld.upstream.base import check_repo_id
 from kerneld_client.proto import kerneld_pb2 as pb
@@ -118,9 +118,10 @@ def _listing(files: list[HubFile], path: str, recursive: bool) -> list[dict[str,
 
 
 class HubApiEndpoint:
-    """The endpoint's handler for the HTTP front (`kerneld.server.httpexchange.HttpHandler`):
-    each request is answered by its own `HubApiHandler`. Methods the Hub API does not know get
-    the front's 501; PUT, DELETE, PATCH and OPTIONS the Hub's 405."""
+    """The endpoint's handler for the HTTP front
+    (`kerneld.server.fronts.httpfront.httpexchange.HttpHandler`): each request is answered by its
+    own `HubApiHandler`. Methods the Hub API does not know get the front's 501; PUT, DELETE, PATCH
+    and OPTIONS the Hub's 405."""
 
     methods = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
@@ -555,9 +556,9 @@ class HubApiServer:
         refused: Sequence[tuple[Inherited, str]] = (),
     ) -> None:
         """`inherited`: the Hub API sockets systemd passed (kerneld.socket), served instead of
-        binding `listen` and `socket_path` (`kerneld.server.activation.hub_api_sockets`);
+        binding `listen` and `socket_path` (`kerneld.server.plumbing.activation.hub_api_sockets`);
         `refused`: passed ones held but answered with a 503 saying why
-        (`kerneld.server.exposure`)."""
+        (`kerneld.server.plumbing.exposure`)."""
         user = core.config.user_socket
         handler = HubApiEndpoint(HubView(core))
 

@@ -12,10 +12,10 @@ and mode, as the kernel would check a connect to it:
   are not visible over TCP).
 
 The check runs when the connection is accepted, before a byte of it is read (`identify_peer`,
-called by `kerneld/server/httpd.py`). A TCP answer counts only for the exact 4-tuple, in the
-established state, with a socket inode: a client that sent its request and closed at once has
-left an orphan or time-wait socket, which the kernel reports as uid 0 without an inode (and a
-client that half-closed is no longer established). A connection whose uid cannot be found that
+called by `kerneld/server/fronts/httpfront/httpd.py`). A TCP answer counts only for the exact
+4-tuple, in the established state, with a socket inode: a client that sent its request and closed at
+once has left an orphan or time-wait socket, which the kernel reports as uid 0 without an inode (and
+a client that half-closed is no longer established). A connection whose uid cannot be found that
 way (another network namespace's socket table, a client gone) is refused, not admitted.
 """
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kerneld.server.identity import Caller, peer_credentials
+from kerneld.server.plumbing.identity import Caller, peer_credentials
 
 _TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 

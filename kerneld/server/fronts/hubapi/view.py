@@ -10,8 +10,8 @@ the store: a file of a variant that is not here makes the daemon fetch the whole
 however many processes ask.
 
 Every decision is the acquire path's (`kerneld.pipeline.acquire`, with the daemon's gate in
-`kerneld.server.gate`), as for a Resolve: field bounds, denies, publisher trust (once the repo is
-known to exist), the provenance gate
+`kerneld.server.services.gate`), as for a Resolve: field bounds, denies, publisher trust (once the
+repo is known to exist), the provenance gate
 (`signed`: under `[provenance] policy = "require"` a commit with a variant the store would refuse is
 refused whole, on every route that answers about its tree), the fetch gate with its per-uid budget
 and audit line, and the one single-flight fetcher. Refs and revisions go through the acquire path
@@ -38,9 +38,9 @@ from kerneld.config import Config
 from kerneld.pipeline.acquire import Acquire
 from kerneld.pipeline.plans import Named
 from kerneld.pipeline.resolve import LISTING_RETRY_S, FetchNotAllowed, KernelSpec
-from kerneld.server.gate import DaemonGate
-from kerneld.server.identity import Caller
-from kerneld.server.metrics import Metrics
+from kerneld.server.plumbing.identity import Caller
+from kerneld.server.plumbing.metrics import Metrics
+from kerneld.server.services.gate import DaemonGate
 from kerneld.server.statuses import RateLimited
 from kerneld.store import (
     Catalog,
