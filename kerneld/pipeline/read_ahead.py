@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import cast
 
-#: Chunks held between the reader and the consumer (the HTTP upstream's are 1 MiB).
-DEPTH = 8
+#: Chunks held between the reader and the consumer (the HTTP upstream's are 1 MiB): enough to
+#: ride out the consumer's pauses (the store's periodic fdatasync), small against a variant's
+#: files downloading side by side.
+DEPTH = 4
 
 
 @dataclass(frozen=True)
