@@ -120,7 +120,7 @@ def warm_turn(repo_id: object, version: object, revision: object) -> Iterator[bo
         yield True
         return
     assert isinstance(repo_id, str)
-    request = KernelRequest(repo_id, version=version, revision=revision)  # type: ignore[arg-type]
+    request = KernelRequest(repo_id, version=version, revision=revision)
     with turn(default_socket(), request, _config.fetch_timeout_s()) as ask:
         yield ask
 
