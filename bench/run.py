@@ -21,8 +21,9 @@ against it:
    (bench/s7_hosts.py);
 plus the layer benchmark (bench/layers_bench.py: kernelized vs PyTorch layers).
 
-The defaults (the issue's sizes; 3 GC runs per index size) are estimated at 11-13 minutes on a
-quiet 2-core machine, most of it the N=32/64 cold starts and the 100,000-tree index; `--quick`
+The defaults (the issue's sizes; 3 GC runs per index size) are estimated at 13-15 minutes on a
+quiet 2-core machine (scenario 9 about 2 of them), most of it the N=32/64 cold starts and the
+100,000-tree index; `--quick`
 is a smoke test of the whole pipeline (N up to 4, 2 runs, small sizes: 2-3 minutes when quiet).
 Every size has its own flag (`--help`). Writes RESULTS.md and its PNG plots next to it.
 """
