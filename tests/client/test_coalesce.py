@@ -116,21 +116,11 @@ def test_turn_waits_for_the_holder_then_lets_the_index_answer(tmp_path: Path) ->
     sock = tmp_path / "kerneld.sock"
     with _coalesce.turn(sock, req, 5.0) as first:
         assert first  # nobody else: this process asks
-        with _coalesce.turn(sock, req, 0.3) as nested:
-            assert nested  # the same thread's turn inside its own (the staged loader's): ours
         started = time.monotonic()
-        seen: list[bool] = []
-
-        def other_thread() -> None:
-            with _coalesce.turn(sock, req, 0.3) as second:
-                seen.append(second)
-
-        # Another thread waits like another process would (flock is per open file), until
-        # its deadline: the first still holds the lock.
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join()
-        assert seen == [False]
+        with _coalesce.turn(sock, req, 0.3) as second:
+            # flock is per open file: the second open in this process waits like another
+            # process would, until its deadline (the first still holds the lock).
+            assert not second
         assert time.monotonic() - started >= 0.3
     with _coalesce.turn(sock, req, 5.0) as again:
         assert again  # released with the first
@@ -198,3 +188,40 @@ def test_a_dead_holder_frees_the_turn(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def _other_thread_turn(sock: Path, req: KernelRequest, deadline_s: float) -> bool:
+    seen: list[bool] = []
+
+    def run() -> None:
+        with _coalesce.turn(sock, req, deadline_s) as ask:
+            seen.append(ask)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def test_the_warm_paths_turn_is_handed_to_the_staged_loaders_and_ends_with_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm path's miss takes the turn (so waiters never import the staged loader); the
+    staged loader's turn in the same thread is that one, and the lock goes when the daemon has
+    answered, not when the whole load (a fallback, say) is over."""
+    sock = tmp_path / "kerneld.sock"
+    sock.touch()  # a socket path that exists (nothing here connects to it)
+    monkeypatch.setenv("KERNELD_SOCKET", str(sock))
+    req = KernelRequest("org/k", version=1)
+    with _coalesce.warm_turn("org/k", 1, None) as first:
+        assert first  # nobody else: this thread asks
+        assert not _other_thread_turn(sock, req, 0.2)  # another thread waits, as a process would
+        with _coalesce.turn(sock, req, 5.0) as staged:
+            assert staged  # handed over: no second lock, no wait
+            assert not _other_thread_turn(sock, req, 0.1)
+        assert _other_thread_turn(sock, req, 0.1)  # released with the daemon's answer
+    with _coalesce.warm_turn("org/k", 1, None) as again:
+        assert again
+    assert _other_thread_turn(sock, req, 0.1)  # a warm turn the staged loader never used ends
+    with _coalesce.warm_turn("org/k", None, None) as invalid:
+        assert invalid  # a request it cannot name: the staged loader says what is wrong
