@@ -14,13 +14,16 @@ against it:
 2. cold start of N ranks at once, and under a Hub rate limit (bench/s2_cold.py);
 3. Resolve RPC vs a bare grpcio echo (bench/s3_rpc.py);
 4. ingest of a 1 GiB variant, 5. footprint (bench/s4_ingest.py);
+9. ingest of a 512 MiB variant from the site cache (nginx) at the machine's limit
+   (bench/s9_site_ingest.py);
 6. Resolve and GC vs the number of trees in the index (bench/s6_index.py);
 7. H hosts cold-starting at once, direct, through the site cache, from a static mirror
    (bench/s7_hosts.py);
 plus the layer benchmark (bench/layers_bench.py: kernelized vs PyTorch layers).
 
-The defaults (the issue's sizes; 3 GC runs per index size) are estimated at 11-13 minutes on a
-quiet 2-core machine, most of it the N=32/64 cold starts and the 100,000-tree index; `--quick`
+The defaults (the issue's sizes; 3 GC runs per index size) are estimated at 13-15 minutes on a
+quiet 2-core machine (scenario 9 about 2 of them), most of it the N=32/64 cold starts and the
+100,000-tree index; `--quick`
 is a smoke test of the whole pipeline (N up to 4, 2 runs, small sizes: 2-3 minutes when quiet).
 Every size has its own flag (`--help`). Writes RESULTS.md and its PNG plots next to it.
 """
@@ -67,6 +70,8 @@ FULL: dict[str, object] = {
     "rpc_per_client": 100,
     "ingest_mib": 1024,
     "ingest_runs": 5,
+    "site_mib": "128,512",
+    "site_runs": 3,
     "revision_mib": 100,
     "trees": "100,10000,100000",
     "index_runs": 5,
@@ -90,6 +95,8 @@ QUICK: dict[str, object] = {
     "rpc_per_client": 50,
     "ingest_mib": 64,
     "ingest_runs": 2,
+    "site_mib": "16,64",
+    "site_runs": 2,
     "revision_mib": 10,
     "trees": "100,1000",
     "index_runs": 2,
@@ -98,7 +105,7 @@ QUICK: dict[str, object] = {
     "layers_steps": 5,
     "hosts": "1,2",
 }
-SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "layers")
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "layers")
 HELP = {
     "ranks": "scenario 2: comma-separated N",
     "runs": "scenario 2: runs per N",
@@ -114,6 +121,8 @@ HELP = {
     "rpc_per_client": "scenario 3: calls per client per concurrent run",
     "ingest_mib": "scenario 4: variant size",
     "ingest_runs": "scenario 4: runs",
+    "site_mib": "scenario 9: comma-separated variant sizes from the site cache (largest: goal)",
+    "site_runs": "scenario 9: runs per size",
     "revision_mib": "scenario 5: size of each of the five revisions",
     "trees": "scenario 6: comma-separated index sizes",
     "index_runs": "scenario 6: Resolve rounds per size",
@@ -154,6 +163,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.ranks = sorted(int(x) for x in str(args.ranks).split(","))
     args.trees = sorted(int(x) for x in str(args.trees).split(","))
     args.hosts = sorted(int(x) for x in str(args.hosts).split(","))
+    args.site_mib = sorted(int(x) for x in str(args.site_mib).split(","))
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(args.only) - set(SCENARIOS)
     if unknown:
@@ -192,7 +202,16 @@ def layers(ctx: Ctx) -> Section:
 
 
 def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
-    from bench import s1_warm, s2_cold, s3_rpc, s4_ingest, s6_index, s7_hosts, s8_endpoint
+    from bench import (
+        s1_warm,
+        s2_cold,
+        s3_rpc,
+        s4_ingest,
+        s6_index,
+        s7_hosts,
+        s8_endpoint,
+        s9_site_ingest,
+    )
 
     steps: list[tuple[str, Callable[[Ctx], Section]]] = [
         ("s1", s1_warm.run),
@@ -202,6 +221,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[Section], float]:
         ("s6", s6_index.run),
         ("s7", s7_hosts.run),
         ("s8", s8_endpoint.run),
+        ("s9", s9_site_ingest.run),
         ("s5", s4_ingest.run_footprint),  # last: it reports figures of s1, s3 and s6 too
         ("layers", layers),
     ]

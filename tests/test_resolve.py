@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from kerneld.pipeline.resolve import (
     NoVariantFits,
     Resolver,
 )
-from kerneld.store import DeniedError, IntegrityError, Store
+from kerneld.store import DeniedError, IntegrityError, SizeMismatchError, Store
 from kerneld.upstream.errors import RevisionNotFound, UpstreamProtocolError, UpstreamUnavailable
 from kerneld.upstream.hub import HubUpstream
 from kerneld.upstream.retry import RetryPolicy
@@ -186,25 +187,40 @@ def test_a_malformed_answer_once_is_asked_again(store, hub, hub_server, syntheti
     assert res.commit == synthetic_hub.commits["v1"] and not res.stale
 
 
+#: Both ways a file's bytes reach the store: straight from the upstream (small files) and read
+#: ahead in a thread (large ones; here every file, threshold 0): the same checks either way.
+READ_AHEAD = pytest.mark.parametrize("read_ahead", [False, True], ids=["inline", "read-ahead"])
+
+
+def _resolver(store, hub, read_ahead: bool) -> Resolver:
+    fetcher = Fetcher(store, [hub], read_ahead_min_size=0) if read_ahead else None
+    return Resolver(store, [hub], fetch=fetcher)
+
+
+@READ_AHEAD
 @pytest.mark.parametrize("kind", ["error", "rate_limit", "reset", "truncate"])
-def test_transient_download_faults_are_retried(store, hub, hub_server, synthetic_hub, kind):
+def test_transient_download_faults_are_retried(
+    store, hub, hub_server, synthetic_hub, kind, read_ahead
+):
     fault = hub_server.inject(Fault("*/resolve/*/data.bin", kind, times=1, retry_after=0))
-    res = Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+    res = _resolver(store, hub, read_ahead).resolve(KernelSpec(REPO, version=1), CPU)
     assert fault.fired == 1
     assert _tree_files(res.hit.path) == _expected(synthetic_hub, "v1")
 
 
-def test_corruption_once_is_retried(store, hub, hub_server, synthetic_hub) -> None:
+@READ_AHEAD
+def test_corruption_once_is_retried(store, hub, hub_server, synthetic_hub, read_ahead) -> None:
     hub_server.inject(Fault("*/resolve/*/data.bin", "corrupt", times=1))
-    res = Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+    res = _resolver(store, hub, read_ahead).resolve(KernelSpec(REPO, version=1), CPU)
     assert _tree_files(res.hit.path) == _expected(synthetic_hub, "v1")
 
 
+@READ_AHEAD
 @pytest.mark.parametrize("path", ["data.bin", "_ops.py"])  # LFS sha256 and git sha1 checks
-def test_persistent_corruption_never_reaches_a_tree(store, hub, hub_server, path) -> None:
+def test_persistent_corruption_never_reaches_a_tree(store, hub, hub_server, path, read_ahead):
     hub_server.inject(Fault(f"*/resolve/*/{path}", "corrupt"))
     with pytest.raises(IntegrityError):
-        Resolver(store, [hub]).resolve(KernelSpec(REPO, version=1), CPU)
+        _resolver(store, hub, read_ahead).resolve(KernelSpec(REPO, version=1), CPU)
     assert store.index.trees("live") == []
     assert store.repair.verify().clean
 
@@ -408,4 +424,46 @@ def test_a_failed_file_fails_the_variant_and_publishes_nothing(store, mirror) ->
         Fetcher(store, [up], parallel_files=4, attempts_per_file=1).fetch_variant(
             ACT, C1, variant_name
         )
+    assert store.catalog.lookup(ACT, C1, variant_name) is None
+
+
+class _Overlong(MirrorDirUpstream):
+    """Sends a file's bytes and then more without end, past the size it listed (a broken or
+    hostile server); records each stream it closed."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, policy=FAST)
+        self.opened: list[str] = []
+        self.closed: list[str] = []
+
+    @contextmanager
+    def _endless(self, repo_id, commit, variant, file, offset):
+        self.opened.append(file.path)
+        try:
+            with super().open_file(repo_id, commit, variant, file, offset=offset) as chunks:
+
+                def more():
+                    yield from chunks
+                    while True:
+                        yield b"x" * 65536
+
+                yield more()
+        finally:
+            self.closed.append(file.path)
+
+    def open_file(self, repo_id, commit, variant, file, *, offset=0):
+        return self._endless(repo_id, commit, variant, file, offset)
+
+
+def test_a_body_past_its_size_stops_the_read_ahead_and_publishes_nothing(store, mirror) -> None:
+    """The size cap holds with the reader in its own thread: the consumer refuses the byte past
+    the listed size, and the reader, which would read forever, is stopped and its stream
+    closed before the fetch returns."""
+    variant_name = "torch213-cxx11-cpu-x86_64-linux"
+    up = _Overlong(mirror)
+    fetcher = Fetcher(store, [up], read_ahead_min_size=0, attempts_per_file=2, parallel_files=1)
+    with pytest.raises(SizeMismatchError):
+        fetcher.fetch_variant(ACT, C1, variant_name)
+    assert up.opened and sorted(up.closed) == sorted(up.opened)
+    assert not [t for t in threading.enumerate() if t.name == "kerneld-fetch-read"]
     assert store.catalog.lookup(ACT, C1, variant_name) is None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +30,18 @@ from pathlib import Path
 from kerneld_client import _config
 from kerneld_client._types import KernelRequest
 from kerneld_client.file_locks import release_flock, try_flock
-from kerneld_client.locations import private_dir, private_tmp_dir, runtime_dir
+from kerneld_client.locations import default_socket, private_dir, private_tmp_dir, runtime_dir
+from kerneld_client.vocabulary import is_repo_id
 
 #: `0`/`off`/`no`/`false` disables coalescing of cold resolves between processes.
 _FIRST_POLL_S = 0.002
 _MAX_POLL_S = 0.025
+
+
+#: (key, thread) -> the lock file of a turn the warm path's miss took in that thread, handed to
+#: the staged loader's turn for the same request in the same thread (another thread waits as
+#: another process would).
+_HELD: dict[tuple[str, int], int] = {}
 
 
 def _lock_dir() -> Path | None:
@@ -55,13 +63,26 @@ def _key(socket: Path, req: KernelRequest) -> str:
 
 
 @contextlib.contextmanager
-def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
+def turn(
+    socket: Path, req: KernelRequest, deadline_s: float, *, hand_over: bool = False
+) -> Iterator[bool]:
     """Yield True when this process should ask the daemon (holding the lock meanwhile), False
     when another process just did and the index should be read first.
 
     Waits at most `deadline_s` for the other process; never raises for lock trouble (it
-    yields True: asking is always correct, only slower).
+    yields True: asking is always correct, only slower). With `hand_over` a lock taken is left
+    to the same thread's next `turn` for the request, which releases it when the daemon has
+    answered (`warm_turn`).
     """
+    key = _key(socket, req)
+    mine = (key, threading.get_ident())
+    handed = _HELD.pop(mine, None)
+    if handed is not None:  # this thread took the turn in the warm path's miss: ask now
+        try:
+            yield True
+        finally:
+            os.close(handed)  # releases the lock
+        return
     if not _config.coalescing():
         yield True
         return
@@ -70,9 +91,7 @@ def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
         yield True
         return
     try:
-        fd = os.open(
-            folder / f"{_key(socket, req)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         yield True
         return
@@ -86,9 +105,44 @@ def turn(socket: Path, req: KernelRequest, deadline_s: float) -> Iterator[bool]:
             _wait_free(fd, deadline_s)
             yield False
             return
+        if hand_over:
+            _HELD[mine], fd = fd, -1
         yield True  # the lock is held until the daemon has answered
     finally:
-        os.close(fd)  # releases the lock, if held
+        if fd >= 0:
+            os.close(fd)  # releases the lock, if held
+
+
+@contextlib.contextmanager
+def warm_turn(repo_id: object, version: object, revision: object) -> Iterator[bool]:
+    """`turn` for the warm path's miss, taken there rather than in the staged loader, so the
+    waiting ranks never import that loader: at N = 64 on 2 cores those imports (~30 ms of CPU
+    each) were most of what a cold start cost over a warm one. The lock is held, as before,
+    only until the daemon has answered (the staged loader's own turn releases it), or until
+    the staged loader returned without asking. A request the warm path cannot name, or a host
+    without the daemon's socket, yields True at once: nothing to wait for."""
+    if (
+        not is_repo_id(repo_id)
+        or (version is None) == (revision is None)
+        or (version is not None and (type(version) is not int or version < 0))
+        or (revision is not None and type(revision) is not str)
+    ):
+        yield True
+        return
+    assert isinstance(repo_id, str)
+    socket = default_socket()
+    if not os.path.exists(socket):
+        yield True
+        return
+    request = KernelRequest(repo_id, version=version, revision=revision)
+    mine = (_key(socket, request), threading.get_ident())
+    with turn(socket, request, _config.fetch_timeout_s(), hand_over=True) as ask:
+        try:
+            yield ask
+        finally:
+            left = _HELD.pop(mine, None)
+            if left is not None:  # the staged loader did not ask the daemon
+                os.close(left)
 
 
 def _wait_free(fd: int, deadline_s: float) -> None:

@@ -208,14 +208,23 @@ def get_kernel(
         "user_agent": user_agent,
     }
     module = None
+    warm = backend is None and (policy is None or type(policy) is str)
+    hit = (repo_id, version, revision, policy, check_arch, trust_remote_code)
     try:
-        if backend is None and (policy is None or type(policy) is str):
-            module = warm_hit(repo_id, version, revision, policy, check_arch, trust_remote_code)
+        if warm:
+            module = warm_hit(*hit)
     except _ImportFailed as exc:
         return _staged().failed_import(str(exc), exc.__cause__, repo_id, **asked)
-    if module is not None:
-        return module
-    return _staged().staged_get_kernel(repo_id, **asked)
+    if module is not None or not warm:
+        return module if module is not None else _staged().staged_get_kernel(repo_id, **asked)
+    from kerneld_client import _coalesce  # a miss: one rank asks, the others wait (issue 56)
+
+    with _coalesce.warm_turn(repo_id, version, revision) as ask:
+        try:  # a waiter: the process that asked has published its answer
+            module = None if ask else warm_hit(*hit)
+        except _ImportFailed as exc:
+            return _staged().failed_import(str(exc), exc.__cause__, repo_id, **asked)
+        return module if module is not None else _staged().staged_get_kernel(repo_id, **asked)
 
 
 def _staged() -> Any:

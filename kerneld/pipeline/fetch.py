@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from kerneld.pipeline.fetch_progress import FetchProgress, FetchProgressFn
+from kerneld.pipeline.read_ahead import ReadAhead
 from kerneld.store import (
     BlobInfo,
     Expected,
@@ -49,6 +51,8 @@ log = logging.getLogger("kerneld.fetch")
 #: Files of one variant downloaded at once: a variant is a handful of files, so on a link with
 #: real round trips the wait is one file's, not the sum (huggingface_hub's snapshot uses 8).
 PARALLEL_FILES = 8
+#: Files at least this large are read ahead in a thread (`kerneld.pipeline.read_ahead`).
+READ_AHEAD_MIN_SIZE = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,13 @@ class Fetcher:
         *,
         attempts_per_file: int = 3,
         parallel_files: int = PARALLEL_FILES,
+        read_ahead_min_size: int = READ_AHEAD_MIN_SIZE,
     ) -> None:
         self.store = store
         self.upstreams = list(upstreams)
         self.attempts_per_file = attempts_per_file
         self.parallel_files = parallel_files
+        self.read_ahead_min_size = read_ahead_min_size
         self._variants: SingleFlight[tuple[str, str, str], FetchResult] = SingleFlight()
         self._blobs: SingleFlight[tuple[str, str], tuple[BlobInfo, int]] = SingleFlight()
 
@@ -268,7 +274,7 @@ class Fetcher:
             with writer:
                 start = writer.offset
                 try:
-                    with upstream.open_file(repo_id, commit, variant, f, offset=start) as chunks:
+                    with self._stream(upstream, repo_id, commit, variant, f, start) as chunks:
                         for chunk in chunks:
                             writer.write(chunk)
                     info = writer.commit()
@@ -300,6 +306,25 @@ class Fetcher:
             upstream=upstream.name,
             repo_id=repo_id,
             revision=commit,
+        )
+
+    def _stream(
+        self,
+        upstream: Upstream,
+        repo_id: str,
+        commit: str,
+        variant: str,
+        f: RemoteFile,
+        offset: int,
+    ) -> AbstractContextManager[Iterable[bytes]]:
+        """The file's bytes from `offset`: a large file's read ahead in a thread of its own, so
+        the download overlaps the store's hashing and writing; a small one's (most of a cold
+        start's) straight from the upstream, with no thread to start."""
+        if f.size - offset < self.read_ahead_min_size:
+            return upstream.open_file(repo_id, commit, variant, f, offset=offset)
+        return ReadAhead(
+            lambda: upstream.open_file(repo_id, commit, variant, f, offset=offset),
+            name="kerneld-fetch-read",
         )
 
 

@@ -28,6 +28,8 @@ http {{
     scgi_temp_path {run}/scgi;
     types {{ application/json json; }}
     default_type application/octet-stream;
+    # As the distribution's nginx.conf has it (the site-cache template goes in its conf.d/).
+    sendfile on;
     {servers}
 }}
 """
