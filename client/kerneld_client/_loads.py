@@ -57,12 +57,38 @@ MISSING: Final = _Missing()
 # --- the registry of loads, shared with the staged loader ----------------------------------
 
 
+class _KernelsDataclassFields:
+    """`LoadedKernel.__dataclass_fields__`: what `dataclasses.fields`, `is_dataclass` and
+    `asdict` read, so they see `kernels`' dataclass fields (metadata, module, repo_info) as on
+    `kernels`' own LoadedKernel. Built from a real dataclass on first use, so `dataclasses` is
+    not imported on the warm path."""
+
+    _fields: dict[str, Any] | None = None
+
+    def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
+        fields = _KernelsDataclassFields._fields
+        if fields is None:
+            import dataclasses
+
+            shadow = dataclasses.make_dataclass(
+                "LoadedKernel",
+                [("metadata", "Metadata"), ("module", "ModuleType"), ("repo_info", "RepoInfo")],
+                frozen=True,
+            )
+            fields = _KernelsDataclassFields._fields = dict(shadow.__dataclass_fields__)
+        return fields
+
+
 class LoadedKernel:
     """One kernel variant loaded into this process, and where it came from.
 
     `source` is `index` (warm path), `daemon` (RPC path), `hub` (the hub fallback) or `local`.
-    (A plain slotted class: a frozen dataclass would cost a millisecond at import.)
+    (A plain slotted class: a frozen dataclass would cost a millisecond at import. To
+    `dataclasses` it presents `kernels`' three fields; `dataclasses.replace` is refused, as
+    only the loader makes one.)
     """
+
+    __dataclass_fields__ = _KernelsDataclassFields()
 
     __slots__ = (
         "_meta",
