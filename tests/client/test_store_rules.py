@@ -533,7 +533,6 @@ def test_kernel_depends_are_imported_first(env: Path) -> None:
     assert order == [dep_repo, main_repo]
 
 
-
 def test_check_arch_applies_to_a_build_already_imported(env: Path, tmp_path: Path) -> None:
     """A build this process imported with check_arch=False is not handed to a later call that
     checks: the device check runs on every call, as in `kernels` (its arch check comes before
