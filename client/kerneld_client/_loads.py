@@ -75,7 +75,7 @@ class _KernelsDataclassFields:
                 [("metadata", "Metadata"), ("module", "ModuleType"), ("repo_info", "RepoInfo")],
                 frozen=True,
             )
-            fields = _KernelsDataclassFields._fields = dict(shadow.__dataclass_fields__)
+            fields = _KernelsDataclassFields._fields = dict(vars(shadow)["__dataclass_fields__"])
         return fields
 
 
