@@ -57,38 +57,23 @@ MISSING: Final = _Missing()
 # --- the registry of loads, shared with the staged loader ----------------------------------
 
 
-class _KernelsDataclassFields:
-    """`LoadedKernel.__dataclass_fields__`: what `dataclasses.fields`, `is_dataclass` and
-    `asdict` read, so they see `kernels`' dataclass fields (metadata, module, repo_info) as on
-    `kernels`' own LoadedKernel. Built from a real dataclass on first use, so `dataclasses` is
-    not imported on the warm path."""
-
-    _fields: dict[str, Any] | None = None
+class _KernelsFields:
+    """`dataclasses` sees `kernels`' fields of LoadedKernel (built on use, off the warm path)."""
 
     def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
-        fields = _KernelsDataclassFields._fields
-        if fields is None:
-            import dataclasses
+        from kerneld_client.repo_info import loaded_kernel_fields
 
-            shadow = dataclasses.make_dataclass(
-                "LoadedKernel",
-                [("metadata", "Metadata"), ("module", "ModuleType"), ("repo_info", "RepoInfo")],
-                frozen=True,
-            )
-            fields = _KernelsDataclassFields._fields = dict(vars(shadow)["__dataclass_fields__"])
-        return fields
+        return loaded_kernel_fields()
 
 
 class LoadedKernel:
     """One kernel variant loaded into this process, and where it came from.
 
     `source` is `index` (warm path), `daemon` (RPC path), `hub` (the hub fallback) or `local`.
-    (A plain slotted class: a frozen dataclass would cost a millisecond at import. To
-    `dataclasses` it presents `kernels`' three fields; `dataclasses.replace` is refused, as
-    only the loader makes one.)
+    (A plain slotted class: a frozen dataclass would cost a millisecond at import.)
     """
 
-    __dataclass_fields__ = _KernelsDataclassFields()
+    __dataclass_fields__ = _KernelsFields()
 
     __slots__ = (
         "_meta",

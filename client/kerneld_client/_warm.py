@@ -301,12 +301,8 @@ def _load(repo: str, ref: str, check_arch: bool, trust_remote_code: bool) -> Loa
     )
     real = f"{root}/{variant['tree']}"
     existing = registered(real)
-    if existing is not None:
-        # Imported already, maybe by a call with check_arch=False: this call's device check
-        # still applies (a refusal is the staged loader's to raise).
-        if check_arch and not _device_ok(existing.metadata, plat):
-            return None
-        return existing
+    if existing is not None and (not check_arch or _device_ok(existing.metadata, plat)):
+        return existing  # else _import refuses it: a check_arch=False call imported it
     taken = hold(real, f"{root}/{variant['lock']}", real)
     try:
         check_tree(root, real, owner)
