@@ -476,8 +476,6 @@ def resolve(
     except _FetchNeeded:
         if not allow_fetch:
             raise KernelNotFound(
-                # "local snapshot": the words `kernels` uses for this case (a job's code
-                # written for it may look for them).
                 "no local snapshot in this host's kerneld store, and this call may not download",
                 repo_id=req.repo_id,
                 revision=req.ref,
