@@ -57,13 +57,16 @@ MISSING: Final = _Missing()
 # --- the registry of loads, shared with the staged loader ----------------------------------
 
 
-class _KernelsFields:
-    """`dataclasses` sees `kernels`' fields of LoadedKernel (built on use, off the warm path)."""
+class _KernelsDataclass:
+    """What `dataclasses` reads on LoadedKernel: `kernels`' (built on use, off the warm path)."""
 
-    def __get__(self, obj: object, owner: type | None = None) -> dict[str, Any]:
-        from kerneld_client.repo_info import loaded_kernel_fields
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
 
-        return loaded_kernel_fields()
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        from kerneld_client.repo_info import kernels_loaded_kernel
+
+        return getattr(kernels_loaded_kernel(), self.name)
 
 
 class LoadedKernel:
@@ -73,7 +76,8 @@ class LoadedKernel:
     (A plain slotted class: a frozen dataclass would cost a millisecond at import.)
     """
 
-    __dataclass_fields__ = _KernelsFields()
+    __dataclass_fields__ = _KernelsDataclass()
+    __dataclass_params__ = _KernelsDataclass()
 
     __slots__ = (
         "_meta",

@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["RepoInfo", "loaded_kernel_fields"]
+__all__ = ["RepoInfo", "kernels_loaded_kernel"]
 
 
 @dataclass(frozen=True)
@@ -26,10 +25,10 @@ class RepoInfo:
 
 
 @functools.cache
-def loaded_kernel_fields() -> dict[str, Any]:
-    """`LoadedKernel.__dataclass_fields__`: `kernels`' fields in its order (metadata, module,
-    repo_info), so `dataclasses.fields`, `is_dataclass` and `asdict` read a LoadedKernel as
-    they read `kernels`' (`dataclasses.replace` fails: only the loader makes one)."""
+def kernels_loaded_kernel() -> type:
+    """A dataclass of `kernels`' LoadedKernel fields in its order (metadata, module, repo_info),
+    frozen as its is: kerneld's LoadedKernel answers `dataclasses` with its fields and params,
+    so `fields`, `is_dataclass` and `asdict` read one as they read `kernels`'
+    (`dataclasses.replace` fails: only the loader makes one)."""
     names = [("metadata", "Metadata"), ("module", "ModuleType"), ("repo_info", "RepoInfo")]
-    shadow = dataclasses.make_dataclass("LoadedKernel", names, frozen=True)
-    return dict(vars(shadow)["__dataclass_fields__"])
+    return dataclasses.make_dataclass("LoadedKernel", names, frozen=True)
