@@ -75,9 +75,11 @@ CHAOS_ARGS ?=
 chaos: bootstrap
 	$(PY) -m chaos --duration $(DURATION) --clients $(CLIENTS) $(CHAOS_ARGS)
 
-# The CUDA example kernel (issue 44), opt-in: downloads the CUDA 13.0 toolkit wheels (about
-# 100 MiB, cached in .cache/cuda-wheels/), builds activation-cuda for sm_80/sm_90 with nvcc,
-# checks its archs, and runs its tests and scripts/gpu-check --dry-run. `make test` never does.
+# The CUDA example kernels (issues 44, 53), opt-in: downloads the CUDA 13.0 toolkit wheels
+# (about 100 MiB, cached in .cache/cuda-wheels/), builds activation-cuda and attention-cuda (the
+# attention example's GPU build) for sm_80/sm_90 with nvcc, checks their archs, and runs their
+# tests (check_arch against the real archs included) and scripts/gpu-check --dry-run.
+# `make test` never does.
 .PHONY: cuda-examples
 cuda-examples: bootstrap
 	$(PY) -m examples.kernels.cuda.build --mirror .cache/cuda-mirror

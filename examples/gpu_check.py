@@ -1,10 +1,12 @@
-"""scripts/gpu-check: the CUDA example, end to end, on a GPU host, in one command.
+"""scripts/gpu-check: the CUDA examples, end to end, on a GPU host, in one command.
 
-Builds activation-cuda (examples/kernels/cuda/build.py: nvcc from the toolkit wheels), checks
-the archs in each `.so` against its metadata, writes a mirror directory, starts a real
-`kerneld --user` on it, and runs fresh job processes (examples/gpu_probe.py) against it: the
-variant kerneld chooses and its import; on a GPU the ops against PyTorch references and a warm
-load through kerneld beside one through `kernels`. One table at the end.
+Builds activation-cuda and attention-cuda, the attention example's GPU build
+(examples/kernels/cuda/build.py: nvcc from the toolkit wheels), checks the archs in each `.so`
+against its metadata, writes a mirror directory, starts a real `kerneld --user` on it, and runs
+fresh job processes (examples/gpu_probe.py) against it: the variant kerneld chooses and its
+import; on a GPU the ops against PyTorch references (attention against torch's
+scaled_dot_product_attention) and a warm load through kerneld beside one through `kernels`.
+One table at the end.
 
 `--dry-run` runs every CPU-side part on any host: the build, the arch check, the daemon, and the
 resolve and import of the CUDA variant with injected facts for a cc 9.0 and a cc 8.0 device
@@ -25,7 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.kernels.cuda.build import REPO_ID, build, check_archs, write_mirror
+from examples.kernels.cuda.build import (
+    ATTENTION_REPO_ID,
+    CUDA_SPECS,
+    build,
+    check_archs,
+    default_out,
+    write_mirror,
+)
 from examples.kernels.specs import BuildError
 from examples.main_job import DemoError, _tool, child_env, kerneld, wait_ready
 
@@ -57,14 +66,18 @@ def probe(python: str, env: dict[str, str], *args: str) -> dict[str, Any]:
 
 def _resolve_rows(python: str, env: dict[str, str]) -> list[Row]:
     rows: list[Row] = []
-    for cap, expect in (("9.0", True), ("8.0", True), ("7.5", False)):
-        got = probe(python, {**env, "KERNELD_PLATFORM_JSON": FACTS.format(cap=cap)}, "resolve")
+    cases = [(None, "9.0", True), (None, "8.0", True), (None, "7.5", False)]
+    cases += [(ATTENTION_REPO_ID, "9.0", True), (ATTENTION_REPO_ID, "7.5", False)]
+    for repo, cap, expect in cases:
+        facts = {**env, "KERNELD_PLATFORM_JSON": FACTS.format(cap=cap)}
+        got = probe(python, facts, "resolve", *(("--repo", repo) if repo else ()))
         imported = "imported" in got
         # The device check's reason, without the repo and the hint around it.
         why = got.get("import_error", "").split("on this device: ")[-1][:110]
         result = f"import ok, ops {got.get('ops')}" if imported else f"refused: {why}"
         detail = f"chosen {got['chosen']}; {result}"
-        rows.append((f"resolve+import, injected cc {cap}", detail, _verdict(imported == expect)))
+        name = f"resolve+import {repo.split('/')[1]}," if repo else "resolve+import,"
+        rows.append((f"{name} injected cc {cap}", detail, _verdict(imported == expect)))
     return rows
 
 
@@ -94,7 +107,8 @@ def _gpu_rows(python: str, env: dict[str, str], build_root: Path, loads: int) ->
         )
     for r in got["rows"]:
         detail = f"{got['device']} (cc {got['capability']}), max abs err {r['max_abs_err']:.2e}"
-        rows.append((f"{r['op']} {r['dtype']} vs PyTorch", detail, _verdict(r["ok"])))
+        against = "torch sdpa" if r["op"].startswith("flash_attn") else "PyTorch"
+        rows.append((f"{r['op']} {r['dtype']} vs {against}", detail, _verdict(r["ok"])))
     probe(python, env, "load-kerneld")  # the cold one: the daemon fetches into its store
     timings = {}
     for through in ("kerneld", "kernels"):
@@ -132,27 +146,30 @@ def _config(work: Path, mirror: Path) -> Path:
 
 def run_check(work: Path, *, dry_run: bool, python: str, loads: int) -> list[Row]:
     rows: list[Row] = []
-    t = time.monotonic()
-    built = build(ROOT / ".cache" / "cuda-examples")
-    mib = built.downloaded_bytes / 2**20
-    rows.append(
-        (
-            "build (nvcc from wheels)",
-            f"{time.monotonic() - t:.1f} s, {mib:.1f} MiB downloaded",
-            "ok",
-        )
-    )
-    for variant in built.variants:
-        declared, found = check_archs(variant.path)
+    builds = []
+    for spec in CUDA_SPECS:
+        t = time.monotonic()
+        built = build(default_out(spec), spec)
+        builds.append(built)
+        mib = built.downloaded_bytes / 2**20
         rows.append(
             (
-                f"archs {variant.variant}",
-                f"metadata {declared}, .so {found}",
-                _verdict(declared == found),
+                f"build {spec.name} (nvcc from wheels)",
+                f"{time.monotonic() - t:.1f} s, {mib:.1f} MiB downloaded",
+                "ok",
             )
         )
+        for variant in built.variants:
+            declared, found = check_archs(variant.path)
+            rows.append(
+                (
+                    f"archs {spec.name} {variant.variant}",
+                    f"metadata {declared}, .so {found}",
+                    _verdict(declared == found),
+                )
+            )
     mirror = work / "mirror"
-    commit = write_mirror(built, mirror)
+    commits = write_mirror(builds, mirror)
     store, socket, admin = work / "store", work / "kerneld.sock", work / "admin.sock"
     env = child_env(work, {"KERNELD_SOCKET": str(socket), "KERNELD_ADMIN_SOCKET": str(admin)})
     cmd = [
@@ -174,14 +191,15 @@ def run_check(work: Path, *, dry_run: bool, python: str, loads: int) -> list[Row
         rows.append(
             (
                 "kerneld --user on the mirror",
-                f"ready in {time.monotonic() - t:.2f} s; {REPO_ID}@{commit[:12]}",
+                f"ready in {time.monotonic() - t:.2f} s; "
+                + ", ".join(f"{repo}@{commit[:12]}" for repo, commit in commits.items()),
                 "ok",
             )
         )
         rows += _resolve_rows(python, env)
         rows += _kernelize_rows(python, env)
         if not dry_run:
-            rows += _gpu_rows(python, env, built.root, loads)
+            rows += _gpu_rows(python, env, builds[0].root, loads)
     return rows
 
 

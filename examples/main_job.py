@@ -9,8 +9,11 @@
 5. run `examples/train.py` (kernelize a small model, train a few SGD steps) in a fresh process;
    it also uses a kernel that was not prefetched, which the daemon fetches on demand;
 6. run it again in a second process: the warm path (timed, and the mirror sees no request);
-7. `kerneldctl status`;
-8. stop the daemon (SIGTERM) and run the script a third time: every layer falls back to PyTorch,
+7. run `examples/attention.py`: the attention example kernel (flash-attn's interface) through
+   `kerneld_client.get_kernel`, fetched on demand, against PyTorch's
+   `scaled_dot_product_attention` (the largest difference printed);
+8. `kerneldctl status`;
+9. stop the daemon (SIGTERM) and run the script a third time: every layer falls back to PyTorch,
    training runs anyway, with the same losses.
 
 Every figure printed is measured in this run. The script checks its own claims and exits 1 if one
@@ -40,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = Path("examples") / "train.py"
+ATTENTION = Path("examples") / "attention.py"
 PREFETCHED = "kerneld-examples/activation:1"
 INDENT = "   "
 
@@ -345,6 +349,7 @@ def _job(args: argparse.Namespace, demo: Path, server: MirrorServer, t0: float) 
     ctl = _tool("kerneldctl", "kerneld.ctl.main")
     train = [sys.executable, str(TRAIN), "--steps", str(args.steps)]
     summaries = [demo / f"train-{i}.json" for i in (1, 2, 3)]
+    attention_summary = demo / "attention.json"
     log = demo / "kerneld.log"
 
     with kerneld(cmd, env, log) as proc:
@@ -369,19 +374,26 @@ def _job(args: argparse.Namespace, demo: Path, server: MirrorServer, t0: float) 
         show_training(warm)
         print(f"{INDENT}-> {_figures(warm)}")
 
+        attention = run(
+            [sys.executable, str(ATTENTION), "--summary", str(attention_summary)], env, server
+        )
+        print(f"7. $ python {ATTENTION}    (not prefetched; {_figures(attention)})")
+        show(attention.out)
+
         status = run([*ctl, "status"], env, server)
-        print("7. $ kerneldctl status")
+        print("8. $ kerneldctl status")
         show(status.out)
 
         code = stop(proc)
         print(
-            f"8. daemon stopped (SIGTERM, exit code {code}; its socket and advert are gone); "
+            f"9. daemon stopped (SIGTERM, exit code {code}; its socket and advert are gone); "
             f"$ python {TRAIN}"
         )
     fallback = run([*train, "--summary", str(summaries[2])], env, server)
     show_training(fallback)
 
     s1, s2, s3 = (read_summary(p) for p in summaries)
+    attended = read_summary(attention_summary)
     drift = max(abs(a - b) for a, b in zip(s2["losses"], s3["losses"], strict=True))
     print(
         f"{INDENT}-> {_figures(fallback)}; losses match the kernel run's "
@@ -395,6 +407,9 @@ def _job(args: argparse.Namespace, demo: Path, server: MirrorServer, t0: float) 
         "the warm run loaded from the published index (no RPC)": all(
             k["source"] == "index" for k in s2["kernels"]
         ),
+        "the attention kernel came from kerneld and matches sdpa": attended["source"]
+        in ("index", "daemon")
+        and max(attended["diffs"].values()) <= 1e-5,
         "the daemon stopped cleanly": code == 0,
         "the run without the daemon fell back to PyTorch": s3["kernelized"] == 0
         and set(s3["fallback_causes"]) == {"daemon-unavailable"},

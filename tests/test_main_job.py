@@ -2,8 +2,9 @@
 
 The demo checks its own claims and exits 1 when one fails; this test reads its output as a
 newcomer would and checks the key claims again, independently: kernels were used, the warm start
-made no upstream request and took no RPC, the run without the daemon fell back and still trained,
-and the demo left no daemon and no directory behind.
+made no upstream request and took no RPC, the attention kernel came through kerneld and matched
+PyTorch's attention, the run without the daemon fell back and still trained, and the demo left no
+daemon and no directory behind.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def test_main_job_runs(built_examples: BuiltExamples) -> None:
     assert out.returncode == 0, text
     lines = out.stdout.splitlines()
     assert lines[-1].startswith("OK in "), text
-    assert len(lines) <= 45, f"the demo should stay short, printed {len(lines)} lines"
+    assert len(lines) <= 48, f"the demo should stay short, printed {len(lines)} lines"
     steps = _steps(out.stdout)
-    assert sorted(k for k in steps if k) == list(range(1, 9)), text
+    assert sorted(k for k in steps if k) == list(range(1, 10)), text
 
     # The Hub probe says what it found, and the upstream actually used is the counted mirror.
     assert re.search(r"Hugging Face Hub .*: (unreachable|answers)", "\n".join(steps[2]))
@@ -77,17 +78,28 @@ def test_main_job_runs(built_examples: BuiltExamples) -> None:
     assert _requests(steps[6]) == 0, steps[6]
     assert "asked the daemon" not in "\n".join(steps[6]), "the warm start must not need an RPC"
 
-    status = "\n".join(steps[7])
+    attention = "\n".join(steps[7])
+    assert "kerneld-examples/attention@" in attention, attention
+    assert _requests(steps[7]) > 0, "the attention kernel was not prefetched: it is fetched"
+    m = re.search(
+        r"max difference: causal=False (\S+), causal=True (\S+), padded batch (\S+)$",
+        attention,
+        re.MULTILINE,
+    )
+    assert m is not None, attention
+    assert all(float(d) <= 1e-5 for d in m.groups()), attention
+
+    status = "\n".join(steps[8])
     assert re.search(r"^\s+kerneld \S+: ready$", status, re.MULTILINE), status
     assert re.search(r"upstream \S+ \(mirror-http http://127\.0\.0\.1:\d+/\): reachable", status)
 
-    fallback = "\n".join(steps[8])
-    assert "exit code 0" in steps[8][0], steps[8]
-    assert _kernelized(steps[8])[0] == 0, fallback
+    fallback = "\n".join(steps[9])
+    assert "exit code 0" in steps[9][0], steps[9]
+    assert _kernelized(steps[9])[0] == 0, fallback
     assert "keeps its PyTorch forward" in fallback, fallback
     assert "daemon-unavailable" in fallback, fallback
     assert "losses match" in fallback, fallback
-    losses = [re.search(r"loss (\S+) -> (\S+)", "\n".join(steps[n])) for n in (5, 6, 8)]
+    losses = [re.search(r"loss (\S+) -> (\S+)", "\n".join(steps[n])) for n in (5, 6, 9)]
     assert all(m is not None for m in losses), text
     assert len({m.groups() for m in losses if m is not None}) == 1, "same job, same losses"
 

@@ -57,12 +57,27 @@ MISSING: Final = _Missing()
 # --- the registry of loads, shared with the staged loader ----------------------------------
 
 
+class _KernelsDataclass:
+    """What `dataclasses` reads on LoadedKernel: `kernels`' (built on use, off the warm path)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        from kerneld_client.repo_info import kernels_loaded_kernel
+
+        return getattr(kernels_loaded_kernel(), self.name)
+
+
 class LoadedKernel:
     """One kernel variant loaded into this process, and where it came from.
 
     `source` is `index` (warm path), `daemon` (RPC path), `hub` (the hub fallback) or `local`.
     (A plain slotted class: a frozen dataclass would cost a millisecond at import.)
     """
+
+    __dataclass_fields__ = _KernelsDataclass()
+    __dataclass_params__ = _KernelsDataclass()
 
     __slots__ = (
         "_meta",

@@ -476,7 +476,7 @@ def resolve(
     except _FetchNeeded:
         if not allow_fetch:
             raise KernelNotFound(
-                "not in this host's kerneld store, and this call may not download",
+                "no local snapshot in this host's kerneld store, and this call may not download",
                 repo_id=req.repo_id,
                 revision=req.ref,
             ) from None

@@ -310,8 +310,8 @@ def _load(repo: str, ref: str, check_arch: bool, trust_remote_code: bool) -> Loa
     )
     real = f"{root}/{variant['tree']}"
     existing = registered(real)
-    if existing is not None:
-        return existing
+    if existing is not None and (not check_arch or _device_ok(existing.metadata, plat)):
+        return existing  # else _import refuses it: a check_arch=False call imported it
     taken = hold(real, f"{root}/{variant['lock']}", real)
     try:
         check_tree(root, real, owner)

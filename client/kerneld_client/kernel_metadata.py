@@ -16,7 +16,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Metadata"]
+__all__ = ["KernelName", "Metadata"]
+
+
+class KernelName(str):
+    """A kernel's `name` from metadata.json: the string, plus `kernels`' `python_name` (the
+    name as a Python identifier, `-` read as `_`), as on `kernels`' own name type."""
+
+    __slots__ = ()
+
+    @property
+    def python_name(self) -> str:
+        return self.replace("-", "_")
 
 
 class Metadata(dict[str, Any]):
@@ -60,8 +71,8 @@ class Metadata(dict[str, Any]):
         return str(self.get("id") or "")
 
     @property
-    def name(self) -> str:
-        return str(self.get("name") or "")
+    def name(self) -> KernelName:
+        return KernelName(self.get("name") or "")
 
     @property
     def version(self) -> int | None:

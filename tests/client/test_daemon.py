@@ -373,7 +373,7 @@ print(json.dumps(res))
 """,
         env,
     )
-    assert "may not download" in out["load"]
+    assert "no local snapshot" in out["load"] and "may not download" in out["load"]
     assert out["locked"] == out["again"] == "_act_cpu213"
     assert out["src"] == [[C1, "daemon"]]
     assert json.loads(lock.read_text())[0]["lock"]["commit"] == C1

@@ -531,3 +531,18 @@ def test_kernel_depends_are_imported_first(env: Path) -> None:
         get_kernel_dep(dep_repo)
     order = [k.repo_id for k in loaded_kernels() if k.repo_id in (dep_repo, main_repo)]
     assert order == [dep_repo, main_repo]
+
+
+def test_check_arch_applies_to_a_build_already_imported(env: Path, tmp_path: Path) -> None:
+    """A build this process imported with check_arch=False is not handed to a later call that
+    checks: the device check runs on every call, as in `kernels` (its arch check comes before
+    its import cache). Found by the CUDA example's check_arch test (test_cuda_build.py)."""
+    repo, _marker = _publish_cuda_kernel(env, tmp_path, "_cudaonly_d1")
+    set_platform_facts(_cuda_facts("9.0"))
+    assert get_kernel(repo, version=1, policy="error", check_arch=False).KID == "_cudaonly_d1"
+    with pytest.raises(NoCompatibleVariant, match="not supported by the build's archs: 8.0"):
+        get_kernel(repo, version=1, policy="error")
+    with pytest.raises(NoCompatibleVariant, match="not supported by the build's archs: 8.0"):
+        get_kernel(repo, revision="v1", policy="error")
+    set_platform_facts(_cuda_facts("8.6"))
+    assert get_kernel(repo, version=1, policy="error").KID == "_cudaonly_d1"

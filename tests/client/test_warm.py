@@ -88,6 +88,33 @@ print(json.dumps({
     assert not is_held(shared_store.root / "locks" / (Path(out["path"]).name + ".lock"))
 
 
+def test_loaded_kernel_shows_kernels_dataclass_fields(
+    shared_store: Populated, tmp_path: Path
+) -> None:
+    """`dataclasses.fields(LoadedKernel)` names `kernels`' three fields, in its order, and each
+    reads the loaded kernel's value (kernels 0.19.1's test_dataclass_shape, on kerneld's API)."""
+    out = run_client(
+        PRELUDE
+        + """
+import dataclasses
+mod = kerneld_client.get_kernel("kerneld-examples/activation", version=1, policy="error")
+info = loaded_kernels()[0]
+print(json.dumps({
+    "fields": [f.name for f in dataclasses.fields(type(info))],
+    "instance": [f.name for f in dataclasses.fields(info)],
+    "is_dataclass": dataclasses.is_dataclass(info),
+    "module": info.module is mod,
+    "repo": info.repo_info.repo_id,
+    "name": info.metadata.name.python_name,
+}))
+""",
+        client_env(shared_store.root, tmp_path),
+    )
+    assert out["fields"] == out["instance"] == ["metadata", "module", "repo_info"]
+    assert out["is_dataclass"] and out["module"]
+    assert out["repo"] == "kerneld-examples/activation" and out["name"] == "activation"
+
+
 def test_versions_revisions_and_commits_in_one_process(
     shared_store: Populated, tmp_path: Path
 ) -> None:

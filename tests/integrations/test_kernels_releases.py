@@ -138,7 +138,8 @@ ACCEPTED = {
     ("load_kernel", "lockfile"): "*",
     ("get_locked_kernel", "lockfile"): "*",
     # `kernels`' LoadedKernel is a frozen dataclass built by its loader; kerneld's is built only
-    # by kerneld_client, a slotted class (the warm path does not import dataclasses)
+    # by kerneld_client, a slotted class that shows `dataclasses` kernels' fields (the warm path
+    # does not import dataclasses)
     ("LoadedKernel", "init"): "*",
     # `kernels.Metadata` is a Rust class with no Python constructor; kerneld's is the parsed
     # JSON object (a dict) with the same attributes

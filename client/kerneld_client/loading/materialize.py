@@ -42,13 +42,14 @@ def materialize(
     if candidate.lock is not None:
         return _store_tree(candidate, candidate.lock, ctx, dependencies)
     if candidate.root is None:  # the caller's own folder: nothing to trust or verify
-        return registry.registered(str(candidate.path)) or _finish(
-            candidate.path, candidate, ctx, dependencies
-        )
+        existing = registry.registered(str(candidate.path))
+        if existing is not None:
+            return _reused(existing, candidate, ctx)
+        return _finish(candidate.path, candidate, ctx, dependencies)
     real = _path_trust.check_tree(candidate.root, candidate.path)
     existing = registry.registered(str(real))
     if existing is not None:
-        return existing
+        return _reused(existing, candidate, ctx)
     if _config.verify_trees():
         _verify(real, candidate)
     return _finish(real, candidate, ctx, dependencies)
@@ -68,7 +69,7 @@ def _store_tree(
     real_guess = str(abs_tree) if clean else os.path.realpath(abs_tree)
     existing = registry.registered(real_guess)
     if existing is not None:
-        return existing
+        return _reused(existing, candidate, ctx)
     if not real_guess.startswith(root.real.rstrip("/") + "/"):
         # Before anything else (even the lock): a path that is not in our store is refused.
         raise UntrustedPath(
@@ -91,6 +92,14 @@ def _store_tree(
         if taken:
             registry.release(real_guess)
         raise
+
+
+def _reused(existing: LoadedKernel, candidate: Candidate, ctx: LoadContext) -> LoadedKernel:
+    """A build this process imported already (maybe by a call with check_arch=False): the
+    device check still applies to this call, as `kernels` checks before its import cache."""
+    if ctx.options.check_arch:
+        _check_device(existing.metadata, candidate, ctx)
+    return existing
 
 
 def _finish(

@@ -1,15 +1,18 @@
-"""Build the activation-cuda example kernel: real `.cu` sources, sm_80 and sm_90 (cubins + PTX).
+"""Build the CUDA example kernels: real `.cu` sources, sm_80 and sm_90 (cubins + PTX).
 
     .venv/bin/python -m examples.kernels.cuda.build [--out DIR] [--mirror DIR]
 
-nvcc comes from the toolkit wheels (toolkit.py), torch's headers from the project's CPU torch.
-The library links cudart statically and references nothing of libc10_cuda/libtorch_cuda, so it
-imports on a CPU-only torch (a GPU is needed only to run its ops). One build is laid out twice:
-under the legacy variant name (`torch213-cxx11-cu130-x86_64-linux`, what `kernels` 0.17 loads)
-and kernels 0.19's (`torch-2.13-cxx11-cuda-13.0-cpython-3.9-abi3-x86_64-linux`), each with
-`metadata.json` `backend: {type: cuda, archs}` read back from the library's fat binary.
-`--mirror DIR` also writes a kerneld mirror directory serving them (repo
-`kerneld-examples/activation-cuda`, branch `main`).
+Two kernels: `activation-cuda` (SiLU-and-mul, RMSNorm) and `attention-cuda`, the attention
+example's GPU build (its `csrc/attention_kernels.cu` and `attention_cuda.cpp` behind the same
+Python package as its CPU build: flash-attn's interface). nvcc comes from the toolkit wheels
+(toolkit.py), torch's headers from the project's CPU torch. Each library links cudart statically
+and references nothing of libc10_cuda/libtorch_cuda, so it imports on a CPU-only torch (a GPU is
+needed only to run its ops). One build is laid out twice: under the legacy variant name
+(`torch213-cxx11-cu130-x86_64-linux`, what `kernels` 0.17 loads) and kernels 0.19's
+(`torch-2.13-cxx11-cuda-13.0-cpython-3.9-abi3-x86_64-linux`), each with `metadata.json`
+`backend: {type: cuda, archs}` read back from the library's fat binary. `--mirror DIR` also
+writes a kerneld mirror directory serving them (repos `kerneld-examples/activation-cuda` and
+`kerneld-examples/attention-cuda`, branch `main`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,19 +38,31 @@ from examples.kernels.specs import ORG, BuildError, KernelSpec
 from examples.kernels.toolchain import cxx_compiler
 from examples.kernels.variant_files import write_variant
 
+#: The CUDA examples; `sources` is (the `.cu` kernels, the torch side `.cpp`).
 SPEC = KernelSpec(
     name="activation-cuda",
     summary="SiLU-and-mul and RMSNorm as CUDA ops (sm_80, sm_90, cubins and PTX)",
     sources=("csrc/activation_kernels.cu", "csrc/activation_cuda.cpp"),
     ops={1: ("silu_and_mul", "rms_norm")},
 )
+ATTENTION_SPEC = KernelSpec(
+    name="attention-cuda",
+    summary="The attention example's CUDA build: flash-attn's interface over CUDA ops "
+    "(sm_80, sm_90, cubins and PTX)",
+    sources=("csrc/attention_kernels.cu", "csrc/attention_cuda.cpp"),
+    ops={1: ("varlen_attention", "masked_attention")},
+    source_kernel="attention",
+)
+CUDA_SPECS = (SPEC, ATTENTION_SPEC)
 VERSION = 1
 SM_ARCHS = (80, 90)
 REPO_ID = f"{ORG}/{SPEC.name}"
+ATTENTION_REPO_ID = f"{ORG}/{ATTENTION_SPEC.name}"
 
 
 @dataclass(frozen=True)
 class CudaBuild:
+    spec: KernelSpec
     root: Path
     variants: tuple[BuiltVariant, ...]
     archs: FatbinArchs
@@ -54,6 +70,16 @@ class CudaBuild:
     seconds: float
     downloaded_bytes: int
     wheels: tuple[Path, ...]
+
+    @property
+    def repo_id(self) -> str:
+        return f"{ORG}/{self.spec.name}"
+
+
+def default_out(spec: KernelSpec = SPEC) -> Path:
+    """Where a kernel's build goes by default (`build` replaces that folder)."""
+    suffix = "" if spec is SPEC else f"-{spec.name}"
+    return REPO_ROOT / ".cache" / f"cuda-examples{suffix}"
 
 
 def variant_names() -> tuple[str, str]:
@@ -74,23 +100,23 @@ def _run(cmd: list[str], cwd: Path) -> None:
         raise BuildError(f"{Path(cmd[0]).name} failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
 
 
-def compile_library(toolkit: Toolkit, namespace: str, stage: Path) -> Path:
+def compile_library(toolkit: Toolkit, namespace: str, stage: Path, spec: KernelSpec = SPEC) -> Path:
     """nvcc for the kernels, the C++ compiler for the torch side, one `.abi3.so`."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     stage.mkdir(parents=True, exist_ok=True)
-    src = SPEC.directory / "csrc"
+    cu_source, cpp_source = (spec.directory / s for s in spec.sources)
     gencode = [
         flag
         for sm in SM_ARCHS
         for flag in ("-gencode", f"arch=compute_{sm},code=[sm_{sm},compute_{sm}]")
     ]
-    kernels_obj = stage / "activation_kernels.o"
+    kernels_obj = stage / f"{cu_source.stem}.o"
     env_path = f"{toolkit.root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     nvcc = [
         str(toolkit.nvcc),
         "-c",
-        str(src / "activation_kernels.cu"),
+        str(cu_source),
         "-o",
         str(kernels_obj),
         "-O3",
@@ -110,7 +136,7 @@ def compile_library(toolkit: Toolkit, namespace: str, stage: Path) -> Path:
     )
     if result.returncode != 0:
         raise BuildError(f"nvcc failed ({' '.join(nvcc)}):\n{result.stderr[-4000:]}")
-    ops_obj = stage / "activation_cuda.o"
+    ops_obj = stage / f"{cpp_source.stem}.o"
     includes = [
         f"-I{p}" for p in (*include_paths(), str(toolkit.include), sysconfig.get_paths()["include"])
     ]
@@ -118,7 +144,7 @@ def compile_library(toolkit: Toolkit, namespace: str, stage: Path) -> Path:
         [
             cxx_compiler(),
             "-c",
-            str(src / "activation_cuda.cpp"),
+            str(cpp_source),
             "-o",
             str(ops_obj),
             "-O2",
@@ -155,20 +181,20 @@ def compile_library(toolkit: Toolkit, namespace: str, stage: Path) -> Path:
     return library
 
 
-def build(out: Path) -> CudaBuild:
-    """Compile once and write both variants under `out/build/`; `out` is replaced."""
+def build(out: Path, spec: KernelSpec = SPEC) -> CudaBuild:
+    """Compile `spec` and write both variants under `out/build/`; `out` is replaced."""
     started = time.monotonic()
     toolkit = ensure_toolkit()
     legacy, new = variant_names()
-    source_hash = kernel_hash(SPEC)
+    source_hash = kernel_hash(spec)
     if out.exists():
         shutil.rmtree(out)
     variants: list[BuiltVariant] = []
     archs: FatbinArchs | None = None
     for name in (legacy, new):
         # Each variant name makes its own build id (op namespace), as the CPU examples do.
-        namespace = build_id(SPEC, VERSION, name, source_hash)
-        library = compile_library(toolkit, namespace, out / "work" / namespace)
+        namespace = build_id(spec, VERSION, name, source_hash)
+        library = compile_library(toolkit, namespace, out / "work" / namespace, spec)
         archs = read_archs(library)
         expected = set(SM_ARCHS)
         if set(archs.cubins) != expected or set(archs.ptx) != expected:
@@ -178,7 +204,7 @@ def build(out: Path) -> CudaBuild:
             )
         variant = write_variant(
             out / "build" / name,
-            spec=SPEC,
+            spec=spec,
             version=VERSION,
             variant=name,
             namespace=namespace,
@@ -194,6 +220,7 @@ def build(out: Path) -> CudaBuild:
     shutil.rmtree(out / "work")
     assert archs is not None
     return CudaBuild(
+        spec=spec,
         root=out,
         variants=tuple(variants),
         archs=archs,
@@ -214,54 +241,74 @@ def check_archs(variant_dir: Path) -> tuple[list[str], list[str]]:
     return declared, archs_as_metadata(read_archs(libraries[0]))
 
 
-def write_mirror(built: CudaBuild, dest: Path) -> str:
-    """A kerneld mirror directory serving the build as `kerneld-examples/activation-cuda`,
-    branch `main`; returns its commit id (a hash of the variants' files, stable per build)."""
+def write_mirror(builds: CudaBuild | Sequence[CudaBuild], dest: Path) -> dict[str, str]:
+    """A kerneld mirror directory serving each build as `kerneld-examples/<name>`, branch
+    `main`; returns repo id -> commit id (a hash of the variants' files, stable per build)."""
     from kerneld.mirror.documents import Manifest, MirrorWriter
     from kerneld.upstream.base import RemoteFile
 
     if dest.exists():
         shutil.rmtree(dest)
     writer = MirrorWriter(dest, name="kerneld-examples-cuda")
-    commit_hash = hashlib.sha1(usedforsecurity=False)
-    variants: dict[str, list[RemoteFile]] = {}
-    for variant in built.variants:
-        files = []
-        for rel in variant.files:
-            data = (variant.path / rel).read_bytes()
-            sha = hashlib.sha256(data).hexdigest()
-            writer.write_blob(sha, data)
-            files.append(RemoteFile(rel, len(data), sha256=sha))
-            commit_hash.update(f"{variant.variant}/{rel}\0{sha}\0".encode())
-        variants[variant.variant] = files
-    commit = commit_hash.hexdigest()
-    writer.write_manifest(Manifest(REPO_ID, commit, variants))
-    writer.write_refs(REPO_ID, {"main": commit}, {})
+    commits: dict[str, str] = {}
+    for built in [builds] if isinstance(builds, CudaBuild) else builds:
+        commit_hash = hashlib.sha1(usedforsecurity=False)
+        variants: dict[str, list[RemoteFile]] = {}
+        for variant in built.variants:
+            files = []
+            for rel in variant.files:
+                data = (variant.path / rel).read_bytes()
+                sha = hashlib.sha256(data).hexdigest()
+                writer.write_blob(sha, data)
+                files.append(RemoteFile(rel, len(data), sha256=sha))
+                commit_hash.update(f"{variant.variant}/{rel}\0{sha}\0".encode())
+            variants[variant.variant] = files
+        commit = commit_hash.hexdigest()
+        writer.write_manifest(Manifest(built.repo_id, commit, variants))
+        writer.write_refs(built.repo_id, {"main": commit}, {})
+        commits[built.repo_id] = commit
     writer.write_info()
-    return commit
+    return commits
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / ".cache" / "cuda-examples")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="activation-cuda's build folder (attention-cuda's: DIR-attention-cuda)",
+    )
     parser.add_argument("--mirror", type=Path, help="also write a kerneld mirror directory here")
     args = parser.parse_args(argv)
+    builds: list[CudaBuild] = []
     try:
-        built = build(args.out.resolve())
-        for variant in built.variants:
-            declared, found = check_archs(variant.path)
-            verdict = "match" if declared == found else "MISMATCH"
-            print(f"{variant.variant}: metadata archs {declared}, .so archs {found}: {verdict}")
-            if declared != found:
-                return 1
+        for spec in CUDA_SPECS:
+            out = default_out(spec)
+            if args.out is not None:
+                out = (
+                    args.out if spec is SPEC else args.out.with_name(f"{args.out.name}-{spec.name}")
+                )
+            built = build(out.resolve(), spec)
+            builds.append(built)
+            for variant in built.variants:
+                declared, found = check_archs(variant.path)
+                verdict = "match" if declared == found else "MISMATCH"
+                print(
+                    f"{spec.name} {variant.variant}: metadata archs {declared}, "
+                    f".so archs {found}: {verdict}"
+                )
+                if declared != found:
+                    return 1
+            mib = built.downloaded_bytes / 2**20
+            print(
+                f"built {spec.name} in {built.seconds:.1f} s (downloaded {mib:.1f} MiB of wheels)"
+            )
         if args.mirror is not None:
-            commit = write_mirror(built, args.mirror.resolve())
-            print(f"mirror {args.mirror}: {REPO_ID}@main = {commit}")
+            for repo_id, commit in write_mirror(builds, args.mirror.resolve()).items():
+                print(f"mirror {args.mirror}: {repo_id}@main = {commit}")
     except BuildError as e:
         print(f"cuda build: {e}", file=sys.stderr)
         return 1
-    mib = built.downloaded_bytes / 2**20
-    print(f"built {SPEC.name} in {built.seconds:.1f} s (downloaded {mib:.1f} MiB of wheels)")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Attention example kernel: flash-attn's interface on CPU, a stand-in for the Hub's attention
-kernels (kernels-community/flash-attn2 and the like).
+kernels (kernels-community/flash-attn2 and the like). The same package is the Python side of
+its CUDA build (attention-cuda: csrc/attention_kernels.cu registers the ops for CUDA).
 
 - `flash_attn_func(q, k, v, ...)`: q (batch, seqlen_q, heads, head_size), k and v (batch,
   seqlen_k, kv_heads, head_size), as flash-attn 2's;

@@ -34,7 +34,8 @@ def varlen_attention(
     window_size: tuple = (-1, -1),
     softcap: float = 0.0,
 ) -> torch.Tensor:
-    """The op on packed (total, heads, head_size) tensors; a new output tensor."""
+    """The op on packed (total, heads, head_size) tensors; a new output tensor. The offsets
+    go to q's device (the CUDA build reads them there, as flash-attn does)."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype, device=q.device)
     ops.varlen_attention(
@@ -42,8 +43,8 @@ def varlen_attention(
         q,
         k,
         v,
-        cu_seqlens_q.to(torch.int64).contiguous(),
-        cu_seqlens_k.to(torch.int64).contiguous(),
+        cu_seqlens_q.to(device=q.device, dtype=torch.int64).contiguous(),
+        cu_seqlens_k.to(device=q.device, dtype=torch.int64).contiguous(),
         float(softmax_scale),
         bool(causal),
         int(window_size[0]),
@@ -149,8 +150,8 @@ def flash_attn_func(
     )
     batch, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
-    cu_q = torch.arange(0, (batch + 1) * sq, sq, dtype=torch.int64)
-    cu_k = torch.arange(0, (batch + 1) * sk, sk, dtype=torch.int64)
+    cu_q = torch.arange(0, (batch + 1) * sq, sq, dtype=torch.int64, device=q.device)
+    cu_k = torch.arange(0, (batch + 1) * sk, sk, dtype=torch.int64, device=q.device)
     out = flash_attn_varlen_func(
         q.reshape(batch * sq, *q.shape[2:]),
         k.reshape(batch * sk, *k.shape[2:]),
