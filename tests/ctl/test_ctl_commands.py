@@ -17,6 +17,8 @@ CTL = Path(__file__).resolve().parents[2] / "kerneld" / "ctl"
 #: What `build_parser()` may load of kerneld: the package, the parser, the command modules.
 PARSER_MODULES = {"kerneld", "kerneld.ctl", "kerneld.ctl.main", "kerneld.ctl.common"}
 PARSER_MODULES |= {"kerneld.ctl.subcommands"} | {m.__name__ for m in COMMANDS}
+#: kerneldctl's errors declare their kind (issue 54): the error vocabulary imports only `enum`.
+PARSER_MODULES |= {"kerneld.errors"}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: str = "") -> dict[str, argparse.ArgumentParser]:
