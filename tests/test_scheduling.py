@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,33 @@ def test_a_run_of_some_tests_of_a_file_leaves_the_record_alone(tmp_path: Path) -
     assert load_record(record) == {"test_a_quick.py": 5.0}
     _pytest(suite, "test_a_quick.py")
     assert load_record(record)["test_a_quick.py"] < 5.0
+
+
+def test_the_host_network_files_are_one_work_unit() -> None:
+    from tests.scheduling import HOST_NETWORK, scope_of
+
+    assert scope_of("tests/systemd/test_install.py::test_x") == HOST_NETWORK
+    assert scope_of("tests/systemd/test_store_ops.py::test_y[1]") == HOST_NETWORK
+    assert scope_of("tests/systemd/test_reload.py::test_z") == "tests/systemd/test_reload.py"
+
+
+def test_every_file_with_a_container_on_the_host_network_is_listed() -> None:
+    """A test file that boots a Container without `private_network=True` (or takes
+    test_install's `container` fixture) runs the documented install on this machine's network:
+    it must be in HOST_NETWORK_FILES, or it can start beside another and collide on port 848."""
+    from tests.scheduling import HOST_NETWORK_FILES
+
+    tests = Path(__file__).resolve().parent
+    shared = set()
+    for path in sorted(tests.rglob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        calls = re.findall(r"Container\((?:[^()]|\([^()]*\))*\)", text)
+        imports = re.findall(
+            r"from tests\.systemd\.test_install import \(?([^)\n]*(?:\n[^)]*)?)", text
+        )
+        if any("private_network=True" not in call for call in calls) or any(
+            re.search(r"\bcontainer\b", names) for names in imports
+        ):
+            shared.add(path.relative_to(tests.parent).as_posix())
+    assert shared, "the scan found no container test: it is broken"
+    assert shared == set(HOST_NETWORK_FILES)
