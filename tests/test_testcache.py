@@ -5,6 +5,8 @@ nothing a later run would take for whole."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +80,41 @@ def test_a_failed_make_leaves_no_entry(tmp_path: Path, monkeypatch: pytest.Monke
         raise RuntimeError("pip failed")
     assert not dest.exists()
     assert [p.name for p in dest.parent.iterdir()] == ["thing.lock"]
+
+
+def test_a_hook_venv_of_another_clone_shares_all_but_its_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A venv with this checkout's client is layered (tests/hubapi/venvs.py): another clone
+    makes only its own client layer and reuses the third-party one, and runs its own code."""
+    from tests.hubapi import venvs
+
+    ours = venvs.make_venv(
+        venvs.venv_root(), ["kernels==0.19.1", venvs.CLIENT_REQUIREMENT], name="hook-kernels-0.19.1"
+    )
+    other = tmp_path / "x" / "y" / "z" / "kd" / "client"
+    shutil.copytree(venvs.CLIENT, other, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    monkeypatch.setattr(venvs, "CLIENT", other)
+    monkeypatch.setattr(venvs, "CLIENT_REQUIREMENT", f"--editable={other}")
+    theirs = venvs.make_venv(
+        venvs.venv_root(), ["kernels==0.19.1", venvs.CLIENT_REQUIREMENT], name="hook-kernels-0.19.1"
+    )
+    made = [theirs.parent.parent, venvs._client_layer(venvs.venv_root()).parent.parent]
+    try:
+        assert theirs != ours
+
+        def layers(python: Path) -> list[str]:
+            pth = Path(venvs.purelib(python)) / "00-kerneld-test-layers.pth"
+            return re.findall(r"addsitedir\('([^']+)'\)", pth.read_text())
+
+        assert layers(theirs)[0] == layers(ours)[0]  # the third-party layer is shared
+        assert layers(theirs)[1] != layers(ours)[1]  # the client layer is each clone's own
+        code = "import kerneld_client, kernels; print(kerneld_client.__file__, kernels.__version__)"
+        for python, client in ((ours, REPO_ROOT / "client"), (theirs, other)):
+            out = subprocess.run(
+                [str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True
+            ).stdout.split()
+            assert out == [str(client / "kerneld_client" / "__init__.py"), "0.19.1"]
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)

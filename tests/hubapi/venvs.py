@@ -14,8 +14,16 @@ filelock, fsspec) win, and nothing else of the project's is importable.
 
 The venvs live in the suite's cache outside the clone (tests/support/testcache.py; `make
 test-deps` makes them before the suite), each named by a hash of its requirements and the
-interpreter, so later runs and later clones reuse them. A venv whose requirements name this
-checkout (CLIENT_REQUIREMENT, an editable install of its client/) is this checkout's own.
+interpreter, so later runs and later clones reuse them.
+
+A venv whose requirements name this checkout's client (CLIENT_REQUIREMENT) runs the work
+tree's code, so it cannot be shared between clones; rebuilding a dozen of them per clone cost
+~6 minutes on a busy machine (issue 55). It is made of layers instead: the shared venv of the
+other requirements plus the client's own dependencies (one per requirement list, every clone
+reuses it), the clone's `pip install --no-deps --editable client/` (one per clone), and a
+nearly empty venv per pair whose one `.pth` adds both with `site.addsitedir`, which reads
+their `.pth` files (the editable finder, the start-up hook, torch) as the interpreter reads its
+own site-packages at start.
 """
 
 from __future__ import annotations
@@ -30,6 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from tests.support.testcache import (
     cache_dir,
@@ -128,7 +141,11 @@ def make_venv(
     half-made by a killed run is made again, and a second process waits on the first's lock.
 
     The venv has no pip of its own: the project's pip installs into it (`pip --python`), which
-    saves the seconds `ensurepip` spends copying pip into every venv."""
+    saves the seconds `ensurepip` spends copying pip into every venv. Requirements naming
+    CLIENT_REQUIREMENT get a layered venv (the module's docstring)."""
+    if CLIENT_REQUIREMENT in requirements:
+        others = [r for r in requirements if r != CLIENT_REQUIREMENT]
+        return _with_client(root, others, name=name, with_torch=with_torch)
     torch = torch_only(root) if with_torch else None
     base = name or "+".join(r.replace("==", "-") for r in requirements)
     key = content_key(interpreter_key(), requirements, torch.name if torch else None)
@@ -145,13 +162,25 @@ def make_venv(
 
 
 def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> None:
-    python = folder / "bin" / "python"
+    python = _new_venv(folder)
+    _pip_install(python, requirements)
+    if torch is not None:
+        Path(purelib(python), "zz-torch-only.pth").write_text(f"{torch}\n")
+
+
+def _new_venv(folder: Path) -> Path:
+    """An empty venv at `folder` (no pip: the project's pip installs into it); its python."""
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(folder)],
         check=True,
         timeout=120,
         capture_output=True,
     )
+    return folder / "bin" / "python"
+
+
+def _pip_install(python: Path, args: list[str]) -> None:
+    """The project's pip installs `args` into the venv of `python`, killed only when stalled."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_TARGET", "PYTHON"))}
     proc = run_until_stalled(
         [
@@ -163,27 +192,80 @@ def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> 
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            *requirements,
+            *args,
         ],
         stall_s=INSTALL_STALL_S,
-        what=f"pip install {' '.join(requirements)}",
+        what=f"pip install {' '.join(args)}",
         env=env,
     )
     if proc.returncode != 0:
         raise RuntimeError(
-            f"pip install {' '.join(requirements)} failed (the package registry must be "
+            f"pip install {' '.join(args)} failed (the package registry must be "
             f"reachable; `make test-deps` makes every venv before the suite):\n"
             f"{proc.stdout}\n{proc.stderr}"
         )
-    purelib = subprocess.run(
+
+
+def purelib(python: Path) -> str:
+    """The site-packages folder of the venv of `python`."""
+    return subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout.strip()
-    if torch is not None:
-        Path(purelib, "zz-torch-only.pth").write_text(f"{torch}\n")
+
+
+def client_dependencies() -> list[str]:
+    """What client/pyproject.toml says kerneld-client requires (its extras aside)."""
+    project = tomllib.loads((CLIENT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return list(project["dependencies"])
+
+
+def _client_layer(root: Path) -> Path:
+    """`root/client-<key>`: this clone's `pip install --no-deps --editable client/` in a venv
+    of its own (the key: the clone's path, its packaging files and the interpreter); its
+    python."""
+    packaging = [
+        (CLIENT / f).read_text(encoding="utf-8")
+        for f in ("pyproject.toml", "setup.py", "kerneld_client_hook.pth")
+    ]
+    folder = root / f"client-{content_key(interpreter_key(), str(CLIENT), packaging)}"
+    python = folder / "bin" / "python"
+    done = folder / ".installed"
+    with locked(folder):
+        if done.exists():
+            return python
+        shutil.rmtree(folder, ignore_errors=True)
+        _pip_install(_new_venv(folder), ["--no-deps", CLIENT_REQUIREMENT])
+        done.write_text(f"{CLIENT}\n")
+    return python
+
+
+def _with_client(
+    root: Path, requirements: list[str], *, name: str | None, with_torch: bool
+) -> Path:
+    """A venv with `requirements` and this clone's client: the shared venv of `requirements`
+    and the client's dependencies, and this clone's client layer, added in that order by one
+    `.pth` in a venv of their own (see the module's docstring); its python."""
+    base = name or "+".join(r.replace("==", "-") for r in requirements) + "+client"
+    shared = make_venv(
+        root, [*requirements, *client_dependencies()], name=f"{base}-shared", with_torch=with_torch
+    )
+    client = _client_layer(root)
+    folder = root / f"{base}-{content_key(shared.parent.parent.name, client.parent.parent.name)}"
+    python = folder / "bin" / "python"
+    done = folder / ".installed"
+    with locked(folder):
+        if done.exists():
+            return python
+        shutil.rmtree(folder, ignore_errors=True)
+        _new_venv(folder)
+        layers = "; ".join(f"site.addsitedir({purelib(p)!r})" for p in (shared, client))
+        Path(purelib(python), "00-kerneld-test-layers.pth").write_text(f"import site; {layers}\n")
+        done.write_text(f"{shared.parent.parent}\n{client.parent.parent}\n")
+    return python
 
 
 def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:
