@@ -41,8 +41,7 @@ def _owner_uid() -> int | None:
         return _owner_memo[1]
     name = (raw or "kerneld").encode("utf-8", "surrogateescape")
     try:
-        with open("/etc/passwd", "rb") as f:
-            data = b"\n" + f.read(4 << 20)
+        data = b"\n" + read_file("/etc/passwd", 4 << 20)
     except OSError:
         raise Miss from None
     start = data.find(b"\n" + name + b":")
@@ -79,6 +78,20 @@ def _parent(path: str) -> str:
     if cut == 1 and path.startswith("//"):
         return "//"  # `//name`: the root POSIX leaves to the implementation, kept by pathlib
     return path[:cut] or "/"
+
+
+def read_file(path: str, limit: int) -> bytes:
+    """`open(path, "rb").read(limit)` in half the system calls: no buffered reader (its fstat,
+    isatty ioctl and lseeks) and no `limit`-sized buffer (4 MiB for /etc/passwd: an mmap)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk_size, chunks = os.fstat(fd).st_size + 1, []
+        while limit > 0 and (chunk := os.read(fd, min(limit, max(chunk_size, 1 << 16)))):
+            chunks.append(chunk)
+            limit -= len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _trusted(uid: int) -> bool:

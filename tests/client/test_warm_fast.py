@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,21 @@ def test_a_store_root_that_is_no_string_is_refused_as_pathlib_refuses_it(value: 
         Path(value)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _warm_trust._pure(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_535, 65_536, 200_000])
+@pytest.mark.parametrize("limit", [1, 65_536, 70_000, 4 << 20, sys.maxsize])
+def test_the_fast_paths_file_reads_are_opens(tmp_path: Path, size: int, limit: int) -> None:
+    """`_warm_trust.read_file` (fewer system calls) reads what `open(path, "rb").read(limit)`
+    reads (`.read()` for sys.maxsize: metadata.json's), and refuses what it refuses."""
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(size))
+    with open(path, "rb") as f:
+        expected = f.read() if limit == sys.maxsize else f.read(limit)
+    assert _warm_trust.read_file(str(path), limit) == expected
+    for missing_or_dir in (tmp_path / "absent", tmp_path):
+        with pytest.raises(OSError):
+            _warm_trust.read_file(str(missing_or_dir), limit)
 
 
 FAKE_TORCH = """
