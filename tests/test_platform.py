@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import kerneld_client.platform as kplatform
+from kerneld_client.device_names import normalise_machine
 from kerneld_client.platform import (
     ENV_VAR,
     detect_platform_facts,
@@ -30,7 +31,6 @@ from kerneld_client.platform import (
     set_platform_facts,
 )
 from kerneld_client.variants import Backend, BackendType, PlatformFacts, decide
-from kerneld_client.vocabulary import normalise_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 B = BackendType

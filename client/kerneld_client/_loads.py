@@ -24,8 +24,7 @@ import sys
 import threading
 import zipimport
 import zlib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from types import CodeType, ModuleType
@@ -193,14 +192,13 @@ def register(real: str, loaded: LoadedKernel) -> LoadedKernel:
         return _loaded.setdefault(real, loaded)
 
 
-@contextmanager
-def importing(real: str) -> Iterator[None]:
-    """Held while `real` is imported: a second thread loading the same tree waits, then finds
-    it registered. Only the import is under it, never a dependency's load."""
+def importing(real: str) -> threading.Lock:
+    """The lock held (`with importing(real):`) while `real` is imported: a second thread loading
+    the same tree waits, then finds it registered. Only the import is under it, never a
+    dependency's load. The lock itself, not a generator context manager around it (that cost
+    the warm call a generator and a wrapper object, and the import a decoration)."""
     with _registry_lock:
-        lock = _importing.setdefault(real, threading.Lock())
-    with lock:
-        yield
+        return _importing.setdefault(real, threading.Lock())
 
 
 class TreeGone(Exception):

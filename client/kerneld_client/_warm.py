@@ -54,6 +54,7 @@ from kerneld_client._warm_trust import (
     clean,
     index_doc,
     publisher_trusted,
+    read_file,
     store_root,
 )
 from kerneld_client.vocabulary import fingerprint, is_commit, is_repo_id
@@ -381,8 +382,7 @@ def _import(
 
 
 def _metadata(real: str) -> Any:
-    with open(real + "/metadata.json", "rb") as f:
-        return json.loads(f.read().decode("utf-8"))
+    return json.loads(read_file(real + "/metadata.json", sys.maxsize).decode("utf-8"))
 
 
 def _device_ok(metadata: dict[str, Any], plat: tuple[str, str, tuple[str, ...]]) -> bool:

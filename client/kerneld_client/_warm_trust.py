@@ -41,8 +41,7 @@ def _owner_uid() -> int | None:
         return _owner_memo[1]
     name = (raw or "kerneld").encode("utf-8", "surrogateescape")
     try:
-        with open("/etc/passwd", "rb") as f:
-            data = b"\n" + f.read(4 << 20)
+        data = b"\n" + read_file("/etc/passwd", 4 << 20)
     except OSError:
         raise Miss from None
     start = data.find(b"\n" + name + b":")
@@ -54,6 +53,45 @@ def _owner_uid() -> int | None:
         _owner_memo = (raw, int(fields[2]))
         return _owner_memo[1]
     raise Miss
+
+
+def _pure(path: str) -> str:
+    """`str(Path(path))`, pathlib's normal form (no empty or `.` parts, no trailing slash, a
+    leading `//` kept as POSIX allows), without building a Path: three of those cost the first
+    warm call more than the rest of its string work. TypeError for what Path refuses."""
+    if not isinstance(path, str):
+        raise TypeError(f"expected a str, not {type(path).__name__}")
+    rest = path.lstrip("/")
+    lead = len(path) - len(rest)
+    root = "//" if lead == 2 else "/" if lead else ""
+    parts = rest.split("/")
+    if "" in parts or "." in parts:
+        parts = [p for p in parts if p and p != "."]
+    return root + "/".join(parts) or "."
+
+
+def _parent(path: str) -> str:
+    """`str(Path(path).parent)` of a `_pure` path whose last part is a name."""
+    cut = path.rfind("/")
+    if cut < 0:
+        return "."
+    if cut == 1 and path.startswith("//"):
+        return "//"  # `//name`: the root POSIX leaves to the implementation, kept by pathlib
+    return path[:cut] or "/"
+
+
+def read_file(path: str, limit: int) -> bytes:
+    """`open(path, "rb").read(limit)` in half the system calls: no buffered reader (its fstat,
+    isatty ioctl and lseeks) and no `limit`-sized buffer (4 MiB for /etc/passwd: an mmap)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunk_size, chunks = os.fstat(fd).st_size + 1, []
+        while limit > 0 and (chunk := os.read(fd, min(limit, max(chunk_size, 1 << 16)))):
+            chunks.append(chunk)
+            limit -= len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def _trusted(uid: int) -> bool:
@@ -98,14 +136,20 @@ def _check_ancestors(chain: list[os.stat_result], child_uid: int) -> None:
     """`_path_trust.check_ancestors` over `lstat`s of the directories above a path, "/" first:
     each trusted-owned, and writable by nobody else unless sticky with a trusted-owned entry
     below."""
-    mine = (0, os.geteuid())  # `_trusted` without a system call per directory
+    mine = (0, os.geteuid())  # `_trusted` without a system call per directory ...
+    owner: int | None = -1  # ... and `_owner_uid` asked once, where a uid is neither
     for st in reversed(chain):
-        if st.st_uid not in mine and not _trusted(st.st_uid):
-            raise Miss
-        if st.st_mode & 0o022 and not (
-            st.st_mode & stat.S_ISVTX and (child_uid in mine or _trusted(child_uid))
-        ):
-            raise Miss
+        if st.st_uid not in mine:
+            owner = _owner_uid() if owner == -1 else owner
+            if st.st_uid != owner:
+                raise Miss
+        if st.st_mode & 0o022:  # writable by others: only sticky, above a trusted entry
+            if not st.st_mode & stat.S_ISVTX:
+                raise Miss
+            if child_uid not in mine:
+                owner = _owner_uid() if owner == -1 else owner
+                if child_uid != owner:
+                    raise Miss
         child_uid = st.st_uid
 
 
@@ -113,7 +157,7 @@ def _socket() -> str:
     """`locations.default_socket()`."""
     env = setting("KERNELD_SOCKET")
     if env:
-        return str(Path(env))
+        return _pure(env)
     if os.path.exists("/run/kerneld/kerneld.sock"):
         return "/run/kerneld/kerneld.sock"
     runtime = setting("XDG_RUNTIME_DIR")
@@ -145,9 +189,9 @@ def _identity() -> tuple[object, ...]:
 def _advert_store(seen: dict[str, os.stat_result]) -> tuple[str, tuple[object, ...]]:
     """The store the daemon's advert names, checked as `_path_trust.check_advert` checks it,
     and the advert's identity from the same `fstat`."""
-    path = Path(_socket() + ".json")
-    parent, chain = _real_dirs(str(path.parent), seen)
-    real = os.path.join(parent, path.name)
+    path = _pure(_socket() + ".json")
+    parent, chain = _real_dirs(_parent(path), seen)
+    real = os.path.join(parent, path[path.rfind("/") + 1 :])
     try:
         fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -168,10 +212,10 @@ def _advert_store(seen: dict[str, os.stat_result]) -> tuple[str, tuple[object, .
             raise Miss  # what `Path(doc[key])` refuses of a JSON value
         int(doc["pid"])
         str(doc["daemon_version"])
-        store = str(Path(doc["store_root"]))
+        store = _pure(doc["store_root"])
     except (KeyError, TypeError, ValueError, AttributeError):
         raise Miss from None
-    return store, (str(path), st.st_dev, st.st_ino, st.st_ctime_ns)
+    return store, (path, st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 #: (what named the store, its real path, its owner, (dev, inode, ctime) of the checked root)
@@ -192,7 +236,7 @@ def store_root() -> tuple[str, int]:
             pass
     seen: dict[str, os.stat_result] = {}  # this check's lstats: each directory looked at once
     if setting("KERNELD_STORE"):
-        named, path = _identity(), str(Path(setting("KERNELD_STORE")))
+        named, path = _identity(), _pure(setting("KERNELD_STORE"))
     else:
         path, named = _advert_store(seen)
     try:

@@ -32,9 +32,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kerneld_client import _config
+from kerneld_client.device_names import cuda_capability, normalise_machine
 from kerneld_client.variants.fingerprints import fingerprint
 from kerneld_client.variants.versions import dotted, parse_version
-from kerneld_client.vocabulary import cuda_capability, normalise_machine
 
 if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts

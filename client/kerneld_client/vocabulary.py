@@ -1,13 +1,14 @@
-"""The names the client and the daemon must spell alike, each defined once: repo ids, commits,
-machine names, device capabilities and platform fingerprints.
+"""The names the client and the daemon must spell alike, each defined once: repo ids, commits
+and platform fingerprints (machine names and device capabilities: `device_names`).
 
 A rule that two places must agree on is written here and nowhere else (docs/architecture.md,
-"One definition"): the client refusing a repo id the daemon accepts, or the daemon detecting a
-GPU as `9.0` while the client reads `sm_90`, would each be a bug that no test of one side finds.
+"One definition"): the client refusing a repo id the daemon accepts, or the two computing
+another fingerprint for the same platform, would each be a bug that no test of one side finds.
 Each caller wraps a verdict in its own typed error (the store's `InvalidRepoError`, the client's
 `ValueError`), so the rule is shared and the message stays where the context is.
 
-Standard library only and no `re`: the client's warm path checks a repo id on every call.
+Standard library only and no `re`: the client's warm path imports it and checks a repo id on
+every call, so what it does not use lives elsewhere.
 """
 
 from __future__ import annotations
@@ -65,62 +66,6 @@ def is_commit_prefix(value: object) -> bool:
         and MIN_COMMIT_PREFIX <= len(value) < COMMIT_LENGTH
         and not value.strip(_LOWER_HEX)
     )
-
-
-def normalise_machine(machine: str, os_name: str) -> str:
-    """`platform.machine()` as variant names spell it, as `kernels` does: macOS `arm64` and
-    Windows `AMD64` are renamed, nothing else is (Linux already says `aarch64`/`x86_64`)."""
-    if os_name == "darwin" and machine == "arm64":
-        return "aarch64"
-    if os_name == "windows" and machine == "AMD64":
-        return "x86_64"
-    return machine
-
-
-def cuda_capability(major: int, minor: int) -> str:
-    """A CUDA compute capability as kerneld spells it everywhere: `9.0` (not `sm_90`, not 90)."""
-    return f"{major}.{minor}"
-
-
-def rocm_target(major: int, minor: int, stepping: int) -> str:
-    """A ROCm gfx target from its numbers: (9, 4, 2) -> `gfx942`, (9, 0, 10) -> `gfx90a`."""
-    return f"gfx{major}{minor:x}{stepping:x}"
-
-
-def parse_cuda_capability(text: str) -> tuple[int, int] | None:
-    """`9.0` -> (9, 0); None when `text` is not a CUDA capability."""
-    major, dot, minor = text.strip().partition(".")
-    if not (dot and major.isascii() and minor.isascii() and major.isdigit() and minor.isdigit()):
-        return None
-    try:
-        return int(major), int(minor)
-    except ValueError:  # more digits than int() converts: not a capability anyone has
-        return None
-
-
-def parse_rocm_target(text: str) -> tuple[int, int, int] | None:
-    """`gfx942` / `gfx90a:sramecc+:xnack-` -> (9, 4, 2) / (9, 0, 10); None otherwise."""
-    target = text.strip().lower().split(":", maxsplit=1)[0]
-    digits = target[3:]
-    if not target.startswith("gfx") or len(digits) < 3 or not digits.isascii():
-        return None
-    major, minor, stepping = digits[:-2], digits[-2], digits[-1]
-    if not major.isdigit() or minor not in _LOWER_HEX or stepping not in _LOWER_HEX:
-        return None
-    return int(major), int(minor, 16), int(stepping, 16)
-
-
-def capability_number(text: str) -> int | None:
-    """`"8.6"` -> 86; a ROCm target `"gfx942"` -> 94 (major 9, minor 4, as torch's
-    `get_device_capability` reports it on ROCm); None when not understood. The numbers a layer
-    mapping's `CUDAProperties`/`ROCMProperties` intervals hold."""
-    cuda = parse_cuda_capability(text)
-    if cuda is not None:
-        return cuda[0] * 10 + cuda[1]
-    rocm = parse_rocm_target(text)
-    if rocm is not None:
-        return rocm[0] * 10 + rocm[1]
-    return None
 
 
 _ABI = {True: "cxx11", False: "cxx98", None: "noabi"}

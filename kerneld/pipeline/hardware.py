@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kerneld_client.device_names import cuda_capability, normalise_machine, rocm_target
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
-from kerneld_client.vocabulary import cuda_capability, normalise_machine, rocm_target
 
 log = logging.getLogger("kerneld.hardware")
 

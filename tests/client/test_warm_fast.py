@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kerneld_client import _config, _loads, _warm, _warm_trust
 from tests.client.support import ACTIVATION, Populated, client_env, run_client
@@ -188,6 +191,40 @@ def test_the_fast_path_reads_the_clients_variables_by_their_names() -> None:
     known |= {"HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "KERNELD_BYTECODE_CACHE"}
     assert "KERNELD_STORE" in names and "KERNELD_PLATFORM_JSON" in names
     assert names <= known, names - known
+
+
+@settings(max_examples=500)
+@given(st.text(alphabet="/.ab", max_size=12))
+def test_the_fast_paths_path_forms_are_pathlibs(text: str) -> None:
+    """The fast path normalises the socket and store paths as `str(Path(...))` would, without
+    pathlib (`_warm_trust._pure`): the same strings reach the checks and the store's identity,
+    `//` roots, `.` parts and trailing slashes included."""
+    assert _warm_trust._pure(text) == str(Path(text))
+    advert = _warm_trust._pure(text + ".json")
+    assert _warm_trust._parent(advert) == str(Path(advert).parent)
+
+
+@pytest.mark.parametrize("value", [1, 1.5, None, True, [], {}])
+def test_a_store_root_that_is_no_string_is_refused_as_pathlib_refuses_it(value: object) -> None:
+    with pytest.raises(TypeError):
+        Path(value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _warm_trust._pure(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [0, 1, 65_535, 65_536, 200_000])
+@pytest.mark.parametrize("limit", [1, 65_536, 70_000, 4 << 20, sys.maxsize])
+def test_the_fast_paths_file_reads_are_opens(tmp_path: Path, size: int, limit: int) -> None:
+    """`_warm_trust.read_file` (fewer system calls) reads what `open(path, "rb").read(limit)`
+    reads (`.read()` for sys.maxsize: metadata.json's), and refuses what it refuses."""
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(size))
+    with open(path, "rb") as f:
+        expected = f.read() if limit == sys.maxsize else f.read(limit)
+    assert _warm_trust.read_file(str(path), limit) == expected
+    for missing_or_dir in (tmp_path / "absent", tmp_path):
+        with pytest.raises(OSError):
+            _warm_trust.read_file(str(missing_or_dir), limit)
 
 
 FAKE_TORCH = """

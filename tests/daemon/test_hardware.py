@@ -9,8 +9,8 @@ import pytest
 
 from kerneld.pipeline.hardware import Hardware, cuda_for_driver, detect, gfx_name, nvidia_capability
 from kerneld.pipeline.prefetch import ClientPlatforms, host_backends, plan_variants
+from kerneld_client.device_names import normalise_machine
 from kerneld_client.variants import Backend, BackendType, PlatformFacts
-from kerneld_client.vocabulary import normalise_machine
 from tests.daemon import fakehosts
 from tests.fixtures_daemon import MULTI_VARIANTS
 
@@ -31,7 +31,7 @@ def test_empty_root_is_cpu_only(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64", "arm64", "AMD64", "ppc64le"])
 def test_the_daemon_names_the_machine_as_the_client_does(tmp_path: Path, machine: str) -> None:
-    """One rule (kerneld_client.vocabulary): a daemon that spelt the machine otherwise would
+    """One rule (kerneld_client.device_names): a daemon that spelt the machine otherwise would
     prefetch variants no client on the host asks for."""
     hw = detect(tmp_path, machine=machine)
     assert hw.cpu == normalise_machine(machine, hw.os)

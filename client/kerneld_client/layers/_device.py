@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerneld_client.vocabulary import capability_number
+from kerneld_client.device_names import capability_number
 
 __all__ = [
     "SUPPORTED_DEVICE_TYPES",

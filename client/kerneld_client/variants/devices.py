@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from kerneld_client.vocabulary import parse_cuda_capability
+from kerneld_client.device_names import parse_cuda_capability
 
 _CUDA_ARCH_RE = re.compile(r"([0-9]+)\.([0-9]+)([af]?)(\+PTX)?")
 
