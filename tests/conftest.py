@@ -4,7 +4,8 @@ Fixtures live in plugin modules, one per concern, so they can grow independently
 - tests/fixtures_examples.py: the example kernels, built once and cached by source hash;
 - tests/fixtures_hub.py: the Hub-compatible test server on 127.0.0.1;
 - tests/fixtures_release_venvs.py: released `kernels` in clean venvs;
-- tests/fixtures_testcache.py: the heavy set-up's cache outside the clone (`make test-deps`).
+- tests/fixtures_testcache.py: the heavy set-up's cache outside the clone (`make test-deps`);
+- tests/stall_timeout.py: a test's timeout is a window without CPU progress (hung), not wall clock.
 """
 
 import os
@@ -19,4 +20,5 @@ pytest_plugins = [
     "tests.fixtures_daemon",
     "tests.fixtures_release_venvs",
     "tests.scheduling",
+    "tests.stall_timeout",
 ]
