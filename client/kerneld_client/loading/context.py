@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from kerneld_client.variants import PlatformFacts
 
 
-__all__ = ["MISSING", "LoadContext", "LoadOptions", "as_kernel_error", "parse_request"]
+__all__ = [
+    "MISSING",
+    "LoadContext",
+    "LoadOptions",
+    "as_kernel_error",
+    "check_python_depends",
+    "parse_request",
+]
 
 
 def parse_request(
@@ -44,7 +51,8 @@ def parse_request(
     return KernelRequest(repo_id, version=version, revision=revision)
 
 
-def _check_python_depends(folder: Path, variant: str) -> None:
+def check_python_depends(folder: Path, variant: str) -> None:
+    """The default `before_import`: the build's `python-depends` are installed."""
     from kerneld_client.loading.python_deps import check_python_depends
 
     check_python_depends(folder, variant)
@@ -69,7 +77,7 @@ class LoadOptions:
         self.allow_fetch = allow_fetch
         # (folder, variant) -> None, or raises: a check of a verified tree before its code runs
         # (default: the build's `python-depends` are installed)
-        self.before_import = before_import or _check_python_depends
+        self.before_import = before_import or check_python_depends
         # repo -> locked commit, from a lock file (applies to dependencies too)
         self.locks: Mapping[str, str] = locks or {}
         # `kernels`' trust_remote_code: True, or the repos whose publisher the caller trusts

@@ -25,7 +25,7 @@ from kerneld_client.errors import (
 )
 from kerneld_client.file_locks import TreeGone
 from kerneld_client.loading import loaded as registry
-from kerneld_client.loading.context import LoadContext
+from kerneld_client.loading.context import LoadContext, check_python_depends
 from kerneld_client.loading.loaded import LoadedKernel
 from kerneld_client.loading.sources import Candidate, TreeVanished
 from kerneld_client.metadata import backend_of, kernel_depends
@@ -110,8 +110,11 @@ def _finish(
     metadata = importer.read_metadata(real)
     if ctx.options.check_arch:
         _check_device(metadata, candidate, ctx)
-    if ctx.options.before_import is not None:
-        ctx.options.before_import(real, candidate.variant)
+    before_import = ctx.options.before_import
+    if before_import is check_python_depends and not metadata.get("python-depends"):
+        before_import = None  # none declared: the check would read metadata.json to find that
+    if before_import is not None:
+        before_import(real, candidate.variant)
     deps = dependencies(metadata)
     with registry.importing(str(real)):
         existing = registry.registered(str(real))
