@@ -110,11 +110,13 @@ def _finish(
     metadata = importer.read_metadata(real)
     if ctx.options.check_arch:
         _check_device(metadata, candidate, ctx)
-    before_import = ctx.options.before_import
-    if before_import is check_python_depends and not metadata.get("python-depends"):
-        before_import = None  # none declared: the check would read metadata.json to find that
-    if before_import is not None:
-        before_import(real, candidate.variant)
+    before = ctx.options.before_import
+    # The default (python-depends installed?) has nothing to check when none is declared; it
+    # would read metadata.json again to find that out.
+    if before is not None and (
+        before is not check_python_depends or metadata.get("python-depends")
+    ):
+        before(real, candidate.variant)
     deps = dependencies(metadata)
     with registry.importing(str(real)):
         existing = registry.registered(str(real))
