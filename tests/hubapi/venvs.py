@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -149,15 +150,25 @@ def make_venv(
     torch = torch_only(root) if with_torch else None
     base = name or "+".join(r.replace("==", "-") for r in requirements)
     key = content_key(interpreter_key(), requirements, torch.name if torch else None)
-    folder = root / f"{base}-{key}"
+
+    def make(folder: Path) -> str:
+        _install_venv(folder, requirements, torch)
+        return "\n".join(requirements)
+
+    return _venv_once(root / f"{base}-{key}", make)
+
+
+def _venv_once(folder: Path, make: Callable[[Path], str]) -> Path:
+    """The venv at `folder`, made by `make(folder)` unless a previous call finished it
+    (`.installed`, holding what `make` returned); one left half-made by a killed run is made
+    again, and a second process waits on the first's lock. Its python."""
     python = folder / "bin" / "python"
     done = folder / ".installed"
     with locked(folder):
         if done.exists():
             return python
         shutil.rmtree(folder, ignore_errors=True)  # half-made by a run that was killed
-        _install_venv(folder, requirements, torch)
-        done.write_text("\n".join(requirements) + "\n")
+        done.write_text(make(folder) + "\n")
     return python
 
 
@@ -231,16 +242,13 @@ def _client_layer(root: Path) -> Path:
         (CLIENT / f).read_text(encoding="utf-8")
         for f in ("pyproject.toml", "setup.py", "kerneld_client_hook.pth")
     ]
-    folder = root / f"client-{content_key(interpreter_key(), str(CLIENT), packaging)}"
-    python = folder / "bin" / "python"
-    done = folder / ".installed"
-    with locked(folder):
-        if done.exists():
-            return python
-        shutil.rmtree(folder, ignore_errors=True)
+
+    def make(folder: Path) -> str:
         _pip_install(_new_venv(folder), ["--no-deps", CLIENT_REQUIREMENT])
-        done.write_text(f"{CLIENT}\n")
-    return python
+        return str(CLIENT)
+
+    key = content_key(interpreter_key(), str(CLIENT), packaging)
+    return _venv_once(root / f"client-{key}", make)
 
 
 def _with_client(
@@ -254,18 +262,15 @@ def _with_client(
         root, [*requirements, *client_dependencies()], name=f"{base}-shared", with_torch=with_torch
     )
     client = _client_layer(root)
-    folder = root / f"{base}-{content_key(shared.parent.parent.name, client.parent.parent.name)}"
-    python = folder / "bin" / "python"
-    done = folder / ".installed"
-    with locked(folder):
-        if done.exists():
-            return python
-        shutil.rmtree(folder, ignore_errors=True)
-        _new_venv(folder)
+
+    def make(folder: Path) -> str:
+        python = _new_venv(folder)
         layers = "; ".join(f"site.addsitedir({purelib(p)!r})" for p in (shared, client))
         Path(purelib(python), "00-kerneld-test-layers.pth").write_text(f"import site; {layers}\n")
-        done.write_text(f"{shared.parent.parent}\n{client.parent.parent}\n")
-    return python
+        return f"{shared.parent.parent}\n{client.parent.parent}"
+
+    key = content_key(shared.parent.parent.name, client.parent.parent.name)
+    return _venv_once(root / f"{base}-{key}", make)
 
 
 def make_venvs(root: Path, requirements: list[str]) -> dict[str, Path]:
