@@ -28,6 +28,7 @@ from kerneld.upstream.hub import HubUpstream
 from kerneld.upstream.retry import RetryPolicy
 from kerneld_client.platform import detect_platform_facts
 from kerneld_client.variants import PlatformFacts
+from tests.support import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 ACTIVATION = f"{ORG}/activation"
@@ -162,18 +163,29 @@ def client_env(store: Path | None, tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def run_client(
-    code: str, env: Mapping[str, str], *, timeout: float = 120, check: bool = True
+    code: str,
+    env: Mapping[str, str],
+    *,
+    timeout: float = 120,
+    check: bool = True,
+    fresh: bool = False,
 ) -> dict[str, Any]:
-    """Run `code` in a fresh interpreter; it must print one JSON object as its last line."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=dict(env),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """Run `code` as a new `python -c` process; it must print one JSON object as its last line.
+    A script that imports torch first is forked from a process that imported torch already
+    (tests/support/zygote.py), unless `fresh`."""
+    argv = ["-c", textwrap.dedent(code)]
+    if fresh:
+        proc = subprocess.run(
+            [sys.executable, *argv],
+            env=dict(env),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    else:
+        proc = zygote.run_python(argv, env=env, cwd=ROOT, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"client exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     lines = proc.stdout.strip().splitlines()

@@ -6,14 +6,13 @@ hook on (KERNELD_HOOK_KERNELS=1), exactly as in `KERNELD_HOOK_KERNELS=1 python t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from examples.kernels.specs import ORG
 from tests.client.support import client_env
+from tests.support import zygote
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
@@ -37,15 +36,13 @@ def hook_env(tmp: Path, hub: HubServer, daemon: DaemonProcess, **extra: str) -> 
 def run_child(
     module: str, args: Mapping[str, Any], env: Mapping[str, str], *, timeout: float = 120
 ) -> dict[str, Any]:
-    """Run `python -m tests.integrations.<module> <json>`; its last stdout line is JSON."""
-    proc = subprocess.run(
-        [sys.executable, "-m", f"tests.integrations.{module}", json.dumps(dict(args))],
+    """Run `python -m tests.integrations.<module> <json>`; its last stdout line is JSON. (A
+    child that imports torch first is forked from a torch-loaded zygote: support/zygote.py.)"""
+    proc = zygote.run_python(
+        ["-m", f"tests.integrations.{module}", json.dumps(dict(args))],
+        env=env,
         cwd=ROOT,
-        env=dict(env),
-        capture_output=True,
-        text=True,
         timeout=timeout,
-        check=False,
     )
     if proc.returncode != 0:
         raise AssertionError(f"{module} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

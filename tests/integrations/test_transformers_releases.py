@@ -18,7 +18,6 @@ per missing repo naming it and the reason."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from tests.integrations.transformers_hub import (
     STANDINS,
     build_transformers_hub,
 )
+from tests.support import zygote
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
 
@@ -91,14 +91,8 @@ def run_models(
     *,
     child: str = "tests.integrations._tf_models_child",
 ) -> dict[str, Any]:
-    proc = subprocess.run(
-        [str(python), "-m", child, json.dumps(args)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    proc = zygote.run_python(
+        ["-m", child, json.dumps(args)], env=env, cwd=ROOT, timeout=timeout, python=python
     )
     assert proc.returncode == 0, proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

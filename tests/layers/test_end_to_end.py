@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from kerneld.mirror.upstream import MirrorDirUpstream
 from kerneld.pipeline.resolve import KernelSpec, Resolver
 from kerneld.store import Store
 from kerneld_client.platform import detect_platform_facts
+from tests.support import zygote
 from tests.support.daemon import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,14 +67,11 @@ def child(
         PYTHONDONTWRITEBYTECODE="1",
     )
     env.update(extra_env or {})
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.layers._e2e_child", json.dumps({"version": VERSION, **args})],
-        cwd=ROOT,
+    out = zygote.run_python(
+        ["-m", "tests.layers._e2e_child", json.dumps({"version": VERSION, **args})],
         env=env,
-        capture_output=True,
-        text=True,
+        cwd=ROOT,
         timeout=120,
-        check=False,
     )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
