@@ -43,7 +43,8 @@ def sources_digest() -> str:
 
 def baseline_path(version: str, python: Path, suite: Path) -> Path:
     """Where the outcomes of `version`'s plain run with `python` on `suite` are kept."""
-    key = content_key(version, os.path.realpath(python), os.path.realpath(suite), sources_digest())
+    # Not realpath: a venv's python links to the base interpreter; its folder names the venv's key.
+    key = content_key(version, os.path.abspath(python), os.path.abspath(suite), sources_digest())
     return cache_dir("conformance-baselines") / f"kernels-{version}-{key}.json"
 
 
