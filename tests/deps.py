@@ -138,9 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("steps", nargs="*", help=f"some of {', '.join(STEPS)} (default: all)")
     parser.add_argument("--list", action="store_true", help="name the steps and exit")
+    parser.add_argument(
+        "--cache-dir",
+        metavar="KIND",
+        help="print the cache's folder for KIND (made if missing) and exit: `make test` keeps "
+        "mypy's incremental cache in `--cache-dir mypy`",
+    )
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(STEPS))
+        return 0
+    if args.cache_dir:
+        if not args.cache_dir.replace("-", "").isalnum():
+            parser.error(f"--cache-dir {args.cache_dir!r}: a kind is one name (venvs, mypy, ...)")
+        print(cache_dir(args.cache_dir))
         return 0
     unknown = [s for s in args.steps if s not in STEPS]
     if unknown:

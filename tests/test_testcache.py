@@ -41,6 +41,19 @@ def test_the_cache_is_the_configured_folder(
     assert cache_root() == tmp_path / "c" and (tmp_path / "c").is_dir()
 
 
+def test_make_test_finds_a_kinds_folder_by_name(tmp_path: Path) -> None:
+    """`python -m tests.deps --cache-dir mypy` (the Makefile's mypy cache) prints the kind's
+    folder in the configured cache, made; a kind that is not one name is refused."""
+    env = {**os.environ, CACHE_ENV: str(tmp_path / "c")}
+    ask = [sys.executable, "-m", "tests.deps", "--cache-dir"]
+    run = subprocess.run([*ask, "mypy"], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout == f"{tmp_path / 'c' / 'mypy'}\n", run.stderr
+    assert (tmp_path / "c" / "mypy").is_dir()
+    bad = subprocess.run([*ask, "../x"], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "a kind is one name" in bad.stderr
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["mypy"]
+
+
 def test_keys_follow_every_input() -> None:
     base = content_key(["kernels==0.19.1"], "3.11")
     assert base == content_key(["kernels==0.19.1"], "3.11")

@@ -47,8 +47,16 @@ def _forms(code: str, tmp_path: Path) -> dict[str, list[str]]:
     }
 
 
-@pytest.mark.parametrize("form", ["-c", "-m", "path"])
-@pytest.mark.parametrize("job", sorted(JOBS))
+#: Jobs whose output depends on how the script was named (argv, `__main__`, sys.path[0], the
+#: traceback's frames, SystemExit through runpy): every form. The others end the same way
+#: whatever the form (the child's exit path is one), so `-c` shows it.
+EVERY_FORM = ("prints", "raises", "exits 3")
+CASES = [(job, form) for job in sorted(JOBS) for form in ("-c", "-m", "path")]
+
+
+@pytest.mark.parametrize(
+    ("job", "form"), [(j, f) for j, f in CASES if f == "-c" or j in EVERY_FORM]
+)
 def test_a_job_in_the_zygote_is_a_fresh_process(
     job: str, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,13 +96,29 @@ def test_another_start_up_environment_gets_another_zygote(tmp_path: Path) -> Non
     assert zygote.run_python(code, env=env, cwd=tmp_path, timeout=60).stdout != f"{tmp_path}\n"
 
 
-def test_the_hook_and_a_late_torch_start_fresh(tmp_path: Path) -> None:
-    """The start-up hook reads the job's variables while the interpreter starts, and a script
-    that runs code before importing torch may measure or change that import: both fresh."""
+def test_the_hook_is_part_of_the_start_up_environment(tmp_path: Path) -> None:
+    """kerneld_client_hook.pth reads KERNELD_HOOK_KERNELS while the interpreter starts and, when
+    it is on, puts the finder that waits for `import kernels` on sys.meta_path: jobs with the
+    hook on and off, one after the other, each see the finders a fresh interpreter has."""
+    code = ["-c", "import torch, sys\nprint(sorted(type(f).__name__ for f in sys.meta_path))\n"]
+    seen = []
+    for value in ("1", "0", "1"):
+        env = {**os.environ, "KERNELD_HOOK_KERNELS": value}
+        assert zygote.forkable(code, env, tmp_path)
+        forked = zygote.run_python(code, env=env, cwd=tmp_path, timeout=60)
+        fresh = subprocess.run(
+            [sys.executable, *code], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert forked.returncode == fresh.returncode == 0
+        assert forked.stdout == fresh.stdout, (forked.stdout, fresh.stdout)
+        seen.append("KernelsFinder" in forked.stdout)
+    assert seen == [True, False, True]
+
+
+def test_a_late_torch_and_interpreter_options_start_fresh(tmp_path: Path) -> None:
+    """A script that runs code before importing torch may measure or change that import, and
+    options change how the interpreter runs: both fresh."""
     env = dict(os.environ)
-    assert not zygote.forkable(
-        ["-c", "import torch"], {**env, "KERNELD_HOOK_KERNELS": "1"}, tmp_path
-    )
     assert not zygote.forkable(["-c", "import time\nT0 = time.time()\nimport torch"], env, tmp_path)
     assert not zygote.forkable(["-u", "-c", "import torch"], env, tmp_path)
 

@@ -172,7 +172,8 @@ def run_client(
 ) -> dict[str, Any]:
     """Run `code` as a new `python -c` process; it must print one JSON object as its last line.
     A script that imports torch first is forked from a process that imported torch already
-    (tests/support/zygote.py), unless `fresh`."""
+    (tests/support/zygote.py), unless `fresh`: the suite's jobs import torch first, as training
+    scripts do, where what they test does not need a process without it."""
     argv = ["-c", textwrap.dedent(code)]
     if fresh:
         proc = subprocess.run(

@@ -27,6 +27,7 @@ from tests.client.support import ACTIVATION, Populated, client_env, run_client
 
 SCRIPT = """
 import json, os, sys, warnings
+import torch
 import kerneld_client
 from kerneld_client import loader
 calls = []

@@ -25,7 +25,7 @@ REPO = "kerneld-publish/scale"
 VARIANT = "torch-universal"
 
 LOAD = """
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     mod = kerneld_client.get_kernel({repo!r}, version=1, policy="error")
     print(json.dumps({{"version": mod.VERSION, "file": mod.__file__}}))

@@ -70,7 +70,7 @@ def _job(d: DaemonProcess, tmp: Path, repo: str) -> dict[str, Any]:
         d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
     )
     code = f"""
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     kerneld_client.get_kernel({repo!r}, version=1, policy="error")
 except kerneld_client.KernelError as exc:

@@ -26,7 +26,7 @@ REPO = f"{ORG}/scale"
 TTL = 2.0
 
 LOAD = """
-import json, kerneld_client
+import json, torch, kerneld_client
 mod = kerneld_client.get_kernel({repo!r}, version=1, policy="error")
 print(json.dumps({{"version": mod.VERSION, "file": mod.__file__}}))
 """

@@ -306,7 +306,7 @@ def test_unknown_digests_hostile_requests_and_floods(
 
 
 CLIENT = """
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     mod = kerneld_client.get_kernel({repo!r}, version=1, policy="error")
     out = {{"name": mod.NAME}}

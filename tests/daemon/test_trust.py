@@ -43,7 +43,7 @@ def _job(d: DaemonProcess, tmp: Path, repo: str, trust: str = "False") -> dict[s
         d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
     )
     code = f"""
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     kerneld_client.get_kernel({repo!r}, version=1, policy="error", trust_remote_code={trust})
 except kerneld_client.KernelError as exc:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import sys
 
+import torch  # a training job's first import; the suite forks such jobs (tests/support/zygote.py)
+
 
 def main() -> None:
     args = json.loads(sys.argv[1])
     from importlib.metadata import version
 
     import kernels
-    import torch
 
     out: dict[str, object] = {"kernels": version("kernels")}
     try:

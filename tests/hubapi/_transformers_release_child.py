@@ -18,10 +18,11 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import torch  # a training job's first import; the suite forks such jobs (tests/support/zygote.py)
+
 
 def main() -> None:
     args = json.loads(sys.argv[1])
-    import torch
     from kernels import LayerRepository, Mode, register_kernel_mapping
     from transformers import AutoModelForCausalLM
 

@@ -54,6 +54,7 @@ from tests.support.testcache import (
     staging,
 )
 from tests.support.watchdog import run_until_stalled
+from tests.support.zygote import run_python
 
 #: The newest 0.14 and 0.16 releases, 0.17.2, 0.18.3 and the newest (issue 24, issue 40).
 KERNELS_RELEASES = ("0.14.1", "0.16.2", "0.17.2", "0.18.3", "0.19.1")
@@ -299,15 +300,14 @@ def run_in_venv(
     python: Path, script: Path, args: dict[str, Any], env: dict[str, str], timeout: float = 300
 ) -> dict[str, Any]:
     """Run a child script by path in a venv's python, from `env["HOME"]`; the JSON object its
-    last stdout line holds."""
-    proc = subprocess.run(
-        [str(python), str(script), json.dumps(args)],
+    last stdout line holds. A script that imports torch first is forked from that python's
+    zygote (tests/support/zygote.py)."""
+    proc = run_python(
+        [str(script), json.dumps(args)],
         env=env,
-        cwd=env["HOME"],
-        capture_output=True,
-        text=True,
+        cwd=Path(env["HOME"]),
         timeout=timeout,
-        check=False,
+        python=python,
     )
     assert proc.returncode == 0, proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

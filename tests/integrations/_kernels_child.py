@@ -6,10 +6,11 @@ ops: `get` (kernels.get_kernel), `has` (kernels.has_kernel), `load` (kernels.loa
 `lockfile`), `locked` (kernels.get_locked_kernel with `lockfile`), `kernelize` (a marked RMSNorm
 mapped to `repo` at `version` or `revision`: whether its forward was swapped, or the error).
 It imports nothing of the project's but kerneld_client, so a release venv can run it by path.
-`kernels` is imported first, before anything of kerneld's, so whatever routes it through kerneld
-is the start-up hook. Prints one JSON object: per step what came back (and where the module was
-loaded from), plus whether the hook was on, grpc imported, the release, and any kerneld object
-found in `kernels`' private modules (the hook must leave them alone).
+`kernels` is imported after torch (as a training script does) and before anything of kerneld's,
+so whatever routes it through kerneld is the start-up hook. Prints one JSON object: per step
+what came back (and where the module was loaded from), plus whether the hook was on, grpc
+imported, the release, and any kerneld object found in `kernels`' private modules (the hook must
+leave them alone).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import kernels  # first: the hook (if on) attaches here
-import torch
+import torch  # a training job's first import (and the suite forks such jobs: support/zygote.py)
+
+# isort: split
+import kernels  # the hook (if on) attaches here
 
 REPO = "kerneld-examples/activation"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.hubapi.venvs import HOOK_RELEASES
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
+from tests.support.zygote import run_python
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_kernels_child.py"
@@ -39,15 +39,14 @@ def hook_venvs() -> dict[str, Path]:
 
 
 def run(python: Path, script: Path, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Run a child by path (nothing of the project's on its path but kerneld-client)."""
-    proc = subprocess.run(
-        [str(python), str(script), json.dumps(args)],
+    """Run a child by path (nothing of the project's on its path but kerneld-client); one that
+    imports torch first is forked from the venv's zygote (tests/support/zygote.py)."""
+    proc = run_python(
+        [str(script), json.dumps(args)],
         env=env,
-        cwd=env.get("HOME", "/"),
-        capture_output=True,
-        text=True,
+        cwd=Path(env.get("HOME", "/")),
         timeout=300,
-        check=False,
+        python=python,
     )
     assert proc.returncode == 0, proc.stderr
     out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])

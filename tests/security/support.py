@@ -33,7 +33,7 @@ NOBODY = pwd.getpwnam("nobody")
 #: A victim job (`% {"repo": ...}`): what it imported, or the error it got, as JSON; then what
 #: the default policy (fallback to PyTorch) gives it.
 VICTIM = """
-import json, kerneld_client
+import json, torch, kerneld_client
 out = {}
 try:
     out["kid"] = kerneld_client.get_kernel(%(repo)r, version=1, policy="error").KID

@@ -133,7 +133,7 @@ def test_a_store_remounted_read_only_after_a_disk_error(
             KERNELD_VERIFY="1",
         )
         code = f"""
-import json, kerneld_client
+import json, torch, kerneld_client
 mod = kerneld_client.get_kernel({ACT!r}, version=1, policy="error")
 print(json.dumps({{"name": mod.NAME, "source": kerneld_client.loaded_kernels()[0].source}}))
 """

@@ -108,7 +108,7 @@ def _admin_answers(d: DaemonProcess) -> float:
 
 
 VICTIM_LOADS = """
-import json, time, kerneld_client
+import json, time, torch, kerneld_client
 out = {}
 out["warm"] = kerneld_client.get_kernel(%(warm)r, version=1, policy="error").NAME
 out["source"] = kerneld_client.loaded_kernels()[0].source

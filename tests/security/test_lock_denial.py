@@ -54,7 +54,7 @@ _kept: list[int] = []  # the attacker's descriptors (in its own forked process)
 
 #: A victim job: load with policy="error" (no fallback) and time it.
 LOAD = f"""
-import json, time, kerneld_client
+import json, time, torch, kerneld_client
 t = time.monotonic()
 out = {{}}
 try:

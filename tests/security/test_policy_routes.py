@@ -124,7 +124,7 @@ def job(d: DaemonProcess, tmp: Path, repo: str, revision: str | None = None) -> 
         d.store_root, tmp, KERNELD_SOCKET=str(d.user_socket), KERNELD_PLATFORM_JSON=CPU_FACTS
     )
     code = f"""
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     kerneld_client.get_kernel({repo!r}, {_selector(revision)}, policy="error")
 except kerneld_client.KernelError as exc:
@@ -151,7 +151,7 @@ def hook(
         HF_HOME=str(tmp / "hf-home"),
     )
     code = f"""
-import json, kernels, kerneld_client
+import json, torch, kernels, kerneld_client
 try:
     module = kernels.get_kernel({repo!r}, {_selector(revision)})
 except Exception as exc:

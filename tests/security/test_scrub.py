@@ -116,7 +116,7 @@ def test_an_interrupted_scrub_resumes_where_it_stopped(tmp_path: Path) -> None:
 
 
 CLIENT = """
-import json, kerneld_client
+import json, torch, kerneld_client
 try:
     mod = kerneld_client.get_kernel({repo!r}, version=1, policy="error")
     out = {{"name": mod.NAME}}

@@ -11,10 +11,11 @@ nothing of kerneld's, and forks one child per job. The child takes the job's env
 working directory, stdio and `__main__` before it runs the script, and ends as an interpreter
 ends (atexit, non-daemon threads joined, exit status from SystemExit or a traceback's 1), so a
 test sees what a fresh `python -c` would have printed and returned. A script that does anything
-before importing torch, or an environment that changes how the interpreter starts (PYTHONPATH,
-PYTHONHOME, ...), gets a fresh interpreter as before.
+before importing torch, or interpreter options, gets a fresh interpreter as before.
 
-One zygote per pytest process and start-up environment, started on first use and stopped at exit.
+One zygote per pytest process, interpreter and start-up environment (the variables read while an
+interpreter starts: PYTHONPATH, ..., and KERNELD_HOOK_KERNELS, which kerneld-client's start-up
+hook reads then), started on first use and stopped at exit.
 Its children are its own, so it reaps them and sends each one's wait status to whoever asked.
 """
 
@@ -38,10 +39,14 @@ from pathlib import Path
 
 #: Variables read when an interpreter starts or torch is imported, i.e. what a zygote's children
 #: inherit from it rather than from their own environment: a job whose values differ from the
-#: zygote's gets another zygote. Everything else (KERNELD_*, HF_*, HOME, XDG_*, ...) the child
-#: takes from the job's environment before any of its code runs.
+#: zygote's gets another zygote. Among them KERNELD_HOOK_KERNELS: kerneld_client_hook.pth reads
+#: it while the interpreter starts and, when on, puts the finder that waits for `import kernels`
+#: on sys.meta_path (integrations/_autohook.py); the hook reads nothing else before that import.
+#: Everything else (KERNELD_*, HF_*, HOME, XDG_*, ...) the child takes from the job's environment
+#: before any of its code runs.
 FRESH_ENV = "KERNELD_TEST_FRESH_JOBS"
 _STARTUP_PREFIXES = ("PYTHON", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "LD_", "PYTORCH_")
+_STARTUP_NAMES = ("KERNELD_HOOK_KERNELS",)
 
 _SERVER = r"""
 import sys
@@ -220,15 +225,12 @@ def _source(argv: Sequence[str], cwd: Path) -> str | None:
 
 
 def forkable(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bool:
-    """Whether `python *argv` may run in a zygote's child: the script imports torch first, the
-    start-up hook is off (it attaches while the interpreter starts, reading the job's variables
-    then), this interpreter has no user site (a venv: HOME does not move sys.path), and the
-    suite was not told to start every job fresh (KERNELD_TEST_FRESH_JOBS=1)."""
+    """Whether `python *argv` may run in a zygote's child: the script imports torch first, this
+    interpreter has no user site (a venv: HOME does not move sys.path), and the suite was not
+    told to start every job fresh (KERNELD_TEST_FRESH_JOBS=1)."""
     import site
 
     if os.environ.get(FRESH_ENV, "").strip() not in ("", "0") or not argv:
-        return False
-    if env.get("KERNELD_HOOK_KERNELS", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
     if site.ENABLE_USER_SITE or not hasattr(socket, "send_fds"):
         return False
@@ -239,7 +241,11 @@ def forkable(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> bool:
 
 
 def _startup_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_STARTUP_PREFIXES)))
+    return tuple(
+        sorted(
+            (k, v) for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_NAMES
+        )
+    )
 
 
 class Zygote:
