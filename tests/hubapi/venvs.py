@@ -299,13 +299,13 @@ def make_hook_venvs(root: Path, releases: tuple[str, ...] = HOOK_RELEASES) -> di
 def run_in_venv(
     python: Path, script: Path, args: dict[str, Any], env: dict[str, str], timeout: float = 300
 ) -> dict[str, Any]:
-    """Run a child script by path in a venv's python, from `env["HOME"]`; the JSON object its
-    last stdout line holds. A script that imports torch first is forked from that python's
-    zygote (tests/support/zygote.py)."""
+    """Run a child script by path in a venv's python, from `env["HOME"]` (else /); the JSON
+    object its last stdout line holds. A script that imports torch first is forked from that
+    python's zygote (tests/support/zygote.py)."""
     proc = run_python(
         [str(script), json.dumps(args)],
         env=env,
-        cwd=Path(env["HOME"]),
+        cwd=Path(env.get("HOME", "/")),
         timeout=timeout,
         python=python,
     )

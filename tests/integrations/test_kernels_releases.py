@@ -10,7 +10,6 @@ and 5.25 through the hook: tests/integrations/test_transformers_releases.py."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +18,10 @@ from typing import Any
 import pytest
 
 from tests import deps
-from tests.hubapi.venvs import HOOK_RELEASES
+from tests.hubapi.venvs import HOOK_RELEASES, run_in_venv
 from tests.integrations.support import ACTIVATION, ORG, count_warnings, hook_env
 from tests.support.daemon import DaemonProcess
 from tests.support.hubserver import HubServer
-from tests.support.zygote import run_python
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_kernels_child.py"
@@ -36,22 +34,6 @@ def hook_venvs() -> dict[str, Path]:
     """Release -> the python of its clean venv with kerneld-client (`make test-deps` made
     them)."""
     return deps.hook_venvs()
-
-
-def run(python: Path, script: Path, args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """Run a child by path (nothing of the project's on its path but kerneld-client); one that
-    imports torch first is forked from the venv's zygote (tests/support/zygote.py)."""
-    proc = run_python(
-        [str(script), json.dumps(args)],
-        env=env,
-        cwd=Path(env.get("HOME", "/")),
-        timeout=300,
-        python=python,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["stderr"] = proc.stderr
-    return out
 
 
 def fallback_warnings(stderr: str) -> list[str]:
@@ -72,7 +54,7 @@ def test_the_hook_serves_the_release(
     env = {k: v for k, v in hook_env(tmp_path, hub, hub_daemon).items() if k != "PYTHONPATH"}
     store = hub_daemon.store_root.resolve()
 
-    cold = run(python, CHILD, {"steps": [{"op": "get", "version": 1}]}, env)
+    cold = run_in_venv(python, CHILD, {"steps": [{"op": "get", "version": 1}]}, env)
     assert cold["version"] == release and cold["hooked"] is True
     assert cold["kerneld_in_private"] == []  # only `kernels`' public names are kerneld's
     (got,) = cold["steps"]
@@ -87,7 +69,7 @@ def test_the_hook_serves_the_release(
         {"op": "kernelize", "version": 1},
         {"op": "kernelize", "repo": MISSING, "version": 1},
     ]
-    warm = run(python, CHILD, {"steps": steps}, env)
+    warm = run_in_venv(python, CHILD, {"steps": steps}, env)
     got, has, mapped, missing = warm["steps"]
     assert got["kerneld_source"] == "index" and got["ops_ok"] is True, got
     assert has["value"] is True
@@ -98,14 +80,14 @@ def test_the_hook_serves_the_release(
     assert hub.counts["resolve_get"] == 0 and hub.counts.get("tree", 0) == 0, dict(hub.counts)
 
     # A misspelt revision can never be right: it raises, as in `kernels`.
-    typo = run(python, CHILD, {"steps": [{"op": "kernelize", "revision": "mian"}]}, env)
+    typo = run_in_venv(python, CHILD, {"steps": [{"op": "kernelize", "revision": "mian"}]}, env)
     assert typo["steps"][0].get("error") == "RevisionNotFound", typo["steps"]
 
     # The daemon is down and HF_ENDPOINT names nothing that answers: the mapped layer keeps
     # PyTorch, with one warning naming the repo and the reason.
     assert hub_daemon.stop() == 0
     down_env = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    down = run(python, CHILD, {"steps": [{"op": "kernelize", "version": 2}]}, down_env)
+    down = run_in_venv(python, CHILD, {"steps": [{"op": "kernelize", "version": 2}]}, down_env)
     assert down["steps"][0].get("swapped") is False, down["steps"]
     warned = fallback_warnings(down["stderr"])
     assert len(warned) == 1 and ACTIVATION in warned[0], down["stderr"]
@@ -124,7 +106,9 @@ def test_an_untrusted_publisher_still_raises(
     hub.set_trusted(ORG, False)
     daemon = make_daemon(hub_endpoint=hub.url, config={"trust": {"allow": []}})
     env = {k: v for k, v in hook_env(tmp_path, hub, daemon).items() if k != "PYTHONPATH"}
-    out = run(hook_venvs["0.19.1"], CHILD, {"steps": [{"op": "kernelize", "version": 1}]}, env)
+    out = run_in_venv(
+        hook_venvs["0.19.1"], CHILD, {"steps": [{"op": "kernelize", "version": 1}]}, env
+    )
     (step,) = out["steps"]
     assert step.get("error") == "UntrustedPublisher" and step["value_error"] is True, step
     assert count_warnings(out["stderr"], "KernelFallbackWarning") == 0
@@ -191,7 +175,7 @@ def test_every_public_name_has_the_release_signature(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELD_", "PYTHON", "HF_"))}
     env["HOME"] = str(tmp_path)
-    out = run(hook_venvs[release], API_CHILD, {}, env)
+    out = run_in_venv(hook_venvs[release], API_CHILD, {}, env)
     assert out["version"] == release
     expected = {"0.17.2": 33, "0.18.3": 37, "0.19.1": 37}[release]  # __all__ less __version__
     assert len(out["names"]) == expected
