@@ -99,6 +99,7 @@ class HubHandler(BaseHTTPRequestHandler):
             raw_path,
             request_kind(method, raw_path),
             authorization=self.headers.get("Authorization", ""),
+            user_agent=self.headers.get("User-Agent", ""),
         )
         hub._record(self._record)
         self._fault: Fault | None = None

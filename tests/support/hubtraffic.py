@@ -125,3 +125,4 @@ class RequestRecord:
     kind: str
     status: int = 0
     authorization: str = ""  # the Authorization header as sent (tokens reach the Hub only)
+    user_agent: str = ""  # the User-Agent header as sent
