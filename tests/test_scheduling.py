@@ -72,7 +72,9 @@ def _pytest(suite: Path, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), CACHE_ENV: str(suite / "cache")}
     env.pop("PYTEST_XDIST_WORKER", None)  # this test may itself run on a worker
     env.pop("PYTEST_ADDOPTS", None)
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    # the one plugin the toy suite needs, not every installed one (half of each run's start-up)
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist.plugin"]
     done = subprocess.run(
         [*argv, "--rootdir", str(suite), *args],
         cwd=suite,
