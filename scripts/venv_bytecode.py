@@ -36,7 +36,8 @@ _HEADER = 16  # magic, flags, source mtime, source size (PEP 552, timestamp-base
 
 
 def distributions(site: Path) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(dist-info folder, [(path, "sha256=...")]) of every non-editable distribution."""
+    """(dist-info folder, [(path, "sha256=...")]) of every non-editable distribution, its files
+    in site-packages only: its scripts in the venv's bin/ hold the venv's path."""
     found = []
     for info in sorted(site.glob("*.dist-info")):
         try:
@@ -50,8 +51,13 @@ def distributions(site: Path) -> list[tuple[str, list[tuple[str, str]]]]:
         except OSError:
             continue
         rows = [line.rsplit(",", 2) for line in lines]
-        found.append((info.name, [(r[0], r[1]) for r in rows if len(r) == 3 and r[1]]))
+        inside = [(r[0], r[1]) for r in rows if len(r) == 3 and r[1] and _inside(r[0])]
+        found.append((info.name, inside))
     return found
+
+
+def _inside(path: str) -> bool:
+    return not path.startswith("/") and ".." not in Path(path).parts
 
 
 def cache_key(dists: list[tuple[str, list[tuple[str, str]]]]) -> str:
@@ -62,12 +68,7 @@ def cache_key(dists: list[tuple[str, list[tuple[str, str]]]]) -> str:
 
 def _sources(site: Path, dists: list[tuple[str, list[tuple[str, str]]]]) -> dict[str, str]:
     """Relative path of every `.py` file of the distributions inside site -> its RECORD hash."""
-    return {
-        path: hashed
-        for _, rows in dists
-        for path, hashed in rows
-        if path.endswith(".py") and not path.startswith(("..", "/"))
-    }
+    return {path: hashed for _, rows in dists for path, hashed in rows if path.endswith(".py")}
 
 
 def _unchanged(source: Path, hashed: str) -> bool:

@@ -31,6 +31,13 @@ def _record_line(site: Path, name: str) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
+def _script_line(venv: Path) -> str:
+    """The RECORD line of the distribution's script in the venv's bin/: its shebang names the
+    venv, so every venv's line differs."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(str(venv).encode()).digest())
+    return f"../../../bin/demo,sha256={digest.rstrip(b'=').decode()},200"
+
+
 def _site(tmp_path: Path) -> Path:
     site = tmp_path / "site-packages"
     for name, text in SOURCES.items():
@@ -40,7 +47,13 @@ def _site(tmp_path: Path) -> Path:
     demo = site / "demo-1.0.dist-info"
     demo.mkdir()
     (demo / "RECORD").write_text(
-        "\n".join([*(_record_line(site, n) for n in SOURCES), "demo-1.0.dist-info/RECORD,,"])
+        "\n".join(
+            [
+                *(_record_line(site, n) for n in SOURCES),
+                _script_line(tmp_path),
+                "demo-1.0.dist-info/RECORD,,",
+            ]
+        )
     )
     editable = site / "ed-0.1.dist-info"
     editable.mkdir()
@@ -99,6 +112,9 @@ def test_restored_bytecode_is_todays_compile_and_changed_files_are_compiled(
         st = (site / name).stat()
         os.utime(site / name, (st.st_atime + 1000, st.st_mtime + 1000))
     (site / "demo/mod.py").write_text("VALUE = 2\n")
+    record = site / "demo-1.0.dist-info" / "RECORD"  # another venv: another script line
+    text = record.read_text()
+    record.write_text(text.replace(_script_line(tmp_path), _script_line(tmp_path / "other")))
     assert "1 of 2 files restored" in _run(site, cache)
     for name in [*SOURCES, FINDER]:
         _as_compiled_today(site, name, tmp_path)
