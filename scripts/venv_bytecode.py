@@ -32,7 +32,6 @@ from pathlib import Path
 
 #: Kept entries per cache folder (one per set of installed versions), newest first.
 KEEP = 2
-_HEADER = 16  # magic, flags, source mtime, source size (PEP 552, timestamp-based)
 
 
 def distributions(site: Path) -> list[tuple[str, list[tuple[str, str]]]]:

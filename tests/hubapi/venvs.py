@@ -177,7 +177,13 @@ def _install_venv(folder: Path, requirements: list[str], torch: Path | None) -> 
     python = _new_venv(folder)
     _pip_install(python, requirements)
     if torch is not None:
-        Path(purelib(python), "zz-torch-only.pth").write_text(f"{torch}\n")
+        add_torch_layer(python, torch)
+
+
+def add_torch_layer(python: Path, torch: Path) -> None:
+    """Put the torch layer (`torch_only`) on the path of the venv of `python`: its imports and
+    its pip see torch as installed."""
+    Path(purelib(python), "zz-torch-only.pth").write_text(f"{torch}\n")
 
 
 def _new_venv(folder: Path) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures_daemon import ACT
-from tests.hubapi.venvs import purelib, torch_only, venv_root
+from tests.hubapi.venvs import add_torch_layer, torch_only, venv_root
 from tests.security.support import CPU_FACTS
 from tests.support.daemon import DaemonProcess
 
@@ -102,7 +102,7 @@ def test_the_client_installs_alone_and_loads_kernels(
     # project venv's torch, compiled; tests/hubapi/venvs.py) on the venv's path. pip sees it as
     # installed, so the install below adds the client's own closure, the thing tested; pip
     # installing and compiling torch again took two thirds of this test's 34 s of CPU.
-    Path(purelib(Path(py)), "zz-torch-only.pth").write_text(f"{torch_only(venv_root())}\n")
+    add_torch_layer(Path(py), torch_only(venv_root()))
     _run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", TORCH, str(client)])
     installed = {
         p["name"].lower().replace("_", "-")
