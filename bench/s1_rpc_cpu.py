@@ -10,9 +10,10 @@ jobs do, over many rounds; each round runs every row once, in turn, so rows are 
   imported before the clock starts) with KERNELD_REF_MAX_AGE=0 (the published pick is
   re-checked with the daemon: the staged loader, grpc, a channel, Resolve, then the import), as
   s1_warm's RPC row; with `--ab COMMIT` also that commit's client (`s1_ab`), in the same rounds;
-- *floor*: `import grpc` + the generated stubs + one unary call (a ResolveRequest) to a bare
-  grpcio server on a unix socket in another process, + importlib of a copy of the variant folder:
-  what any RPC path built on grpcio pays. Its parts are also reported apart.
+- *floor*: `import grpc` + the messages of a Resolve (`resolve_pb2`) + one unary call (a
+  ResolveRequest) to a bare grpcio server on a unix socket in another process, + importlib of a
+  copy of the variant folder: what any RPC path built on grpcio pays. Its parts are also
+  reported apart.
 
 `--importtime` adds `-X importtime` of the RPC path's call (the modules it imports, after torch),
 `--profile` cProfile's top functions of it; both in one extra process each, after the rounds.
@@ -75,13 +76,13 @@ out["client"] = kerneld_client.__file__
 FLOOR = """
 t0 = time.process_time()
 import grpc
-from kerneld_client.proto import kerneld_pb2, kerneld_pb2_grpc
+from kerneld_client.proto import resolve_pb2 as pb
 t1 = time.process_time()
 ch = grpc.insecure_channel("unix:" + ECHO)
 rpc = ch.unary_unary("/kerneld.v1.Kernels/Resolve",
-                     request_serializer=kerneld_pb2.ResolveRequest.SerializeToString,
-                     response_deserializer=kerneld_pb2.ResolveResponse.FromString)
-rpc(kerneld_pb2.ResolveRequest(kernel=kerneld_pb2.KernelRef(repo_id=REPO, version=1)), timeout=5)
+                     request_serializer=pb.ResolveRequest.SerializeToString,
+                     response_deserializer=pb.ResolveResponse.FromString)
+rpc(pb.ResolveRequest(kernel=pb.KernelRef(repo_id=REPO, version=1)), timeout=5)
 ch.close()
 t2 = time.process_time()
 import importlib.util
@@ -276,7 +277,7 @@ def report(results: dict[str, list[dict[str, Any]]], runs: int) -> list[str]:
     parts = [
         (what, fmt_stat([d[key] for d in results[names[1]]], 1))
         for what, key in (
-            ("`import grpc` + kerneld_pb2 + kerneld_pb2_grpc", "import_ms"),
+            ("`import grpc` + resolve_pb2", "import_ms"),
             ("channel + one unary call + close", "call_ms"),
             ("importlib of the variant folder", "kernel_ms"),
         )

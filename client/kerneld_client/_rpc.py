@@ -24,6 +24,7 @@ first.
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 import time
@@ -49,7 +50,7 @@ from kerneld_client.errors import (
 )
 
 if TYPE_CHECKING:
-    from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.proto import resolve_pb2
     from kerneld_client.variants import Decision, PlatformFacts
 
 __all__ = [
@@ -207,8 +208,8 @@ def _call(
         _settle(before)
 
 
-def _detail(exc: Any) -> kerneld_pb2.ErrorDetail | None:
-    from kerneld_client.proto import kerneld_pb2
+def _detail(exc: Any) -> resolve_pb2.ErrorDetail | None:
+    from kerneld_client.proto import resolve_pb2
 
     try:
         trailers = exc.trailing_metadata() or ()
@@ -217,7 +218,7 @@ def _detail(exc: Any) -> kerneld_pb2.ErrorDetail | None:
     for key, value in trailers:
         if key == ERROR_TRAILER and isinstance(value, bytes):
             try:
-                return kerneld_pb2.ErrorDetail.FromString(value)
+                return resolve_pb2.ErrorDetail.FromString(value)
             except Exception:
                 return None
     return None
@@ -251,7 +252,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
     import grpc
 
     from kerneld_client._hub_errors import as_kernels_raises
-    from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.proto import resolve_pb2
 
     code = exc.code()
     detail = _detail(exc)
@@ -261,7 +262,7 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
         "hint": detail.hint if detail else "",
     }
     message = (detail.message if detail else "") or str(exc.details() or code)
-    if detail is None or detail.code == kerneld_pb2.ERROR_CODE_UNSPECIFIED:
+    if detail is None or detail.code == resolve_pb2.ERROR_CODE_UNSPECIFIED:
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             what = "did not answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
             text = f"kerneld at {socket_path} {what or 'is unavailable'}: {message}"
@@ -278,24 +279,24 @@ def _typed_error(exc: Any, req: KernelRequest, socket_path: Path, *, fetching: b
             return KernelDenied(message, **ctx)
         return KernelUnavailable(f"kerneld answered {code.name}: {message}", **ctx)
     c = detail.code
-    if c == kerneld_pb2.FETCH_NOT_ALLOWED:
+    if c == resolve_pb2.FETCH_NOT_ALLOWED:
         return _FetchNeeded(message) if not fetching else KernelNotFound(message, **ctx)
-    if c == kerneld_pb2.REVISION_NOT_FOUND and req.version is not None:
+    if c == resolve_pb2.REVISION_NOT_FOUND and req.version is not None:
         return VersionNotFound(message, **ctx)
-    if c == kerneld_pb2.REVISION_NOT_FOUND:
+    if c == resolve_pb2.REVISION_NOT_FOUND:
         return as_kernels_raises(RevisionNotFound(message, **ctx))
-    if c in (kerneld_pb2.KERNEL_NOT_FOUND, kerneld_pb2.REVISION_NOT_FOUND):
+    if c in (resolve_pb2.KERNEL_NOT_FOUND, resolve_pb2.REVISION_NOT_FOUND):
         return as_kernels_raises(KernelNotFound(message, **ctx))
-    if c == kerneld_pb2.NO_COMPATIBLE_VARIANT:
+    if c == resolve_pb2.NO_COMPATIBLE_VARIANT:
         reasons = [VariantReason(v.variant, v.accepted, v.reason) for v in detail.variants]
         return NoCompatibleVariant(
             message, reasons=reasons, repo_id=ctx["repo_id"], revision=ctx["revision"]
         )
-    if c == kerneld_pb2.KERNEL_DENIED:
+    if c == resolve_pb2.KERNEL_DENIED:
         return KernelDenied(message, **ctx)
-    if c == kerneld_pb2.UNTRUSTED_PUBLISHER:
+    if c == resolve_pb2.UNTRUSTED_PUBLISHER:
         return UntrustedPublisher(message, **ctx)
-    if c == kerneld_pb2.NOT_READY:  # starting (opening its store) or draining
+    if c == resolve_pb2.NOT_READY:  # starting (opening its store) or draining
         return _Restarting(
             DaemonUnavailable(f"kerneld at {socket_path} is not ready: {message}", **ctx)
         )
@@ -367,30 +368,29 @@ def _through_restart(socket_path: Path, req: KernelRequest, fn: Callable[[], T])
         _await_restart(socket_path, req, deadline)
 
 
-def _import_grpc() -> None:
-    """Import grpc and the generated messages with the cyclic GC paused.
-
-    In a process that has imported torch, the collections triggered while protobuf builds
-    ~80 message classes scan torch's large heap: measured 190 ms of GC in a 275 ms import,
-    against about 50 ms without it. Nothing here creates garbage cycles worth collecting.
+def _import_grpc(messages: str = "resolve_pb2") -> None:
+    """Import grpc and `resolve_pb2` (a Resolve's messages) or `kerneld_pb2` (the whole API)
+    with the cyclic GC paused. In a process that has imported torch, the collections triggered
+    while protobuf builds message classes scan torch's large heap: measured 190 ms of GC in a
+    275 ms import, against about 50 ms without it. Nothing here makes cycles worth collecting.
     """
-    if "grpc" in sys.modules and "kerneld_client.proto.kerneld_pb2" in sys.modules:
+    if "grpc" in sys.modules and f"kerneld_client.proto.{messages}" in sys.modules:
         return
     enabled = gc.isenabled()
     gc.disable()
     try:
         import grpc  # noqa: F401
 
-        from kerneld_client.proto import kerneld_pb2  # noqa: F401
+        importlib.import_module(f"kerneld_client.proto.{messages}")
     finally:
         if enabled:
             gc.enable()
 
 
-def _kernel_ref(req: KernelRequest) -> kerneld_pb2.KernelRef:
-    from kerneld_client.proto import kerneld_pb2
+def _kernel_ref(req: KernelRequest) -> resolve_pb2.KernelRef:
+    from kerneld_client.proto import resolve_pb2
 
-    ref = kerneld_pb2.KernelRef(repo_id=req.repo_id)
+    ref = resolve_pb2.KernelRef(repo_id=req.repo_id)
     if req.locked_commit is not None:
         ref.locked_commit = req.locked_commit
     elif req.version is not None:
@@ -400,13 +400,13 @@ def _kernel_ref(req: KernelRequest) -> kerneld_pb2.KernelRef:
     return ref
 
 
-def _decisions(messages: Sequence[kerneld_pb2.VariantDecision]) -> tuple[Decision, ...]:
+def _decisions(messages: Sequence[resolve_pb2.VariantDecision]) -> tuple[Decision, ...]:
     from kerneld_client.wire import decision_from_proto
 
     return tuple(decision_from_proto(m) for m in messages)
 
 
-def _resolved(msg: kerneld_pb2.ResolvedKernel) -> Resolved:
+def _resolved(msg: resolve_pb2.ResolvedKernel) -> Resolved:
     meta = msg.metadata
     return Resolved(
         repo_id=msg.repo_id,
@@ -442,10 +442,10 @@ def resolve(
     the process's facts in `PlatformFacts.to_dict()` form (`platform.Platform.raw`)."""
     _ready(socket_path, req)
     _import_grpc()
-    from kerneld_client.proto import kerneld_pb2
+    from kerneld_client.proto import resolve_pb2
     from kerneld_client.wire import platform_to_proto
 
-    base = kerneld_pb2.ResolveRequest(
+    base = resolve_pb2.ResolveRequest(
         kernel=_kernel_ref(req),
         platform=platform_to_proto(platform),
         client=_client_id(),
@@ -453,14 +453,14 @@ def resolve(
     )
 
     def ask(fetch: bool, timeout: float) -> Resolved:
-        request = kerneld_pb2.ResolveRequest()
+        request = resolve_pb2.ResolveRequest()
         request.CopyFrom(base)
         request.allow_fetch = fetch
         response = _guarded(
             req,
             socket_path,
             fetch,
-            lambda: _call(socket_path, "Resolve", request, kerneld_pb2.ResolveResponse, timeout),
+            lambda: _call(socket_path, "Resolve", request, resolve_pb2.ResolveResponse, timeout),
         )
         return _resolved(response.kernel)
 
@@ -496,7 +496,7 @@ def list_variants(
 ) -> tuple[str, tuple[Decision, ...]]:
     """(commit, every variant with its verdict) through the daemon, listing upstream if needed."""
     _ready(socket_path, req)
-    _import_grpc()
+    _import_grpc("kerneld_pb2")
     from kerneld_client.proto import kerneld_pb2
     from kerneld_client.wire import facts_to_proto
 
@@ -560,7 +560,7 @@ def report_suspect(
         return SuspectReport("unavailable", f"{down} (not retried for a while)", tree_digest=digest)
     try:
         _daemon_gate.probe(socket_path, wait)
-        _import_grpc()
+        _import_grpc("kerneld_pb2")
         import grpc
 
         from kerneld_client.proto import kerneld_pb2

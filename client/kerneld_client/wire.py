@@ -1,5 +1,6 @@
 """The wire format's conversions: the variant and platform types to and from their protobuf
-messages (`kerneld.v1`, generated into `kerneld_client.proto`).
+messages (`kerneld.v1`, generated into `kerneld_client.proto`; these are in `resolve_pb2`, the
+messages of a Resolve, which `kerneld_pb2` re-exports).
 
 Public, like the generated stubs: the daemon answers in these messages and the client reads
 them, so both sides convert the same way. Kept apart from `variants`, so that importing the
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kerneld_client.proto import kerneld_pb2
+from kerneld_client.proto import resolve_pb2
 
 if TYPE_CHECKING:
     from kerneld_client.variants import Decision, PlatformFacts
@@ -26,17 +27,17 @@ __all__ = [
 ]
 
 
-def facts_to_proto(facts: PlatformFacts) -> kerneld_pb2.PlatformFacts:
+def facts_to_proto(facts: PlatformFacts) -> resolve_pb2.PlatformFacts:
     """`PlatformFacts` -> `kerneld.v1.PlatformFacts` (string versions, empty when unknown)."""
     return platform_to_proto(facts.to_dict())
 
 
-def platform_to_proto(d: Mapping[str, Any]) -> kerneld_pb2.PlatformFacts:
+def platform_to_proto(d: Mapping[str, Any]) -> resolve_pb2.PlatformFacts:
     """Facts in `PlatformFacts.to_dict()` form -> `kerneld.v1.PlatformFacts`. The client's RPC
     path sends what `platform.Platform` detected this way, without the variant rules."""
-    message = kerneld_pb2.PlatformFacts(
+    message = resolve_pb2.PlatformFacts(
         torch_version=d["torch_version"],
-        backend=kerneld_pb2.Backend(
+        backend=resolve_pb2.Backend(
             type=d["backend"]["type"],
             version=d["backend"]["version"],
             explicit=d["backend"]["explicit"],
@@ -55,7 +56,7 @@ def platform_to_proto(d: Mapping[str, Any]) -> kerneld_pb2.PlatformFacts:
     return message
 
 
-def facts_from_proto(message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
+def facts_from_proto(message: resolve_pb2.PlatformFacts) -> PlatformFacts:
     """`kerneld.v1.PlatformFacts` -> `PlatformFacts`; ValueError for facts that make no sense."""
     from kerneld_client.variants import PlatformFacts
 
@@ -80,9 +81,9 @@ def facts_from_proto(message: kerneld_pb2.PlatformFacts) -> PlatformFacts:
     return PlatformFacts.from_dict(data)
 
 
-def decision_to_proto(decision: Decision, *, cached: bool = False) -> kerneld_pb2.VariantDecision:
+def decision_to_proto(decision: Decision, *, cached: bool = False) -> resolve_pb2.VariantDecision:
     """`Decision` -> `kerneld.v1.VariantDecision`; `cached` is the daemon's store knowledge."""
-    return kerneld_pb2.VariantDecision(
+    return resolve_pb2.VariantDecision(
         variant=decision.variant,
         accepted=decision.accepted,
         reason=decision.reason,
@@ -91,7 +92,7 @@ def decision_to_proto(decision: Decision, *, cached: bool = False) -> kerneld_pb
     )
 
 
-def decision_from_proto(message: kerneld_pb2.VariantDecision) -> Decision:
+def decision_from_proto(message: resolve_pb2.VariantDecision) -> Decision:
     """`kerneld.v1.VariantDecision` -> `Decision` (the `cached` flag is not part of it)."""
     from kerneld_client.variants import Decision, Variant, parse_variant
 

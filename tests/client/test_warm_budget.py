@@ -5,7 +5,8 @@ a timed bench to notice on a noisy machine. This test counts instead: the `kerne
 modules a warm load leaves in `sys.modules` and their source lines, against a budget. Both are
 deterministic, so a change that adds an import to the warm path fails here, not months later in
 a bench table. Lower the budget when the path gets slimmer; raise it only with a bench run that
-shows the cost (bench/RESULTS.md, scenario 1).
+shows the cost (bench/RESULTS.md, scenario 1). The cold load, on the RPC path, must build the
+messages of a Resolve only (`resolve_pb2`), not the whole API's.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ for name, mod in sorted(sys.modules.items()):
         if path:
             with open(path, encoding="utf-8") as f:
                 mods[name] = sum(1 for _ in f)
+stubs = sorted(m for m in sys.modules if m.startswith("kerneld_client.proto."))
 print(json.dumps({{"source": kerneld_client.loaded_kernels()[0].source,
-                  "grpc": "grpc" in sys.modules, "modules": mods}}))
+                  "grpc": "grpc" in sys.modules, "modules": mods, "stubs": stubs}}))
 """
 )
 
@@ -61,7 +63,10 @@ def test_a_warm_load_stays_within_its_import_budget(
     example_server.reset()
     daemon = make_daemon(hub_endpoint=example_server.url)
     env = client_env(None, tmp_path, KERNELD_SOCKET=str(daemon.user_socket))
-    run_client(SCRIPT, env)  # cold: the daemon fetches and publishes the pick
+    cold = run_client(SCRIPT, env)  # the daemon fetches and publishes the pick
+    # The RPC path builds the messages of a Resolve only (resolve.proto), not the whole API's.
+    assert cold["grpc"] is True, "not the RPC path"
+    assert cold["stubs"] == ["kerneld_client.proto.resolve_pb2"], cold["stubs"]
 
     warm = run_client(SCRIPT, env)
     assert warm["source"] == "index" and warm["grpc"] is False, "not the warm path"

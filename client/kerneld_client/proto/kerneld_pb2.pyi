@@ -23,6 +23,31 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from . import resolve_pb2 as _resolve_pb2
+from .resolve_pb2 import Backend as Backend
+from .resolve_pb2 import ERROR_CODE_UNSPECIFIED as ERROR_CODE_UNSPECIFIED
+from .resolve_pb2 import ErrorCode as ErrorCode
+from .resolve_pb2 import ErrorDetail as ErrorDetail
+from .resolve_pb2 import FETCH_NOT_ALLOWED as FETCH_NOT_ALLOWED
+from .resolve_pb2 import INTEGRITY_ERROR as INTEGRITY_ERROR
+from .resolve_pb2 import INTERNAL as INTERNAL
+from .resolve_pb2 import INVALID_ARGUMENT as INVALID_ARGUMENT
+from .resolve_pb2 import KERNEL_DENIED as KERNEL_DENIED
+from .resolve_pb2 import KERNEL_NOT_FOUND as KERNEL_NOT_FOUND
+from .resolve_pb2 import KernelMetadata as KernelMetadata
+from .resolve_pb2 import KernelRef as KernelRef
+from .resolve_pb2 import Lease as Lease
+from .resolve_pb2 import NOT_READY as NOT_READY
+from .resolve_pb2 import NO_COMPATIBLE_VARIANT as NO_COMPATIBLE_VARIANT
+from .resolve_pb2 import PlatformFacts as PlatformFacts
+from .resolve_pb2 import RESOURCE_EXHAUSTED as RESOURCE_EXHAUSTED
+from .resolve_pb2 import REVISION_NOT_FOUND as REVISION_NOT_FOUND
+from .resolve_pb2 import ResolveRequest as ResolveRequest
+from .resolve_pb2 import ResolveResponse as ResolveResponse
+from .resolve_pb2 import ResolvedKernel as ResolvedKernel
+from .resolve_pb2 import UNTRUSTED_PUBLISHER as UNTRUSTED_PUBLISHER
+from .resolve_pb2 import UPSTREAM_UNAVAILABLE as UPSTREAM_UNAVAILABLE
+from .resolve_pb2 import VariantDecision as VariantDecision
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -34,525 +59,17 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class _ErrorCode:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    ERROR_CODE_UNSPECIFIED: _ErrorCode.ValueType  # 0
-    KERNEL_NOT_FOUND: _ErrorCode.ValueType  # 1
-    """gRPC NOT_FOUND"""
-    REVISION_NOT_FOUND: _ErrorCode.ValueType  # 2
-    """gRPC NOT_FOUND"""
-    NO_COMPATIBLE_VARIANT: _ErrorCode.ValueType  # 3
-    """gRPC FAILED_PRECONDITION"""
-    KERNEL_DENIED: _ErrorCode.ValueType  # 4
-    """gRPC PERMISSION_DENIED"""
-    FETCH_NOT_ALLOWED: _ErrorCode.ValueType  # 5
-    """gRPC PERMISSION_DENIED (policy forbids a fetch on a miss)"""
-    UPSTREAM_UNAVAILABLE: _ErrorCode.ValueType  # 6
-    """gRPC UNAVAILABLE"""
-    INTEGRITY_ERROR: _ErrorCode.ValueType  # 7
-    """gRPC DATA_LOSS"""
-    RESOURCE_EXHAUSTED: _ErrorCode.ValueType  # 8
-    """gRPC RESOURCE_EXHAUSTED (store cap or disk full)"""
-    INVALID_ARGUMENT: _ErrorCode.ValueType  # 9
-    """gRPC INVALID_ARGUMENT"""
-    NOT_READY: _ErrorCode.ValueType  # 10
-    """gRPC UNAVAILABLE (daemon still starting or draining)"""
-    INTERNAL: _ErrorCode.ValueType  # 11
-    """gRPC INTERNAL"""
-    UNTRUSTED_PUBLISHER: _ErrorCode.ValueType  # 12
-    """The publisher is not trusted by this host's [trust] policy, and the caller did not pass
-    trust_remote_code (as `kernels` refuses it without trust_remote_code).
-    gRPC PERMISSION_DENIED
-    """
-
-class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper): ...
-
-ERROR_CODE_UNSPECIFIED: ErrorCode.ValueType  # 0
-KERNEL_NOT_FOUND: ErrorCode.ValueType  # 1
-"""gRPC NOT_FOUND"""
-REVISION_NOT_FOUND: ErrorCode.ValueType  # 2
-"""gRPC NOT_FOUND"""
-NO_COMPATIBLE_VARIANT: ErrorCode.ValueType  # 3
-"""gRPC FAILED_PRECONDITION"""
-KERNEL_DENIED: ErrorCode.ValueType  # 4
-"""gRPC PERMISSION_DENIED"""
-FETCH_NOT_ALLOWED: ErrorCode.ValueType  # 5
-"""gRPC PERMISSION_DENIED (policy forbids a fetch on a miss)"""
-UPSTREAM_UNAVAILABLE: ErrorCode.ValueType  # 6
-"""gRPC UNAVAILABLE"""
-INTEGRITY_ERROR: ErrorCode.ValueType  # 7
-"""gRPC DATA_LOSS"""
-RESOURCE_EXHAUSTED: ErrorCode.ValueType  # 8
-"""gRPC RESOURCE_EXHAUSTED (store cap or disk full)"""
-INVALID_ARGUMENT: ErrorCode.ValueType  # 9
-"""gRPC INVALID_ARGUMENT"""
-NOT_READY: ErrorCode.ValueType  # 10
-"""gRPC UNAVAILABLE (daemon still starting or draining)"""
-INTERNAL: ErrorCode.ValueType  # 11
-"""gRPC INTERNAL"""
-UNTRUSTED_PUBLISHER: ErrorCode.ValueType  # 12
-"""The publisher is not trusted by this host's [trust] policy, and the caller did not pass
-trust_remote_code (as `kernels` refuses it without trust_remote_code).
-gRPC PERMISSION_DENIED
-"""
-Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
-
-@_typing.final
-class PlatformFacts(_message.Message):
-    """---------------------------------------------------------------------------------------------
-    Shared messages
-    ---------------------------------------------------------------------------------------------
-
-    Facts about the calling process, enough for the daemon to choose a variant without having the
-    client's torch. Field meanings follow the `kernels` package (REFERENCE.md section 2).
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TORCH_VERSION_FIELD_NUMBER: _builtins.int
-    CXX11_ABI_FIELD_NUMBER: _builtins.int
-    BACKEND_FIELD_NUMBER: _builtins.int
-    CPU_FIELD_NUMBER: _builtins.int
-    OS_FIELD_NUMBER: _builtins.int
-    FREE_THREADED_FIELD_NUMBER: _builtins.int
-    PYTHON_VERSION_FIELD_NUMBER: _builtins.int
-    MACOS_VERSION_FIELD_NUMBER: _builtins.int
-    TVM_FFI_VERSION_FIELD_NUMBER: _builtins.int
-    DEVICE_CAPABILITIES_FIELD_NUMBER: _builtins.int
-    MLX_FIELD_NUMBER: _builtins.int
-    torch_version: _builtins.str
-    """torch major.minor, e.g. "2.13". Empty when torch is not installed (noarch only)."""
-    cxx11_abi: _builtins.bool
-    """Linux only: true for the cxx11 ABI, false for cxx98; unset elsewhere."""
-    cpu: _builtins.str
-    """platform.machine(), normalised: "x86_64", "aarch64"."""
-    os: _builtins.str
-    """platform.system().lower(): "linux", "darwin", "windows"."""
-    free_threaded: _builtins.bool
-    """Free-threaded CPython (no GIL); < 3.15 such interpreters accept noarch variants only."""
-    python_version: _builtins.str
-    """"3.11.7"; the free-threaded rule, and the minimum Python of new-format names (cpython-3.12)."""
-    macos_version: _builtins.str
-    """macOS product version ("26.1"), empty elsewhere; Metal variants need >= 26."""
-    tvm_ffi_version: _builtins.str
-    """Installed tvm-ffi major.minor, empty when absent."""
-    mlx: _builtins.bool
-    """MLX is installed: `mlx-<backend>` noarch variants (kernels 0.19) need it."""
-    @_builtins.property
-    def backend(self) -> Global___Backend: ...
-    @_builtins.property
-    def device_capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Compute capabilities of the devices this process will use: CUDA "9.0", ROCm "gfx942"."""
-
-    def __init__(
-        self,
-        *,
-        torch_version: _builtins.str = ...,
-        cxx11_abi: _builtins.bool | None = ...,
-        backend: Global___Backend | None = ...,
-        cpu: _builtins.str = ...,
-        os: _builtins.str = ...,
-        free_threaded: _builtins.bool = ...,
-        python_version: _builtins.str = ...,
-        macos_version: _builtins.str = ...,
-        tvm_ffi_version: _builtins.str = ...,
-        device_capabilities: _abc.Iterable[_builtins.str] | None = ...,
-        mlx: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi", "backend", b"backend", "cxx11_abi", b"cxx11_abi"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi", "backend", b"backend", "cpu", b"cpu", "cxx11_abi", b"cxx11_abi", "device_capabilities", b"device_capabilities", "free_threaded", b"free_threaded", "macos_version", b"macos_version", "mlx", b"mlx", "os", b"os", "python_version", b"python_version", "torch_version", b"torch_version", "tvm_ffi_version", b"tvm_ffi_version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__cxx11_abi: _TypeAlias = _typing.Literal["cxx11_abi"]  # noqa: Y015
-    _WhichOneofArgType__cxx11_abi: _TypeAlias = _typing.Literal["_cxx11_abi", b"_cxx11_abi"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__cxx11_abi) -> _WhichOneofReturnType__cxx11_abi | None: ...
-
-Global___PlatformFacts: _TypeAlias = PlatformFacts  # noqa: Y015
-
-@_typing.final
-class Backend(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TYPE_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    EXPLICIT_FIELD_NUMBER: _builtins.int
-    type: _builtins.str
-    """cpu | cuda | rocm | metal | xpu | neuron | tpu | cann | npu"""
-    version: _builtins.str
-    """Backend toolkit version torch was built with: CUDA "13.0", ROCm "6.4", XPU "2025.3",
-    CANN "8.1". Empty for cpu/metal/neuron/tpu.
-    """
-    explicit: _builtins.bool
-    """True when the caller asked for this backend explicitly (get_kernel(backend="cpu") on a GPU
-    machine), false when it was detected.
-    """
-    def __init__(
-        self,
-        *,
-        type: _builtins.str = ...,
-        version: _builtins.str = ...,
-        explicit: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["explicit", b"explicit", "type", b"type", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Backend: _TypeAlias = Backend  # noqa: Y015
-
-@_typing.final
-class KernelRef(_message.Message):
-    """Which kernel, and which revision of it. Exactly one selector; none means "main"."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REPO_ID_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    REVISION_FIELD_NUMBER: _builtins.int
-    LOCKED_COMMIT_FIELD_NUMBER: _builtins.int
-    repo_id: _builtins.str
-    """"org/name"."""
-    version: _builtins.int
-    """Tip of branch "v<version>"."""
-    revision: _builtins.str
-    """A branch, tag or 40-hex commit."""
-    locked_commit: _builtins.str
-    """A commit pinned by a lock file: never re-resolved, never refreshed."""
-    def __init__(
-        self,
-        *,
-        repo_id: _builtins.str = ...,
-        version: _builtins.int = ...,
-        revision: _builtins.str = ...,
-        locked_commit: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["locked_commit", b"locked_commit", "revision", b"revision", "selector", b"selector", "version", b"version"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["locked_commit", b"locked_commit", "repo_id", b"repo_id", "revision", b"revision", "selector", b"selector", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_selector: _TypeAlias = _typing.Literal["version", "revision", "locked_commit"]  # noqa: Y015
-    _WhichOneofArgType_selector: _TypeAlias = _typing.Literal["selector", b"selector"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_selector) -> _WhichOneofReturnType_selector | None: ...
-
-Global___KernelRef: _TypeAlias = KernelRef  # noqa: Y015
-
-@_typing.final
-class VariantDecision(_message.Message):
-    """The verdict on one build variant for the caller's platform."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    VARIANT_FIELD_NUMBER: _builtins.int
-    ACCEPTED_FIELD_NUMBER: _builtins.int
-    REASON_FIELD_NUMBER: _builtins.int
-    RANK_FIELD_NUMBER: _builtins.int
-    CACHED_FIELD_NUMBER: _builtins.int
-    variant: _builtins.str
-    """"torch213-cxx11-cpu-x86_64-linux", "torch-universal", ..."""
-    accepted: _builtins.bool
-    reason: _builtins.str
-    """Why it was rejected ("CUDA 13.1 is newer than the local CUDA 13.0"), empty when accepted."""
-    rank: _builtins.int
-    """0 for the best accepted variant, 1 for the next, ...; -1 when rejected."""
-    cached: _builtins.bool
-    """True when the verified tree for this variant is already in the store."""
-    def __init__(
-        self,
-        *,
-        variant: _builtins.str = ...,
-        accepted: _builtins.bool = ...,
-        reason: _builtins.str = ...,
-        rank: _builtins.int = ...,
-        cached: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "cached", b"cached", "rank", b"rank", "reason", b"reason", "variant", b"variant"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___VariantDecision: _TypeAlias = VariantDecision  # noqa: Y015
-
-@_typing.final
-class Lease(_message.Message):
-    """The time-bounded promise that GC will not remove a tree."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ID_FIELD_NUMBER: _builtins.int
-    EXPIRES_AT_FIELD_NUMBER: _builtins.int
-    id: _builtins.str
-    @_builtins.property
-    def expires_at(self) -> _timestamp_pb2.Timestamp: ...
-    def __init__(
-        self,
-        *,
-        id: _builtins.str = ...,
-        expires_at: _timestamp_pb2.Timestamp | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "id", b"id"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___Lease: _TypeAlias = Lease  # noqa: Y015
-
-@_typing.final
-class KernelMetadata(_message.Message):
-    """What the daemon knows of a variant's metadata.json, so a client can check before importing."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ID_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    VERSION_FIELD_NUMBER: _builtins.int
-    LICENSE_FIELD_NUMBER: _builtins.int
-    BACKEND_TYPE_FIELD_NUMBER: _builtins.int
-    BACKEND_ARCHS_FIELD_NUMBER: _builtins.int
-    PYTHON_DEPENDS_FIELD_NUMBER: _builtins.int
-    KERNEL_DEPENDS_FIELD_NUMBER: _builtins.int
-    DETERMINISTIC_FIELD_NUMBER: _builtins.int
-    RAW_JSON_FIELD_NUMBER: _builtins.int
-    id: _builtins.str
-    """The "id" field: the module name to import under and the op namespace."""
-    name: _builtins.str
-    version: _builtins.int
-    license: _builtins.str
-    backend_type: _builtins.str
-    """backend.type and backend.archs."""
-    deterministic: _builtins.bool
-    """Declared by the kernel (see README: "Determinism")."""
-    raw_json: _builtins.str
-    """The raw metadata.json, for fields this contract does not name."""
-    @_builtins.property
-    def backend_archs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def python_depends(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def kernel_depends(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]: ...
-    def __init__(
-        self,
-        *,
-        id: _builtins.str = ...,
-        name: _builtins.str = ...,
-        version: _builtins.int = ...,
-        license: _builtins.str = ...,
-        backend_type: _builtins.str = ...,
-        backend_archs: _abc.Iterable[_builtins.str] | None = ...,
-        python_depends: _abc.Iterable[_builtins.str] | None = ...,
-        kernel_depends: _abc.Iterable[Global___KernelRef] | None = ...,
-        deterministic: _builtins.bool = ...,
-        raw_json: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend_archs", b"backend_archs", "backend_type", b"backend_type", "deterministic", b"deterministic", "id", b"id", "kernel_depends", b"kernel_depends", "license", b"license", "name", b"name", "python_depends", b"python_depends", "raw_json", b"raw_json", "version", b"version"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___KernelMetadata: _TypeAlias = KernelMetadata  # noqa: Y015
-
-@_typing.final
-class ResolvedKernel(_message.Message):
-    """Where a resolved kernel lives and why this one was chosen."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REPO_ID_FIELD_NUMBER: _builtins.int
-    REF_FIELD_NUMBER: _builtins.int
-    COMMIT_FIELD_NUMBER: _builtins.int
-    VARIANT_FIELD_NUMBER: _builtins.int
-    PATH_FIELD_NUMBER: _builtins.int
-    TREE_DIGEST_FIELD_NUMBER: _builtins.int
-    LEASE_FIELD_NUMBER: _builtins.int
-    STALE_FIELD_NUMBER: _builtins.int
-    FETCHED_FIELD_NUMBER: _builtins.int
-    UPSTREAM_FIELD_NUMBER: _builtins.int
-    METADATA_FIELD_NUMBER: _builtins.int
-    VARIANTS_FIELD_NUMBER: _builtins.int
-    DEPENDENCIES_FIELD_NUMBER: _builtins.int
-    repo_id: _builtins.str
-    ref: _builtins.str
-    """The ref the request named ("v1", "main", a tag) or empty for a commit."""
-    commit: _builtins.str
-    """40-hex commit the ref resolved to."""
-    variant: _builtins.str
-    path: _builtins.str
-    """Absolute path of the verified, read-only variant tree."""
-    tree_digest: _builtins.str
-    """"sha256:<hex>" of the tree's canonical manifest."""
-    stale: _builtins.bool
-    """True when the ref could not be refreshed (every upstream down) and the last known commit was
-    served instead.
-    """
-    fetched: _builtins.bool
-    """True when this call downloaded the kernel (a miss), false for a cache hit."""
-    upstream: _builtins.str
-    """Name of the upstream the content came from ("hub", "mirror:site-1"); empty for a hit."""
-    @_builtins.property
-    def lease(self) -> Global___Lease: ...
-    @_builtins.property
-    def metadata(self) -> Global___KernelMetadata: ...
-    @_builtins.property
-    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantDecision]:
-        """Every variant of the commit with its verdict, best first."""
-
-    @_builtins.property
-    def dependencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResolvedKernel]:
-        """Resolved kernel-depends, in import order (dependencies before dependants)."""
-
-    def __init__(
-        self,
-        *,
-        repo_id: _builtins.str = ...,
-        ref: _builtins.str = ...,
-        commit: _builtins.str = ...,
-        variant: _builtins.str = ...,
-        path: _builtins.str = ...,
-        tree_digest: _builtins.str = ...,
-        lease: Global___Lease | None = ...,
-        stale: _builtins.bool = ...,
-        fetched: _builtins.bool = ...,
-        upstream: _builtins.str = ...,
-        metadata: Global___KernelMetadata | None = ...,
-        variants: _abc.Iterable[Global___VariantDecision] | None = ...,
-        dependencies: _abc.Iterable[Global___ResolvedKernel] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "metadata", b"metadata"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "dependencies", b"dependencies", "fetched", b"fetched", "lease", b"lease", "metadata", b"metadata", "path", b"path", "ref", b"ref", "repo_id", b"repo_id", "stale", b"stale", "tree_digest", b"tree_digest", "upstream", b"upstream", "variant", b"variant", "variants", b"variants"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ResolvedKernel: _TypeAlias = ResolvedKernel  # noqa: Y015
-
-@_typing.final
-class ErrorDetail(_message.Message):
-    """Sent in the "kerneld-error-bin" trailer of a failed call, and inline in batch results."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    CODE_FIELD_NUMBER: _builtins.int
-    MESSAGE_FIELD_NUMBER: _builtins.int
-    REPO_ID_FIELD_NUMBER: _builtins.int
-    REVISION_FIELD_NUMBER: _builtins.int
-    VARIANT_FIELD_NUMBER: _builtins.int
-    VARIANTS_FIELD_NUMBER: _builtins.int
-    HINT_FIELD_NUMBER: _builtins.int
-    code: Global___ErrorCode.ValueType
-    message: _builtins.str
-    repo_id: _builtins.str
-    revision: _builtins.str
-    variant: _builtins.str
-    hint: _builtins.str
-    """What the user can do about it ("ask an admin to run `kerneldctl allow org/name`")."""
-    @_builtins.property
-    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantDecision]:
-        """For NO_COMPATIBLE_VARIANT: every variant with its rejection reason."""
-
-    def __init__(
-        self,
-        *,
-        code: Global___ErrorCode.ValueType = ...,
-        message: _builtins.str = ...,
-        repo_id: _builtins.str = ...,
-        revision: _builtins.str = ...,
-        variant: _builtins.str = ...,
-        variants: _abc.Iterable[Global___VariantDecision] | None = ...,
-        hint: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "hint", b"hint", "message", b"message", "repo_id", b"repo_id", "revision", b"revision", "variant", b"variant", "variants", b"variants"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ErrorDetail: _TypeAlias = ErrorDetail  # noqa: Y015
-
-@_typing.final
-class ResolveRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    KERNEL_FIELD_NUMBER: _builtins.int
-    PLATFORM_FIELD_NUMBER: _builtins.int
-    ALLOW_FETCH_FIELD_NUMBER: _builtins.int
-    VARIANT_FIELD_NUMBER: _builtins.int
-    CLIENT_FIELD_NUMBER: _builtins.int
-    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
-    TRUST_REMOTE_CODE_FIELD_NUMBER: _builtins.int
-    allow_fetch: _builtins.bool
-    """May the daemon download on a miss? Further limited by the daemon's fetch policy."""
-    variant: _builtins.str
-    """Force one variant by name instead of ranking (empty: best accepted)."""
-    client: _builtins.str
-    """Free-form caller identity for logs ("pid=123 job=train-7")."""
-    lease_seconds: _builtins.int
-    """Requested lease length; 0 for the daemon's default, capped by its maximum."""
-    trust_remote_code: _builtins.bool
-    """The caller accepts code from a publisher this host does not trust, for this kernel and its
-    dependencies (`kernels`' trust_remote_code); honoured unless [trust] honor_trust_remote_code
-    is false.
-    """
-    @_builtins.property
-    def kernel(self) -> Global___KernelRef: ...
-    @_builtins.property
-    def platform(self) -> Global___PlatformFacts: ...
-    def __init__(
-        self,
-        *,
-        kernel: Global___KernelRef | None = ...,
-        platform: Global___PlatformFacts | None = ...,
-        allow_fetch: _builtins.bool = ...,
-        variant: _builtins.str = ...,
-        client: _builtins.str = ...,
-        lease_seconds: _builtins.int = ...,
-        trust_remote_code: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kernel", b"kernel", "platform", b"platform"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_fetch", b"allow_fetch", "client", b"client", "kernel", b"kernel", "lease_seconds", b"lease_seconds", "platform", b"platform", "trust_remote_code", b"trust_remote_code", "variant", b"variant"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ResolveRequest: _TypeAlias = ResolveRequest  # noqa: Y015
-
-@_typing.final
-class ResolveResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    KERNEL_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def kernel(self) -> Global___ResolvedKernel: ...
-    def __init__(
-        self,
-        *,
-        kernel: Global___ResolvedKernel | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kernel", b"kernel"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kernel", b"kernel"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ResolveResponse: _TypeAlias = ResolveResponse  # noqa: Y015
-
 @_typing.final
 class ResolveManyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUESTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResolveRequest]: ...
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.ResolveRequest]: ...
     def __init__(
         self,
         *,
-        requests: _abc.Iterable[Global___ResolveRequest] | None = ...,
+        requests: _abc.Iterable[_resolve_pb2.ResolveRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -569,14 +86,14 @@ class ResolveResult(_message.Message):
     KERNEL_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def kernel(self) -> Global___ResolvedKernel: ...
+    def kernel(self) -> _resolve_pb2.ResolvedKernel: ...
     @_builtins.property
-    def error(self) -> Global___ErrorDetail: ...
+    def error(self) -> _resolve_pb2.ErrorDetail: ...
     def __init__(
         self,
         *,
-        kernel: Global___ResolvedKernel | None = ...,
-        error: Global___ErrorDetail | None = ...,
+        kernel: _resolve_pb2.ResolvedKernel | None = ...,
+        error: _resolve_pb2.ErrorDetail | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "kernel", b"kernel", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -620,14 +137,14 @@ class ListVariantsRequest(_message.Message):
     allow_fetch: _builtins.bool
     """May the daemon ask an upstream for the revision's file list on a miss?"""
     @_builtins.property
-    def kernel(self) -> Global___KernelRef: ...
+    def kernel(self) -> _resolve_pb2.KernelRef: ...
     @_builtins.property
-    def platform(self) -> Global___PlatformFacts: ...
+    def platform(self) -> _resolve_pb2.PlatformFacts: ...
     def __init__(
         self,
         *,
-        kernel: Global___KernelRef | None = ...,
-        platform: Global___PlatformFacts | None = ...,
+        kernel: _resolve_pb2.KernelRef | None = ...,
+        platform: _resolve_pb2.PlatformFacts | None = ...,
         allow_fetch: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["kernel", b"kernel", "platform", b"platform"]  # noqa: Y015
@@ -650,14 +167,14 @@ class ListVariantsResponse(_message.Message):
     commit: _builtins.str
     stale: _builtins.bool
     @_builtins.property
-    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantDecision]: ...
+    def variants(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.VariantDecision]: ...
     def __init__(
         self,
         *,
         repo_id: _builtins.str = ...,
         commit: _builtins.str = ...,
         stale: _builtins.bool = ...,
-        variants: _abc.Iterable[Global___VariantDecision] | None = ...,
+        variants: _abc.Iterable[_resolve_pb2.VariantDecision] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -778,7 +295,7 @@ class DaemonStatus(_message.Message):
     @_builtins.property
     def upstreams(self) -> _containers.RepeatedCompositeFieldContainer[Global___UpstreamStatus]: ...
     @_builtins.property
-    def host_platforms(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlatformFacts]:
+    def host_platforms(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.PlatformFacts]:
         """The host's detected hardware, as used for prefetch."""
 
     @_builtins.property
@@ -808,7 +325,7 @@ class DaemonStatus(_message.Message):
         store_bytes: _builtins.int = ...,
         store_cap_bytes: _builtins.int = ...,
         upstreams: _abc.Iterable[Global___UpstreamStatus] | None = ...,
-        host_platforms: _abc.Iterable[Global___PlatformFacts] | None = ...,
+        host_platforms: _abc.Iterable[_resolve_pb2.PlatformFacts] | None = ...,
         hub_api: _abc.Iterable[_builtins.str] | None = ...,
         listener_problems: _abc.Iterable[_builtins.str] | None = ...,
         import_only: _builtins.bool = ...,
@@ -1020,7 +537,7 @@ class PrefetchRequest(_message.Message):
     TORCH_VERSIONS_FIELD_NUMBER: _builtins.int
     PLATFORMS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]: ...
+    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.KernelRef]: ...
     @_builtins.property
     def variants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """"auto" (variants this host can run), "all", or explicit variant names."""
@@ -1030,16 +547,16 @@ class PrefetchRequest(_message.Message):
         """Torch major.minor versions to cover in "auto" mode ("2.12", "2.13"); empty: configured set."""
 
     @_builtins.property
-    def platforms(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlatformFacts]:
+    def platforms(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.PlatformFacts]:
         """Platforms to cover explicitly (overrides host detection in "auto" mode)."""
 
     def __init__(
         self,
         *,
-        kernels: _abc.Iterable[Global___KernelRef] | None = ...,
+        kernels: _abc.Iterable[_resolve_pb2.KernelRef] | None = ...,
         variants: _abc.Iterable[_builtins.str] | None = ...,
         torch_versions: _abc.Iterable[_builtins.str] | None = ...,
-        platforms: _abc.Iterable[Global___PlatformFacts] | None = ...,
+        platforms: _abc.Iterable[_resolve_pb2.PlatformFacts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1117,7 +634,7 @@ class PrefetchEvent(_message.Message):
     kernels_failed: _builtins.int
     already_present: _builtins.bool
     @_builtins.property
-    def error(self) -> Global___ErrorDetail: ...
+    def error(self) -> _resolve_pb2.ErrorDetail: ...
     def __init__(
         self,
         *,
@@ -1130,7 +647,7 @@ class PrefetchEvent(_message.Message):
         bytes_total: _builtins.int = ...,
         files_done: _builtins.int = ...,
         files_total: _builtins.int = ...,
-        error: Global___ErrorDetail | None = ...,
+        error: _resolve_pb2.ErrorDetail | None = ...,
         tree_digest: _builtins.str = ...,
         kernels_ok: _builtins.int = ...,
         kernels_failed: _builtins.int = ...,
@@ -1202,7 +719,7 @@ class VariantEntry(_message.Message):
         """
 
     @_builtins.property
-    def kernel_depends(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]:
+    def kernel_depends(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.KernelRef]:
         """With ListRequest.with_depends: the variant's `kernel-depends`."""
 
     def __init__(
@@ -1217,7 +734,7 @@ class VariantEntry(_message.Message):
         pinned: _builtins.bool = ...,
         active_leases: _builtins.int = ...,
         provenance: Global___Provenance | None = ...,
-        kernel_depends: _abc.Iterable[Global___KernelRef] | None = ...,
+        kernel_depends: _abc.Iterable[_resolve_pb2.KernelRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_resolved", b"last_resolved", "provenance", b"provenance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -1377,11 +894,11 @@ class PinRequest(_message.Message):
     """Empty: every variant of the revision."""
     reason: _builtins.str
     @_builtins.property
-    def kernel(self) -> Global___KernelRef: ...
+    def kernel(self) -> _resolve_pb2.KernelRef: ...
     def __init__(
         self,
         *,
-        kernel: Global___KernelRef | None = ...,
+        kernel: _resolve_pb2.KernelRef | None = ...,
         variant: _builtins.str = ...,
         reason: _builtins.str = ...,
     ) -> None: ...
@@ -1851,7 +1368,7 @@ class MirrorExportRequest(_message.Message):
     sign_key: _builtins.str
     """Name of the signing key in the daemon's key directory; empty: unsigned."""
     @_builtins.property
-    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[Global___KernelRef]:
+    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[_resolve_pb2.KernelRef]:
         """Here (unlike elsewhere) a KernelRef without a selector means every revision of the repo
         that the store holds, not "main".
         """
@@ -1873,7 +1390,7 @@ class MirrorExportRequest(_message.Message):
         self,
         *,
         destination: _builtins.str = ...,
-        kernels: _abc.Iterable[Global___KernelRef] | None = ...,
+        kernels: _abc.Iterable[_resolve_pb2.KernelRef] | None = ...,
         lockfile_json: _builtins.str = ...,
         variants: _abc.Iterable[_builtins.str] | None = ...,
         sign_key: _builtins.str = ...,
@@ -2036,7 +1553,7 @@ class MirrorEvent(_message.Message):
     """FILE/DATA/DELETE: the mirror file and (at most 1 MiB of) its bytes."""
     data: _builtins.bytes
     @_builtins.property
-    def error(self) -> Global___ErrorDetail: ...
+    def error(self) -> _resolve_pb2.ErrorDetail: ...
     def __init__(
         self,
         *,
@@ -2047,7 +1564,7 @@ class MirrorEvent(_message.Message):
         bytes_done: _builtins.int = ...,
         bytes_total: _builtins.int = ...,
         detail: _builtins.str = ...,
-        error: Global___ErrorDetail | None = ...,
+        error: _resolve_pb2.ErrorDetail | None = ...,
         manifests: _builtins.int = ...,
         blobs: _builtins.int = ...,
         skipped_existing: _builtins.bool = ...,

@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from . import kerneld_pb2 as kerneld_dot_v1_dot_kerneld__pb2
+from . import resolve_pb2 as kerneld_dot_v1_dot_resolve__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -41,8 +42,8 @@ class KernelsStub:
         """
         self.Resolve = channel.unary_unary(
                 '/kerneld.v1.Kernels/Resolve',
-                request_serializer=kerneld_dot_v1_dot_kerneld__pb2.ResolveRequest.SerializeToString,
-                response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.ResolveResponse.FromString,
+                request_serializer=kerneld_dot_v1_dot_resolve__pb2.ResolveRequest.SerializeToString,
+                response_deserializer=kerneld_dot_v1_dot_resolve__pb2.ResolveResponse.FromString,
                 _registered_method=True)
         self.ResolveMany = channel.unary_unary(
                 '/kerneld.v1.Kernels/ResolveMany',
@@ -57,7 +58,7 @@ class KernelsStub:
         self.RenewLease = channel.unary_unary(
                 '/kerneld.v1.Kernels/RenewLease',
                 request_serializer=kerneld_dot_v1_dot_kerneld__pb2.RenewLeaseRequest.SerializeToString,
-                response_deserializer=kerneld_dot_v1_dot_kerneld__pb2.Lease.FromString,
+                response_deserializer=kerneld_dot_v1_dot_resolve__pb2.Lease.FromString,
                 _registered_method=True)
         self.ReleaseLease = channel.unary_unary(
                 '/kerneld.v1.Kernels/ReleaseLease',
@@ -143,8 +144,8 @@ def add_KernelsServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Resolve': grpc.unary_unary_rpc_method_handler(
                     servicer.Resolve,
-                    request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.ResolveRequest.FromString,
-                    response_serializer=kerneld_dot_v1_dot_kerneld__pb2.ResolveResponse.SerializeToString,
+                    request_deserializer=kerneld_dot_v1_dot_resolve__pb2.ResolveRequest.FromString,
+                    response_serializer=kerneld_dot_v1_dot_resolve__pb2.ResolveResponse.SerializeToString,
             ),
             'ResolveMany': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveMany,
@@ -159,7 +160,7 @@ def add_KernelsServicer_to_server(servicer, server):
             'RenewLease': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewLease,
                     request_deserializer=kerneld_dot_v1_dot_kerneld__pb2.RenewLeaseRequest.FromString,
-                    response_serializer=kerneld_dot_v1_dot_kerneld__pb2.Lease.SerializeToString,
+                    response_serializer=kerneld_dot_v1_dot_resolve__pb2.Lease.SerializeToString,
             ),
             'ReleaseLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseLease,
@@ -206,8 +207,8 @@ class Kernels:
             request,
             target,
             '/kerneld.v1.Kernels/Resolve',
-            kerneld_dot_v1_dot_kerneld__pb2.ResolveRequest.SerializeToString,
-            kerneld_dot_v1_dot_kerneld__pb2.ResolveResponse.FromString,
+            kerneld_dot_v1_dot_resolve__pb2.ResolveRequest.SerializeToString,
+            kerneld_dot_v1_dot_resolve__pb2.ResolveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -288,7 +289,7 @@ class Kernels:
             target,
             '/kerneld.v1.Kernels/RenewLease',
             kerneld_dot_v1_dot_kerneld__pb2.RenewLeaseRequest.SerializeToString,
-            kerneld_dot_v1_dot_kerneld__pb2.Lease.FromString,
+            kerneld_dot_v1_dot_resolve__pb2.Lease.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,31 @@ Regenerate the committed Python stubs with `make proto` (scripts/genproto).
 from collections import abc as _abc
 from grpc import aio as _aio
 from . import kerneld_pb2 as _kerneld_pb2
+from . import resolve_pb2 as _resolve_pb2
+from .resolve_pb2 import Backend as Backend
+from .resolve_pb2 import ERROR_CODE_UNSPECIFIED as ERROR_CODE_UNSPECIFIED
+from .resolve_pb2 import ErrorCode as ErrorCode
+from .resolve_pb2 import ErrorDetail as ErrorDetail
+from .resolve_pb2 import FETCH_NOT_ALLOWED as FETCH_NOT_ALLOWED
+from .resolve_pb2 import INTEGRITY_ERROR as INTEGRITY_ERROR
+from .resolve_pb2 import INTERNAL as INTERNAL
+from .resolve_pb2 import INVALID_ARGUMENT as INVALID_ARGUMENT
+from .resolve_pb2 import KERNEL_DENIED as KERNEL_DENIED
+from .resolve_pb2 import KERNEL_NOT_FOUND as KERNEL_NOT_FOUND
+from .resolve_pb2 import KernelMetadata as KernelMetadata
+from .resolve_pb2 import KernelRef as KernelRef
+from .resolve_pb2 import Lease as Lease
+from .resolve_pb2 import NOT_READY as NOT_READY
+from .resolve_pb2 import NO_COMPATIBLE_VARIANT as NO_COMPATIBLE_VARIANT
+from .resolve_pb2 import PlatformFacts as PlatformFacts
+from .resolve_pb2 import RESOURCE_EXHAUSTED as RESOURCE_EXHAUSTED
+from .resolve_pb2 import REVISION_NOT_FOUND as REVISION_NOT_FOUND
+from .resolve_pb2 import ResolveRequest as ResolveRequest
+from .resolve_pb2 import ResolveResponse as ResolveResponse
+from .resolve_pb2 import ResolvedKernel as ResolvedKernel
+from .resolve_pb2 import UNTRUSTED_PUBLISHER as UNTRUSTED_PUBLISHER
+from .resolve_pb2 import UPSTREAM_UNAVAILABLE as UPSTREAM_UNAVAILABLE
+from .resolve_pb2 import VariantDecision as VariantDecision
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -50,13 +75,13 @@ class KernelsStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> KernelsAsyncStub: ...
-    Resolve: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ResolveRequest, _kerneld_pb2.ResolveResponse]
+    Resolve: _grpc.UnaryUnaryMultiCallable[_resolve_pb2.ResolveRequest, _resolve_pb2.ResolveResponse]
     """Map (repo, revision, platform) to a verified tree path, fetching on a miss if policy allows."""
     ResolveMany: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ResolveManyRequest, _kerneld_pb2.ResolveManyResponse]
     """Resolve a set in one round trip; each entry succeeds or fails on its own."""
     ListVariants: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ListVariantsRequest, _kerneld_pb2.ListVariantsResponse]
     """Every variant of a revision with its verdict for the given platform (no fetch of content)."""
-    RenewLease: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.RenewLeaseRequest, _kerneld_pb2.Lease]
+    RenewLease: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.RenewLeaseRequest, _resolve_pb2.Lease]
     """Extend a lease (long jobs) or give it back early."""
     ReleaseLease: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.ReleaseLeaseRequest, _kerneld_pb2.ReleaseLeaseResponse]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.DaemonStatus]
@@ -80,13 +105,13 @@ class KernelsAsyncStub(KernelsStub):
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Resolve: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ResolveRequest, _kerneld_pb2.ResolveResponse]  # type: ignore[assignment]
+    Resolve: _aio.UnaryUnaryMultiCallable[_resolve_pb2.ResolveRequest, _resolve_pb2.ResolveResponse]  # type: ignore[assignment]
     """Map (repo, revision, platform) to a verified tree path, fetching on a miss if policy allows."""
     ResolveMany: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ResolveManyRequest, _kerneld_pb2.ResolveManyResponse]  # type: ignore[assignment]
     """Resolve a set in one round trip; each entry succeeds or fails on its own."""
     ListVariants: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ListVariantsRequest, _kerneld_pb2.ListVariantsResponse]  # type: ignore[assignment]
     """Every variant of a revision with its verdict for the given platform (no fetch of content)."""
-    RenewLease: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.RenewLeaseRequest, _kerneld_pb2.Lease]  # type: ignore[assignment]
+    RenewLease: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.RenewLeaseRequest, _resolve_pb2.Lease]  # type: ignore[assignment]
     """Extend a lease (long jobs) or give it back early."""
     ReleaseLease: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.ReleaseLeaseRequest, _kerneld_pb2.ReleaseLeaseResponse]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_kerneld_pb2.GetStatusRequest, _kerneld_pb2.DaemonStatus]  # type: ignore[assignment]
@@ -111,9 +136,9 @@ class KernelsServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def Resolve(
         self,
-        request: _kerneld_pb2.ResolveRequest,
+        request: _resolve_pb2.ResolveRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_kerneld_pb2.ResolveResponse, _abc.Awaitable[_kerneld_pb2.ResolveResponse]]:
+    ) -> _typing.Union[_resolve_pb2.ResolveResponse, _abc.Awaitable[_resolve_pb2.ResolveResponse]]:
         """Map (repo, revision, platform) to a verified tree path, fetching on a miss if policy allows."""
 
     @_abc_1.abstractmethod
@@ -137,7 +162,7 @@ class KernelsServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _kerneld_pb2.RenewLeaseRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_kerneld_pb2.Lease, _abc.Awaitable[_kerneld_pb2.Lease]]:
+    ) -> _typing.Union[_resolve_pb2.Lease, _abc.Awaitable[_resolve_pb2.Lease]]:
         """Extend a lease (long jobs) or give it back early."""
 
     @_abc_1.abstractmethod
