@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneld.config import ConfigError, dump_config, load_config
+from kerneld.config import ConfigError, default_config, dump_config, load_config
 from kerneld.store import Store, TreeFile
 from kerneld.store.verify import DEFAULT_QUARANTINE_MAX_BYTES
 
@@ -45,6 +45,7 @@ def test_adding_over_the_bound_drops_the_oldest_never_the_new_one(
 ) -> None:
     with Store.open(tmp_path / "store", min_age_s=0) as store:
         assert store.quarantine.max_bytes == DEFAULT_QUARANTINE_MAX_BYTES == 1 << 30
+        assert default_config(system=True).quarantine_max_bytes == DEFAULT_QUARANTINE_MAX_BYTES
         digests = [_publish(store, i, 40 * KIB) for i in range(4)]
         store.quarantine.max_bytes = 100 * KIB  # two 40 KiB trees fit, three do not
         first = _take_out(store, digests[0])
