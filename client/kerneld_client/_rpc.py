@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from kerneld_client import _config, _daemon_gate
 from kerneld_client._daemon_gate import daemon_down_reason, reset_backoff
@@ -368,7 +368,7 @@ def _through_restart(socket_path: Path, req: KernelRequest, fn: Callable[[], T])
         _await_restart(socket_path, req, deadline)
 
 
-def _import_grpc(messages: str = "resolve_pb2") -> None:
+def _import_grpc(messages: Literal["resolve_pb2", "kerneld_pb2"] = "resolve_pb2") -> None:
     """Import grpc and `resolve_pb2` (a Resolve's messages) or `kerneld_pb2` (the whole API)
     with the cyclic GC paused. In a process that has imported torch, the collections triggered
     while protobuf builds message classes scan torch's large heap: measured 190 ms of GC in a
