@@ -11,6 +11,7 @@ says why and what to do (an error when it was named).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,15 @@ def _pick_commit(store: Any, repo: str, spec: Spec | None) -> str | None:
         return None
     latest: str = max(rows, key=lambda v: v.published_at).commit
     return latest
+
+
+#: The variant is chosen for the interpreter kerneldctl runs in. A system install's is
+#: /opt/kerneld's, which has no torch: there only noarch builds fit, while the job that reads
+#: LOCAL_KERNELS has torch. Said whenever a build for torch was turned down for that reason.
+_NO_TORCH = (
+    f"{sys.executable} has no torch, so only builds without it fit; for a job with torch, "
+    "pass --variant NAME, or set KERNELD_PLATFORM_JSON to the job's platform"
+)
 
 
 def refusal(root: Path, repo: str, revision: str, commit: str, variant: str) -> str | None:
@@ -82,6 +92,7 @@ def cmd_env(ctx: Ctx) -> int:
     specs = [parse_spec(s) for s in ctx.args.kernels or []]
     wanted = {s.repo_id: s for s in specs}
     facts = None
+    torch_builds_left_out = False  # chosen for an interpreter without torch: see _NO_TORCH
     entries: list[dict[str, Any]] = []
     skipped: list[str] = []
     with open_store(ctx, writable=False) as store:
@@ -92,6 +103,7 @@ def cmd_env(ctx: Ctx) -> int:
             if commit is None or not names:
                 skipped.append(f"{repo}: not in the store")
                 continue
+            torch_left_out = False  # this repo's builds for torch turned down: see _NO_TORCH
             if ctx.args.variant:
                 chosen = ctx.args.variant if ctx.args.variant in names else None
             else:
@@ -99,10 +111,14 @@ def cmd_env(ctx: Ctx) -> int:
                     from kerneld_client.platform import platform_facts
 
                     facts = platform_facts()
-                accepted = [d.variant for d in decide(names, facts) if d.accepted]
+                decisions = decide(names, facts)
+                accepted = [d.variant for d in decisions if d.accepted]
                 chosen = accepted[0] if accepted else None
+                torch_left_out = facts.torch_version is None and len(accepted) < len(decisions)
+                torch_builds_left_out = torch_builds_left_out or torch_left_out
             if chosen is None:
-                skipped.append(f"{repo}@{commit}: no variant in the store fits this host")
+                hint = f" ({_NO_TORCH})" if torch_left_out else ""
+                skipped.append(f"{repo}@{commit}: no variant in the store fits this host{hint}")
                 continue
             spec = wanted.get(repo)
             asked = spec.ref if spec is not None and spec.ref is not None else commit
@@ -127,6 +143,8 @@ def cmd_env(ctx: Ctx) -> int:
     value = ":".join(f"{e['repo_id']}={e['path']}" for e in entries)
     for s in skipped:
         ctx.note(f"kerneldctl env: skipped {s}")
+    if torch_builds_left_out:
+        ctx.note(f"kerneldctl env: builds for torch were left out: {_NO_TORCH}")
     if ctx.json:
         ctx.emit_json({"LOCAL_KERNELS": value, "kernels": entries, "skipped": skipped})
     else:
@@ -146,4 +164,9 @@ def register(commands: Commands) -> None:
         commands.store_only,
     )
     p.add_argument("kernels", nargs="*", metavar="KERNEL", help="only these (org/name[:N|@REV])")
-    p.add_argument("--variant", metavar="NAME", help="use this variant instead of the best one")
+    p.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="use this variant instead of the best one for the interpreter kerneldctl runs in "
+        "(a system install's has no torch: only builds without torch fit there)",
+    )

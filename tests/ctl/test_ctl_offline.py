@@ -270,6 +270,31 @@ def test_env(tmp_path: Path, store_dir: Path) -> None:
     assert missing.rc == 1 and "skipped org/none" in missing.stderr
 
 
+def test_env_says_when_its_interpreter_has_no_torch(tmp_path: Path, store_dir: Path) -> None:
+    """`env` chooses each variant for the interpreter kerneldctl runs in. A system install's
+    (/opt/kerneld) has no torch, so there a build for torch cannot fit, though the job that
+    reads LOCAL_KERNELS has torch: the skip says so, and what to do, instead of "nothing fits"."""
+    t, compiled = "org/t", "torch213-cxx11-cpu-x86_64-linux"  # this suite's torch, 2.13
+    with Store.open(store_dir) as store:
+        files = variant_files("_t_1", {"t.py": b"T = 1\n"})
+        publish(store, t, "e" * 40, compiled, files, refs=("v1",))
+    s = ("--store", str(store_dir))
+    no_torch = {"KERNELD_PLATFORM_JSON": "{}"}  # the facts of an interpreter without torch
+    r = ctl(tmp_path, "env", *s, t, "--json", env=no_torch)
+    assert r.rc == 1 and r.json()["kernels"] == [], r.stdout
+    skip, note = r.stderr.splitlines()
+    assert skip.startswith(f"kerneldctl env: skipped {t}@") and "has no torch" in skip, skip
+    assert "--variant NAME" in skip and "KERNELD_PLATFORM_JSON" in skip, skip
+    assert note.startswith("kerneldctl env: builds for torch were left out"), note
+    # with torch (this interpreter) the build fits; without, --variant names it
+    assert ctl(tmp_path, "env", *s, t, "--json").json()["kernels"][0]["variant"] == compiled
+    forced = ctl(tmp_path, "env", *s, t, "--variant", compiled, "--json", env=no_torch)
+    assert forced.rc == 0 and "has no torch" not in forced.stderr, forced.stderr
+    # a noarch build needs no torch: nothing was left out, nothing to say
+    plain = ctl(tmp_path, "env", *s, K, "--json", env=no_torch)
+    assert plain.rc == 0 and plain.stderr == "", plain.stderr
+
+
 def test_usage_errors_exit_2(tmp_path: Path, store_dir: Path) -> None:
     for args in (
         ["info", "not a spec"],
