@@ -114,7 +114,10 @@ def cmd_env(ctx: Ctx) -> int:
                 decisions = decide(names, facts)
                 accepted = [d.variant for d in decisions if d.accepted]
                 chosen = accepted[0] if accepted else None
-                torch_left_out = facts.torch_version is None and len(accepted) < len(decisions)
+                torch_left_out = facts.torch_version is None and any(
+                    not d.accepted and d.parsed is not None and d.parsed.torch_version is not None
+                    for d in decisions
+                )
                 torch_builds_left_out = torch_builds_left_out or torch_left_out
             if chosen is None:
                 hint = f" ({_NO_TORCH})" if torch_left_out else ""

@@ -65,7 +65,7 @@ def test_building_the_parser_loads_no_command_dependencies() -> None:
 
 
 def test_a_command_over_the_sockets_does_not_import_the_store() -> None:
-    """A command that asks the daemon (`ls`, `deny`, `gc`, ...) reads the settings and talks
+    """A command that asks the daemon (`ls`, `status`, `gc`, ...) reads the settings and talks
     gRPC; the store package is the daemon's (and the offline commands'). Importing it from the
     settings cost every such command 0.1 s of CPU, more than its gRPC channel."""
     loaded = _kerneld_modules_after(
