@@ -479,6 +479,7 @@ SPELLS_A_STEP = {
     "kerneld/server/fronts/rpc/admin_service.py": "pin and lock name a revision's commit (no tree)",
     "kerneld/server/fronts/hubapi/view.py": "refs and a remembered listing re-ask trust",
     "kerneld/store/published_index.py": "the index document's own `commit_for` (no upstream)",
+    "kerneld/ctl/cmd_env.py": "`env` reads what the daemon published: the document's `commit_for`",
 }
 
 

@@ -166,7 +166,14 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[St
     )
 
     root = store_path(ctx)
-    if not create and not store_exists(root):
+    try:
+        exists = store_exists(root)
+    except PermissionError as exc:  # a system install's store: kerneld-users may traverse it
+        raise PermissionDenied(
+            f"cannot open the store at {root}: {exc.strerror}",
+            hint="run as the store's owner (e.g. runuser -u kerneld -- kerneldctl ...)",
+        ) from None
+    if not create and not exists:
         raise CtlError(f"no kerneld store at {root}", hint="give the store's path with --store")
     platforms = []
     if writable and store_in_use(root):

@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,12 @@ def test_env(tmp_path: Path, store_dir: Path) -> None:
     assert doc["LOCAL_KERNELS"].count("=") == 2
     missing = ctl(tmp_path, "env", *s, "org/none")
     assert missing.rc == 1 and "skipped org/none" in missing.stderr
+    # names as the Hub means them: another letter case, a commit's unique prefix
+    named = ctl(tmp_path, "env", *s, f"{J.upper()}@{CJ[:10]}", "--json")
+    assert named.rc == 0, named.stderr
+    assert [(e["repo_id"], e["commit"]) for e in named.json()["kernels"]] == [(J, CJ)]
+    unknown = ctl(tmp_path, "env", *s, f"{J}@v9")
+    assert unknown.rc == 1 and f"skipped {J}: v9 is not in the store" in unknown.stderr
 
 
 def test_env_says_when_its_interpreter_has_no_torch(tmp_path: Path, store_dir: Path) -> None:
@@ -284,7 +291,7 @@ def test_env_says_when_its_interpreter_has_no_torch(tmp_path: Path, store_dir: P
     assert r.rc == 1 and r.json()["kernels"] == [], r.stdout
     skip, note = r.stderr.splitlines()
     assert skip.startswith(f"kerneldctl env: skipped {t}@") and "has no torch" in skip, skip
-    assert "--variant NAME" in skip and "KERNELD_PLATFORM_JSON" in skip, skip
+    assert "--python with the job's interpreter" in skip and "--variant NAME" in skip, skip
     assert note.startswith("kerneldctl env: builds for torch were left out"), note
     # with torch (this interpreter) the build fits; without, --variant names it
     assert ctl(tmp_path, "env", *s, t, "--json").json()["kernels"][0]["variant"] == compiled
@@ -293,6 +300,42 @@ def test_env_says_when_its_interpreter_has_no_torch(tmp_path: Path, store_dir: P
     # a noarch build needs no torch: nothing was left out, nothing to say
     plain = ctl(tmp_path, "env", *s, K, "--json", env=no_torch)
     assert plain.rc == 0 and plain.stderr == "", plain.stderr
+
+
+def test_env_chooses_for_the_jobs_interpreter_with_python(tmp_path: Path, store_dir: Path) -> None:
+    """`env --python PATH` detects the platform in the job's interpreter, not kerneldctl's: a
+    system install's kerneldctl has no torch (here: KERNELD_PLATFORM_JSON='{}', which must not
+    reach the job's detection), the job's venv has; a venv without torch gets what fits it."""
+    t, compiled = "org/t", "torch213-cxx11-cpu-x86_64-linux"  # this suite's torch, 2.13
+    with Store.open(store_dir) as store:
+        files = variant_files("_t_1", {"t.py": b"T = 1\n"})
+        publish(store, t, "e" * 40, compiled, files, refs=("v1",))
+    s = ("--store", str(store_dir))
+    no_torch = {"KERNELD_PLATFORM_JSON": "{}"}
+    job = sys.executable  # this suite's venv, with torch
+    r = ctl(tmp_path, "env", *s, t, "--python", job, "--json", env=no_torch)
+    assert r.rc == 0 and r.stderr == "", r.stderr
+    doc = r.json()
+    assert [k["variant"] for k in doc["kernels"]] == [compiled] and doc["chosen_for"] == job, doc
+    # a job interpreter without torch: a bare venv of the same Python
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    bare_python = str(bare / "bin" / "python")
+    r = ctl(tmp_path, "env", *s, t, K, "--python", bare_python, "--json")
+    assert r.rc == 1, r.stdout
+    assert [k["repo_id"] for k in r.json()["kernels"]] == [K], r.stdout  # K's build is noarch
+    skip = r.stderr.splitlines()[0]
+    assert f"fits the platform of {bare_python}" in skip, skip
+    assert f"{bare_python} has no torch" in skip, skip
+    # what cannot tell its platform is named, with the reason
+    for python, says in (
+        (str(tmp_path / "nope" / "python"), "cannot run --python"),
+        ("/bin/false", "could not detect its platform (exit 1)"),
+    ):
+        r = ctl(tmp_path, "env", *s, t, "--python", python)
+        assert r.rc == 1 and says in r.stderr and python in r.stderr, r.stderr
+    r = ctl(tmp_path, "env", *s, t, "--python", job, "--variant", compiled)
+    assert r.rc == 2 and "not allowed with" in r.stderr, r.stderr
 
 
 def test_usage_errors_exit_2(tmp_path: Path, store_dir: Path) -> None:

@@ -500,6 +500,25 @@ def test_documented_install_under_systemd(
         ).out.splitlines()
         assert len(trees) >= 2, trees  # alice's kernel and bob's
         lap("admin socket checks and prefetch")
+
+        # -- `kerneldctl env`, as a job's user: from the published index (the daemon's SQLite is
+        # its own), chosen for the job's interpreter, not /opt/kerneld's, which has no torch --
+        env = c.run(["kerneldctl", "env", KERNEL, "--json"], user="alice")
+        assert env.rc == 1 and "/opt/kerneld/bin/python" in env.err, env
+        assert "has no torch" in env.err and "--python" in env.err, env
+        env = c.run(["kerneldctl", "env", KERNEL, "--python", python, "--json"], user="alice")
+        [mapped] = json.loads(ok(env, "kerneldctl env --python").out)["kernels"]
+        assert (mapped["variant"], mapped["path"]) == (cold.variant, cold.path), (mapped, cold)
+        # who may not read the store is told so (exit 5, what to do), never a traceback
+        for user, argv in (
+            ("carol", ["kerneldctl", "env", KERNEL]),
+            ("carol", ["kerneldctl", "ls", "--store", "/var/lib/kerneld/store"]),
+            ("alice", ["kerneldctl", "ls", "--store", "/var/lib/kerneld/store"]),
+        ):
+            denied = c.run(argv, user=user)
+            assert denied.rc == 5 and "permission denied" in denied.err.lower(), denied
+            assert "hint:" in denied.err and "Traceback" not in denied.err, denied
+        lap("kerneldctl env")
         for line in trees:
             owner, perms, _ = line.split(" ", 2)
             assert owner == "kerneld" and not int(perms, 8) & 0o222, line  # sealed read-only

@@ -4,6 +4,7 @@ one-row and an all-rows read. The table modules build on this; `Index` is their 
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
@@ -28,7 +29,14 @@ class Database:
             if not path.exists():
                 raise SchemaError(f"no store index at {path}; nothing to open read-only")
             uri = f"file:{path}?mode=ro" + ("&immutable=1" if _frozen(path) else "")
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            try:
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            except sqlite3.OperationalError as exc:  # SQLite says only "unable to open"
+                if not os.access(path, os.R_OK):  # the daemon's own (0600): not this user's
+                    raise PermissionError(
+                        errno.EACCES, os.strerror(errno.EACCES), str(path)
+                    ) from None
+                raise SchemaError(f"cannot open the store index {path}: {exc}") from exc
         else:
             fresh = not path.exists()
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
