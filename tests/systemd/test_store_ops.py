@@ -281,7 +281,14 @@ def test_store_operations_and_restarts_under_systemd(
         windows, jobs, got, during = restarts_under_load(c, port, str(kernels_python))
         took = time.monotonic() - began
         failed = [j for j in jobs if not j.get("ok")]
-        assert not failed, failed[:3]
+        assert not failed, (
+            "jobs failed (times: systemd's monotonic clock):\n"
+            + "\n".join(json.dumps(j) for j in failed)
+            + "\nrestart windows: "
+            + ", ".join(f"{w.stop_began}-{w.ready}" for w in windows)
+            + "\nthe daemon's journal, its end:\n"
+            + c.journal("kerneld")[-6000:]
+        )
         native = [j for j in jobs if j["route"] == "native"]
         sources = {tuple(k) for j in native for k in j["loaded"]}
         assert sources == {(KERNEL, "daemon")}, sources  # none on PyTorch, none skipped the daemon

@@ -71,6 +71,7 @@ class _Conn:
         "deadline",
         "draining",
         "in_head",
+        "last",
         "listener",
         "need",
         "parser",
@@ -87,6 +88,7 @@ class _Conn:
         self.deadline = 0.0
         self.in_head = True  # the first request's head is due within the head deadline
         self.draining = False
+        self.last = False  # kept open while the front quiesces, for one more request
         self.listener = listener
         self.parser = h11.Connection(h11.SERVER)
         self.request: h11.Request | None = None  # parsed; its body is being read
@@ -191,7 +193,11 @@ class HttpFront:
         """Connections with a request being read or answered."""
         for _ in range(5):  # read from another thread than the poller's
             try:
-                return sum(1 for c in list(self._conns) if not c.draining and (c.in_head or c.buf))
+                return sum(
+                    1
+                    for c in list(self._conns)
+                    if not c.draining and (c.in_head or c.buf or c.last)
+                )
             except RuntimeError:  # the set changed while it was copied
                 time.sleep(0.001)
         return 1
@@ -272,7 +278,9 @@ class HttpFront:
                     self._selector.unregister(listener.sock)
                 listener.sock.close()
         for conn in [c for c in self._conns if not c.draining and not c.in_head and not c.buf]:
-            if conn.deadline > 0:  # registered: an idle keep-alive one (not with a worker)
+            # registered (not with a worker), idle, and no request already in its buffer (sent
+            # before the stop, not yet read: the next select reads it, and it is answered)
+            if conn.deadline > 0 and not conn.last and not _unread(conn.sock):
                 self._forget(conn)
 
     def _accept(self, listener: _Listener) -> None:
@@ -495,9 +503,14 @@ class HttpFront:
             except queue.Empty:
                 return
             self._finished(conn.caller.uid)
-            if not keep or self._stop.is_set() or self._quiescing.is_set():
+            # An answer that promised keep-alive, given while the front quiesces: its client
+            # may be sending the next request already, which a close now would cut (a job's
+            # failed download); that one is answered, with `Connection: close` (`_handle`).
+            last = keep and self._quiescing.is_set() and not conn.last
+            if not keep or self._stop.is_set() or (self._quiescing.is_set() and not last):
                 self._forget(conn, registered=False)
                 continue
+            conn.last = last
             try:
                 conn.sock.setblocking(False)
                 self._selector.register(conn.sock, selectors.EVENT_READ, conn)
@@ -506,9 +519,8 @@ class HttpFront:
                 continue
             rest = conn.buf  # pipelined after the request just answered
             conn.in_head = bool(rest)
-            conn.deadline = time.monotonic() + (
-                self.limits.head_deadline_s if rest else self.limits.idle_timeout_s
-            )
+            idle = self.limits.drain_idle_s if last else self.limits.idle_timeout_s
+            conn.deadline = time.monotonic() + (self.limits.head_deadline_s if rest else idle)
             if rest:
                 self._try_dispatch(conn)
 
@@ -544,6 +556,8 @@ class HttpFront:
         exchange = Exchange(
             conn.parser, conn.sock, request, body, caller=conn.caller, peer=str(peer)
         )
+        if self._quiescing.is_set() or conn.last:
+            exchange.close = True  # the daemon stops: the client's next request, the next one's
         if exchange.method not in self.handler.methods:
             why = f"kerneld: unsupported method ({exchange.method!r})"
             conn.sock.sendall(fixed_answer(501, "Not Implemented", why))
@@ -557,3 +571,13 @@ class HttpFront:
                 )
                 exchange.close = True
         return exchange.end()
+
+
+def _unread(sock: socket.socket) -> bool:
+    """Bytes wait in `sock`'s receive buffer, not yet read (a peer's close is not bytes)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False

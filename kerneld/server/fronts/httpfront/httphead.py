@@ -24,6 +24,10 @@ class HttpLimits:
     head_deadline_s: float = 5.0
     #: A keep-alive connection with no request in flight is closed after this.
     idle_timeout_s: float = 30.0
+    #: While the daemon stops: how long a connection whose last answer promised keep-alive
+    #: stays open for the request its client may already be sending (that one is answered,
+    #: with `Connection: close`), rather than be cut under it.
+    drain_idle_s: float = 1.0
     #: One send or body read of an answer in progress (a stalled reader loses its worker).
     io_timeout_s: float = 30.0
     #: Open connections of the listener group, and of one uid: file descriptors, not threads.
