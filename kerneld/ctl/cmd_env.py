@@ -28,6 +28,7 @@ from kerneld.ctl.common import (
     store_path,
 )
 from kerneld.ctl.subcommands import Commands
+from kerneld_client.vocabulary import is_commit_prefix
 
 if TYPE_CHECKING:
     from kerneld.ctl.specs import Spec
@@ -41,7 +42,7 @@ def _pick_commit(doc: RepoIndex, spec: Spec | None) -> str | None:
     if spec is not None and spec.ref is not None:
         asked = spec.ref
         found = doc.commit_for(asked)
-        if found is None and re.fullmatch(r"[0-9a-f]{7,39}", asked):
+        if found is None and is_commit_prefix(asked):
             matches = [c for c in doc.commits if c.startswith(asked)]
             found = matches[0] if len(matches) == 1 else None
         return found

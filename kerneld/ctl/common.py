@@ -147,6 +147,10 @@ def store_path(ctx: Ctx) -> Path:
         ) from exc
 
 
+#: What to do when the store's files are not this user's to read.
+_OWNER_HINT = "run as the store's owner (e.g. runuser -u kerneld -- kerneldctl ...)"
+
+
 @contextmanager
 def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[StoreHandle]:
     """Open the store named by `--store`: read-only (safe beside a running daemon) or as owner.
@@ -168,10 +172,10 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[St
     root = store_path(ctx)
     try:
         exists = store_exists(root)
-    except PermissionError as exc:  # a system install's store: kerneld-users may traverse it
+    except PermissionError as exc:  # a system install's store (0750): not this user's to read
         raise PermissionDenied(
             f"cannot open the store at {root}: {exc.strerror}",
-            hint="run as the store's owner (e.g. runuser -u kerneld -- kerneldctl ...)",
+            hint=_OWNER_HINT,
         ) from None
     if not create and not exists:
         raise CtlError(f"no kerneld store at {root}", hint="give the store's path with --store")
@@ -202,7 +206,7 @@ def open_store(ctx: Ctx, *, writable: bool, create: bool = False) -> Iterator[St
     except PermissionError as exc:
         raise PermissionDenied(
             f"cannot open the store at {root}: {exc.strerror}",
-            hint="run as the store's owner (e.g. runuser -u kerneld -- kerneldctl ...)",
+            hint=_OWNER_HINT,
         ) from None
     try:
         yield store

@@ -190,7 +190,8 @@ class HttpFront:
         self._wake()
 
     def busy(self) -> int:
-        """Connections with a request being read or answered."""
+        """Connections with a request being read or answered, or kept open while quiescing
+        for the one request their client may be sending (`_Conn.last`)."""
         for _ in range(5):  # read from another thread than the poller's
             try:
                 return sum(
@@ -557,7 +558,7 @@ class HttpFront:
             conn.parser, conn.sock, request, body, caller=conn.caller, peer=str(peer)
         )
         if self._quiescing.is_set() or conn.last:
-            exchange.close = True  # the daemon stops: the client's next request, the next one's
+            exchange.close = True  # stopping: the client must not reuse this connection
         if exchange.method not in self.handler.methods:
             why = f"kerneld: unsupported method ({exchange.method!r})"
             conn.sock.sendall(fixed_answer(501, "Not Implemented", why))
@@ -577,7 +578,5 @@ def _unread(sock: socket.socket) -> bool:
     """Bytes wait in `sock`'s receive buffer, not yet read (a peer's close is not bytes)."""
     try:
         return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
+    except OSError:  # nothing to read now (EAGAIN), or the connection is gone
         return False
