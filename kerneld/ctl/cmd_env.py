@@ -28,7 +28,6 @@ from kerneld.ctl.common import (
     store_path,
 )
 from kerneld.ctl.subcommands import Commands
-from kerneld_client.vocabulary import is_commit_prefix
 
 if TYPE_CHECKING:
     from kerneld.ctl.specs import Spec
@@ -40,6 +39,8 @@ def _pick_commit(doc: RepoIndex, spec: Spec | None) -> str | None:
     """The commit `env` maps a repo to: the asked ref or commit (a unique prefix of a
     published commit, as git abbreviates), else the highest vN, else main."""
     if spec is not None and spec.ref is not None:
+        from kerneld_client.vocabulary import is_commit_prefix  # not at parser build time
+
         asked = spec.ref
         found = doc.commit_for(asked)
         if found is None and is_commit_prefix(asked):
